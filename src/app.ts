@@ -1,0 +1,58 @@
+import swagger from '@fastify/swagger'
+import swaggerUi from '@fastify/swagger-ui'
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
+import Fastify, { type FastifyInstance } from 'fastify'
+import type { Config } from './config.ts'
+import type { Database } from './db/database.ts'
+import { registerProblemHandlers } from './errors.ts'
+import postgres from './plugins/postgres.ts'
+import redis, { type RedisClient } from './plugins/redis.ts'
+import session from './plugins/session/index.ts'
+import accountRoutes from './routes/accounts.ts'
+import healthRoutes from './routes/health.ts'
+import sessionRoutes from './routes/session.ts'
+import transferRoutes from './routes/transfers.ts'
+
+export interface GatewayDependencies {
+  /** An existing client (tests, embedding); otherwise one is created from config.redis. */
+  redis?: RedisClient
+  database?: Database
+  /** Prepended to every Redis key the gateway writes, so several gateways can share one Redis. */
+  keyPrefix?: string
+}
+
+/** The demo banking gateway: plugins in order (storage, sessions, protections), then routes. */
+export async function buildApp(config: Config, deps: GatewayDependencies = {}): Promise<FastifyInstance> {
+  const app = Fastify({
+    logger: { level: config.logLevel },
+    trustProxy: config.trustProxy,
+    bodyLimit: 16 * 1024,
+    // Bodies are checked as sent: "10" is not an amount, and unknown fields are an error, not dropped.
+    ajv: { customOptions: { coerceTypes: false, removeAdditional: false } },
+  }).withTypeProvider<TypeBoxTypeProvider>()
+  const prefix = deps.keyPrefix ?? ''
+
+  registerProblemHandlers(app)
+  await app.register(redis, { client: deps.redis, ...config.redis })
+  await app.register(postgres, { database: deps.database, connectionString: config.databaseUrl })
+  await app.register(swagger, {
+    openapi: {
+      info: { title: 'Demo banking gateway', version: '0.1.0' },
+      components: { securitySchemes: { session: { type: 'apiKey', in: 'cookie', name: 'sid' } } },
+    },
+  })
+  await app.register(swaggerUi, { routePrefix: '/docs' })
+  await app.register(session, {
+    secrets: config.session.secrets,
+    secure: config.session.secure,
+    idleTimeoutMs: config.session.idleTimeoutMs,
+    absoluteTimeoutMs: config.session.absoluteTimeoutMs,
+    keyPrefix: `${prefix}sess:`,
+  })
+
+  await app.register(healthRoutes)
+  await app.register(sessionRoutes)
+  await app.register(accountRoutes)
+  await app.register(transferRoutes)
+  return app
+}

@@ -1,0 +1,152 @@
+import { randomBytes } from 'node:crypto'
+import { type Static, Type } from '@sinclair/typebox'
+import { Value } from '@sinclair/typebox/value'
+
+// Every environment variable the gateway reads, as raw strings; parsed into Config below.
+const EnvSchema = Type.Object({
+  NODE_ENV: Type.Optional(
+    Type.Union([Type.Literal('development'), Type.Literal('production'), Type.Literal('test')]),
+  ),
+  LOG_LEVEL: Type.Optional(
+    Type.Union(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'].map((l) => Type.Literal(l))),
+  ),
+  PORT: Type.Optional(Type.String({ pattern: '^[0-9]{1,5}$' })),
+  HOST: Type.Optional(Type.String({ minLength: 1 })),
+  TRUST_PROXY: Type.Optional(Type.Union([Type.Literal('true'), Type.Literal('false')])),
+  REDIS_URL: Type.Optional(Type.String({ pattern: '^rediss?://' })),
+  REDIS_CLUSTER_NODES: Type.Optional(Type.String({ pattern: '^[^,:\\s]+:[0-9]+(,[^,:\\s]+:[0-9]+)*$' })),
+  REDIS_COMMAND_TIMEOUT_MS: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*$' })),
+  CACHE_REDIS_URL: Type.Optional(Type.String({ pattern: '^rediss?://' })),
+  DATABASE_URL: Type.Optional(Type.String({ pattern: '^postgres(ql)?://' })),
+  SESSION_SECRET: Type.Optional(Type.String({ minLength: 32 })),
+  SESSION_IDLE_TIMEOUT: Type.Optional(Type.String({ pattern: '^[0-9]+(ms|s|m|h)$' })),
+  SESSION_ABSOLUTE_TIMEOUT: Type.Optional(Type.String({ pattern: '^[0-9]+(ms|s|m|h)$' })),
+  RATE_LIMIT_TRANSFERS: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*/[0-9]+(ms|s|m|h)$' })),
+  RATE_LIMIT_LOGIN: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*/[0-9]+(ms|s|m|h)$' })),
+  RATE_LIMIT_IP: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*,[0-9]+(\\.[0-9]+)?$' })),
+  RATE_LIMITS: Type.Optional(Type.Union([Type.Literal('on'), Type.Literal('off')])),
+  SEED_DEMO: Type.Optional(Type.Union([Type.Literal('true'), Type.Literal('false')])),
+})
+export type Env = Static<typeof EnvSchema>
+
+const HINTS: Record<string, string> = {
+  PORT: 'a port number',
+  REDIS_URL: 'a redis:// or rediss:// URL',
+  REDIS_CLUSTER_NODES: 'a comma list of host:port',
+  CACHE_REDIS_URL: 'a redis:// or rediss:// URL',
+  DATABASE_URL: 'a postgres:// URL',
+  SESSION_SECRET: 'at least 32 characters (comma list for rotation; the first signs)',
+  SESSION_IDLE_TIMEOUT: 'a duration like 30m',
+  SESSION_ABSOLUTE_TIMEOUT: 'a duration like 8h',
+  RATE_LIMIT_TRANSFERS: 'LIMIT/WINDOW like 10/60s',
+  RATE_LIMIT_LOGIN: 'LIMIT/WINDOW like 5/60s',
+  RATE_LIMIT_IP: 'CAPACITY,REFILL_PER_SECOND like 100,50',
+  RATE_LIMITS: 'on or off',
+  SEED_DEMO: 'true or false',
+  TRUST_PROXY: 'true or false',
+}
+
+export class ConfigError extends Error {
+  override name = 'ConfigError'
+}
+
+export interface WindowLimit {
+  limit: number
+  windowMs: number
+}
+
+export interface Config {
+  nodeEnv: 'development' | 'production' | 'test'
+  logLevel: string
+  port: number
+  host: string
+  trustProxy: boolean
+  redis: { url?: string; clusterNodes?: Array<{ host: string; port: number }>; commandTimeoutMs: number }
+  cacheRedisUrl?: string
+  databaseUrl?: string
+  session: { secrets: string[]; idleTimeoutMs: number; absoluteTimeoutMs: number; secure: boolean }
+  rateLimits: {
+    enabled: boolean
+    transfers: WindowLimit
+    login: WindowLimit
+    ip: { capacity: number; refillPerSecond: number }
+  }
+  seedDemo: boolean
+}
+
+const UNIT_MS = { ms: 1, s: 1000, m: 60_000, h: 3_600_000 } as const
+
+export function parseDuration(text: string): number {
+  const match = /^([0-9]+)(ms|s|m|h)$/.exec(text)
+  if (!match) throw new ConfigError(`invalid duration '${text}'`)
+  return Number(match[1]) * UNIT_MS[match[2] as keyof typeof UNIT_MS]
+}
+
+function parseWindowLimit(text: string): WindowLimit {
+  const [limit, window] = text.split('/') as [string, string]
+  return { limit: Number(limit), windowMs: parseDuration(window) }
+}
+
+/** Reads the environment once; throws ConfigError naming the first bad variable. */
+export function loadConfig(env: Record<string, string | undefined> = process.env): Config {
+  const raw = Object.fromEntries(
+    Object.keys(EnvSchema.properties).map((name) => [name, env[name] || undefined]),
+  )
+  const error = Value.Errors(EnvSchema, raw).First()
+  if (error) {
+    const name = error.path.replace(/^\//, '')
+    const got = name === 'SESSION_SECRET' ? '(hidden)' : `'${String(error.value)}'`
+    throw new ConfigError(
+      `Invalid environment variable ${name}: expected ${HINTS[name] ?? error.message}, got ${got}`,
+    )
+  }
+  const e = raw as Env
+  const nodeEnv = e.NODE_ENV ?? 'development'
+  const production = nodeEnv === 'production'
+  if (production && !e.SESSION_SECRET) {
+    throw new ConfigError('Invalid environment variable SESSION_SECRET: required when NODE_ENV=production')
+  }
+  const secrets = (e.SESSION_SECRET ?? randomBytes(32).toString('base64url')).split(',')
+  if (secrets.some((s) => s.length < 32)) {
+    throw new ConfigError(
+      'Invalid environment variable SESSION_SECRET: every secret in the list needs 32+ characters',
+    )
+  }
+  const clusterNodes = e.REDIS_CLUSTER_NODES?.split(',').map((node) => {
+    const [host, port] = node.split(':') as [string, string]
+    return { host, port: Number(port) }
+  })
+  const port = Number(e.PORT ?? 3000)
+  if (port > 65535)
+    throw new ConfigError(`Invalid environment variable PORT: expected a port number, got '${port}'`)
+  const [capacity, refill] = (e.RATE_LIMIT_IP ?? '100,50').split(',') as [string, string]
+  const idleTimeoutMs = parseDuration(e.SESSION_IDLE_TIMEOUT ?? '30m')
+  const absoluteTimeoutMs = parseDuration(e.SESSION_ABSOLUTE_TIMEOUT ?? '8h')
+  if (idleTimeoutMs === 0 || absoluteTimeoutMs < idleTimeoutMs) {
+    throw new ConfigError(
+      'Invalid environment variable SESSION_ABSOLUTE_TIMEOUT: must be at least SESSION_IDLE_TIMEOUT, both above zero',
+    )
+  }
+  return {
+    nodeEnv,
+    logLevel: e.LOG_LEVEL ?? (nodeEnv === 'test' ? 'silent' : 'info'),
+    port,
+    host: e.HOST ?? '127.0.0.1',
+    trustProxy: e.TRUST_PROXY === 'true',
+    redis: {
+      url: e.REDIS_URL,
+      clusterNodes,
+      commandTimeoutMs: Number(e.REDIS_COMMAND_TIMEOUT_MS ?? 500),
+    },
+    cacheRedisUrl: e.CACHE_REDIS_URL,
+    databaseUrl: e.DATABASE_URL,
+    session: { secrets, idleTimeoutMs, absoluteTimeoutMs, secure: production },
+    rateLimits: {
+      enabled: (e.RATE_LIMITS ?? 'on') === 'on',
+      transfers: parseWindowLimit(e.RATE_LIMIT_TRANSFERS ?? '10/60s'),
+      login: parseWindowLimit(e.RATE_LIMIT_LOGIN ?? '5/60s'),
+      ip: { capacity: Number(capacity), refillPerSecond: Number(refill) },
+    },
+    seedDemo: e.SEED_DEMO !== 'false',
+  }
+}

@@ -1,0 +1,130 @@
+import type { PGlite, Transaction } from '@electric-sql/pglite'
+import pg from 'pg'
+import { HttpProblem } from '../errors.ts'
+
+export interface Queryable {
+  query<R = Record<string, unknown>>(sql: string, params?: unknown[]): Promise<R[]>
+}
+
+/** The one interface the gateway uses for Postgres, satisfied by a pg pool and by embedded PGlite. */
+export interface Database extends Queryable {
+  readonly kind: 'postgres' | 'pglite'
+  /** Runs fn inside BEGIN/COMMIT on one connection; rolls back and rethrows if fn throws. */
+  transaction<T>(fn: (tx: Queryable) => Promise<T>): Promise<T>
+  /** Statements sent since start (a transaction's BEGIN/COMMIT count as well); benchmarks read it. */
+  readonly queryCount: number
+  close(): Promise<void>
+}
+
+export interface PostgresOptions {
+  connectionString: string
+  max?: number
+  connectionTimeoutMs?: number
+  statementTimeoutMs?: number
+}
+
+// Connection-level failures (server gone, unreachable, timed out, shutting down): retryable 503s.
+const UNAVAILABLE_CODES = new Set([
+  'ECONNREFUSED',
+  'ECONNRESET',
+  'ETIMEDOUT',
+  'EPIPE',
+  '57P01',
+  '57P02',
+  '57P03',
+  '57014',
+])
+const UNAVAILABLE_MESSAGE = /Connection terminated|timeout exceeded when trying to connect|Query read timeout/
+
+export function databaseUnavailable(err: unknown): unknown {
+  const e = err as { code?: string; message?: string }
+  if (!(UNAVAILABLE_CODES.has(e?.code ?? '') || UNAVAILABLE_MESSAGE.test(e?.message ?? ''))) return err
+  return new HttpProblem(
+    503,
+    'database-unavailable',
+    'Service unavailable',
+    'The database is not answering.',
+    {
+      headers: { 'retry-after': '2' },
+    },
+  )
+}
+
+export function createPgDatabase(options: PostgresOptions): Database {
+  const pool = new pg.Pool({
+    connectionString: options.connectionString,
+    max: options.max ?? 10,
+    connectionTimeoutMillis: options.connectionTimeoutMs ?? 2000,
+    // Fail fast rather than queue forever behind a stuck server.
+    statement_timeout: options.statementTimeoutMs ?? 5000,
+    query_timeout: (options.statementTimeoutMs ?? 5000) + 1000,
+  })
+  // An idle client losing its connection must not crash the process; the next query reports it.
+  pool.on('error', () => {})
+  let queryCount = 0
+  const run = async <R>(client: pg.Pool | pg.PoolClient, sql: string, params?: unknown[]) => {
+    queryCount++
+    try {
+      const result = await client.query(sql, params as unknown[])
+      return result.rows as R[]
+    } catch (err) {
+      throw databaseUnavailable(err)
+    }
+  }
+  return {
+    kind: 'postgres',
+    get queryCount() {
+      return queryCount
+    },
+    query: (sql, params) => run(pool, sql, params),
+    async transaction(fn) {
+      const client = await pool.connect().catch((err) => Promise.reject(databaseUnavailable(err)))
+      let broken = false
+      try {
+        await run(client, 'BEGIN')
+        const result = await fn({ query: (sql, params) => run(client, sql, params) })
+        await run(client, 'COMMIT')
+        return result
+      } catch (err) {
+        await run(client, 'ROLLBACK').catch(() => {
+          broken = true
+        })
+        throw err
+      } finally {
+        client.release(broken)
+      }
+    },
+    close: () => pool.end(),
+  }
+}
+
+export async function createPgliteDatabase(dataDir?: string): Promise<Database> {
+  const { PGlite } = await import('@electric-sql/pglite')
+  const db: PGlite = new PGlite(dataDir)
+  await db.waitReady
+  let queryCount = 0
+  const run = async <R>(client: PGlite | Transaction, sql: string, params?: unknown[]) => {
+    queryCount++
+    const result = await client.query<R>(sql, params)
+    return result.rows
+  }
+  return {
+    kind: 'pglite',
+    get queryCount() {
+      return queryCount
+    },
+    query: (sql, params) => run(db, sql, params),
+    // PGlite has one connection: its transactions run one at a time, which keeps FOR UPDATE correct.
+    transaction: (fn) => db.transaction((tx) => fn({ query: (sql, params) => run(tx, sql, params) })),
+    close: () => db.close(),
+  }
+}
+
+/** pg returns bigint as text and PGlite as BigInt; money must come back as an exact safe integer. */
+export function toSafeInteger(value: unknown): number {
+  const n = typeof value === 'bigint' ? Number(value) : typeof value === 'string' ? Number(value) : value
+  if (typeof n !== 'number' || !Number.isSafeInteger(n) || String(value) !== String(n)) {
+    throw new Error(`Expected a safe integer from the database, got ${String(value)}`)
+  }
+  return n
+}

@@ -1,0 +1,36 @@
+import type { FastifyInstance } from 'fastify'
+import fp from 'fastify-plugin'
+import { createPgDatabase, createPgliteDatabase, type Database } from '../db/database.ts'
+import { migrate } from '../db/migrate.ts'
+
+export interface PostgresPluginOptions {
+  /** Use this database instead of creating one; the caller then owns it and closes it. */
+  database?: Database
+  /** postgres:// URL; when neither this nor `database` is given, embedded PGlite (in memory) is used. */
+  connectionString?: string
+  /** Apply src/db/migrations at registration (default true). */
+  migrate?: boolean
+}
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    db: Database
+  }
+}
+
+async function postgresPlugin(app: FastifyInstance, options: PostgresPluginOptions) {
+  const owned = !options.database
+  const db =
+    options.database ??
+    (options.connectionString
+      ? createPgDatabase({ connectionString: options.connectionString })
+      : await createPgliteDatabase())
+  if (owned) app.addHook('onClose', () => db.close())
+  if (options.migrate !== false) {
+    const applied = await migrate(db)
+    if (applied.length) app.log.info({ applied, kind: db.kind }, 'database migrated')
+  }
+  app.decorate('db', db)
+}
+
+export default fp(postgresPlugin, { name: 'postgres', fastify: '5.x' })

@@ -1,0 +1,163 @@
+import fastifyCookie from '@fastify/cookie'
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
+import fp from 'fastify-plugin'
+import { HttpProblem, sendProblem } from '../../errors.ts'
+import type { RedisClient } from '../../lua/index.ts'
+import { type SessionRecord, SessionStore } from './store.ts'
+
+export { type SessionRecord, SessionStore }
+
+export interface SessionPluginOptions {
+  /** Signing secrets, each at least 32 characters; the first signs, all verify (rotation). */
+  secrets: string[]
+  /** Defaults to the `redis` decorator of the app. */
+  redis?: RedisClient
+  /** Cookie name; with `secure` it gets the `__Host-` prefix. Default `sid`. */
+  cookieName?: string
+  /** Sends the cookie with Secure (turn on behind HTTPS and in production). Default false. */
+  secure?: boolean
+  sameSite?: 'lax' | 'strict'
+  /** Idle expiry, slid on every request that presents the session. Default 30 minutes. */
+  idleTimeoutMs?: number
+  /** Lifetime from login regardless of activity. Default 8 hours. */
+  absoluteTimeoutMs?: number
+  keyPrefix?: string
+}
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    sessions: SessionStore
+  }
+  interface FastifyRequest {
+    /** The session presented by a valid signed cookie, loaded and touched; null when none. */
+    session: SessionRecord | null
+    /** True when the session could not be loaded because Redis failed. */
+    sessionUnavailable: boolean
+  }
+  interface FastifyReply {
+    /** Starts a session for `principal` with a new id, destroying the one presented (no fixation). */
+    regenerateSession(principal: string, data?: Record<string, string>): Promise<SessionRecord>
+    /** Destroys the presented session server-side and clears the cookie. */
+    destroySession(): Promise<void>
+  }
+  interface FastifyContextConfig {
+    /** 'required': 401 without a session, 503 when sessions cannot be checked. */
+    session?: 'required' | 'optional'
+  }
+}
+
+function validate(options: SessionPluginOptions): Required<Omit<SessionPluginOptions, 'redis'>> {
+  const fail = (message: string) => {
+    throw new Error(`session plugin: ${message}`)
+  }
+  if (!Array.isArray(options.secrets) || options.secrets.length === 0)
+    fail('`secrets` must be a non-empty array')
+  if (options.secrets.some((s) => typeof s !== 'string' || s.length < 32)) {
+    fail('every secret in `secrets` must be a string of at least 32 characters')
+  }
+  const idleTimeoutMs = options.idleTimeoutMs ?? 30 * 60_000
+  const absoluteTimeoutMs = options.absoluteTimeoutMs ?? 8 * 3_600_000
+  if (!Number.isSafeInteger(idleTimeoutMs) || idleTimeoutMs <= 0)
+    fail('`idleTimeoutMs` must be a positive integer')
+  if (!Number.isSafeInteger(absoluteTimeoutMs) || absoluteTimeoutMs < idleTimeoutMs) {
+    fail('`absoluteTimeoutMs` must be an integer no smaller than `idleTimeoutMs`')
+  }
+  const sameSite = options.sameSite ?? 'lax'
+  if (sameSite !== 'lax' && sameSite !== 'strict') fail("`sameSite` must be 'lax' or 'strict'")
+  const cookieName = options.cookieName ?? 'sid'
+  if (!/^[A-Za-z0-9_-]{1,32}$/.test(cookieName)) fail('`cookieName` must be 1-32 letters, digits, _ or -')
+  return {
+    secrets: options.secrets,
+    secure: options.secure ?? false,
+    sameSite,
+    cookieName,
+    idleTimeoutMs,
+    absoluteTimeoutMs,
+    keyPrefix: options.keyPrefix ?? 'sess:',
+  }
+}
+
+async function sessionPlugin(app: FastifyInstance, rawOptions: SessionPluginOptions) {
+  const options = validate(rawOptions)
+  const redis = rawOptions.redis ?? app.redis
+  if (!redis) throw new Error('session plugin: pass `redis` or register the redis plugin first')
+  const store = new SessionStore(redis, options)
+  const signer = fastifyCookie.signerFactory(options.secrets)
+  const cookieName = options.secure ? `__Host-${options.cookieName}` : options.cookieName
+  const cookieOptions = {
+    path: '/',
+    httpOnly: true,
+    sameSite: options.sameSite,
+    secure: options.secure,
+    maxAge: Math.ceil(options.absoluteTimeoutMs / 1000),
+  } as const
+
+  if (!app.hasRequestDecorator('cookies')) await app.register(fastifyCookie)
+  app.decorate('sessions', store)
+  app.decorateRequest('session', null)
+  app.decorateRequest('sessionUnavailable', false)
+
+  const setCookie = (reply: FastifyReply, id: string) =>
+    reply.setCookie(cookieName, signer.sign(id), cookieOptions)
+
+  app.decorateReply('regenerateSession', async function (this: FastifyReply, principal, data) {
+    const previous = this.request.session
+    // The presented id is deleted before the new one exists: after login it is dead server-side.
+    if (previous) await store.destroy(previous.id, previous.principal)
+    const created = await store.create(principal, data)
+    this.request.session = created
+    setCookie(this, created.id)
+    store.pruneIndex(principal).catch((err) => this.log.warn({ err }, 'session index prune failed'))
+    return created
+  })
+
+  app.decorateReply('destroySession', async function (this: FastifyReply) {
+    const current = this.request.session
+    if (current) await store.destroy(current.id, current.principal)
+    this.request.session = null
+    this.clearCookie(cookieName, {
+      path: '/',
+      httpOnly: true,
+      secure: options.secure,
+      sameSite: options.sameSite,
+    })
+  })
+
+  app.addHook('onRequest', async (request: FastifyRequest, reply: FastifyReply) => {
+    const raw = request.cookies[cookieName]
+    if (raw && raw.length <= 256) {
+      const unsigned = signer.unsign(raw)
+      if (unsigned.valid && unsigned.value) {
+        try {
+          request.session = await store.load(unsigned.value)
+          // Signed with a retired secret: re-sign with the current one.
+          if (request.session && unsigned.renew) setCookie(reply, request.session.id)
+        } catch (err) {
+          request.sessionUnavailable = true
+          request.log.warn({ err }, 'session store unavailable')
+        }
+      }
+    }
+    if (request.routeOptions.config.session !== 'required' || request.session) return
+    if (request.sessionUnavailable) {
+      return sendProblem(
+        reply,
+        new HttpProblem(
+          503,
+          'session-store-unavailable',
+          'Service unavailable',
+          'Sessions cannot be checked now.',
+          {
+            headers: { 'retry-after': '1' },
+          },
+        ),
+      )
+    }
+    return sendProblem(
+      reply,
+      new HttpProblem(401, 'unauthenticated', 'Authentication required', 'Log in first.'),
+    )
+  })
+}
+
+export default fp(sessionPlugin, { name: 'session', fastify: '5.x', dependencies: [] })

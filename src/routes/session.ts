@@ -1,0 +1,94 @@
+import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
+import { Type } from '@sinclair/typebox'
+import { HttpProblem } from '../errors.ts'
+import { findCustomerByUsername } from '../ledger/ledger.ts'
+import { verifyPassword } from '../ledger/passwords.ts'
+import { Id, problems, Timestamp } from './schemas.ts'
+
+const Credentials = Type.Object(
+  {
+    username: Type.String({ minLength: 1, maxLength: 64 }),
+    password: Type.String({ minLength: 1, maxLength: 1024 }),
+  },
+  { additionalProperties: false },
+)
+
+export const badCredentials = () =>
+  new HttpProblem(401, 'bad-credentials', 'Bad credentials', 'The username or password is wrong.')
+
+const sessionRoutes: FastifyPluginAsyncTypebox = async (app) => {
+  app.post(
+    '/session',
+    {
+      schema: {
+        tags: ['session'],
+        summary: 'Log in: starts a new session (a new id, the presented one destroyed)',
+        body: Credentials,
+        response: {
+          200: Type.Object({ customerId: Id, expiresAt: Timestamp }),
+          ...problems(400, 401, 429, 503),
+        },
+      },
+    },
+    async (request, reply) => {
+      const { username, password } = request.body
+      const customer = await findCustomerByUsername(app.db, username)
+      if (!(await verifyPassword(password, customer?.password_hash)) || !customer) throw badCredentials()
+      const session = await reply.regenerateSession(String(customer.id))
+      return { customerId: customer.id, expiresAt: new Date(session.expiresAt).toISOString() }
+    },
+  )
+
+  app.get(
+    '/session',
+    {
+      config: { session: 'required' },
+      schema: {
+        tags: ['session'],
+        summary: 'The current session',
+        response: {
+          200: Type.Object({
+            customerId: Id,
+            createdAt: Timestamp,
+            expiresAt: Timestamp,
+            absoluteExpiresAt: Timestamp,
+          }),
+          ...problems(401, 503),
+        },
+      },
+    },
+    async (request) => {
+      const session = request.session!
+      return {
+        customerId: Number(session.principal),
+        createdAt: new Date(session.createdAt).toISOString(),
+        expiresAt: new Date(session.expiresAt).toISOString(),
+        absoluteExpiresAt: new Date(session.absoluteExpiresAt).toISOString(),
+      }
+    },
+  )
+
+  app.delete(
+    '/session',
+    {
+      config: { session: 'required' },
+      schema: {
+        tags: ['session'],
+        summary: 'Log out: the session is deleted server-side',
+        querystring: Type.Object(
+          { everywhere: Type.Optional(Type.Union([Type.Literal('true'), Type.Literal('false')])) },
+          { additionalProperties: false },
+        ),
+        response: { 204: Type.Null(), ...problems(401, 503) },
+      },
+    },
+    async (request, reply) => {
+      const principal = request.session!.principal
+      await reply.destroySession()
+      if (request.query.everywhere === 'true') await app.sessions.destroyAll(principal)
+      return reply.code(204).send(null)
+    },
+  )
+}
+
+export default sessionRoutes

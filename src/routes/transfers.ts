@@ -1,0 +1,52 @@
+import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
+import { Type } from '@sinclair/typebox'
+import { HttpProblem } from '../errors.ts'
+import { executeTransfer } from '../ledger/ledger.ts'
+import { Amount, Currency, Id, problems, Timestamp } from './schemas.ts'
+
+export const TransferBody = Type.Object(
+  { fromAccountId: Id, toAccountId: Id, amount: Amount, currency: Currency },
+  { additionalProperties: false },
+)
+
+export const TransferCreated = Type.Object({
+  transferId: Type.Integer({ minimum: 1 }),
+  fromAccountId: Id,
+  toAccountId: Id,
+  amount: Amount,
+  currency: Currency,
+  createdAt: Timestamp,
+})
+
+const transferRoutes: FastifyPluginAsyncTypebox = async (app) => {
+  app.post(
+    '/transfers',
+    {
+      config: { session: 'required' },
+      schema: {
+        tags: ['transfers'],
+        summary: 'Move money from one of your accounts to any account in the same currency',
+        body: TransferBody,
+        response: { 201: TransferCreated, ...problems(400, 401, 404, 409, 422, 429, 503) },
+      },
+    },
+    async (request, reply) => {
+      const { fromAccountId, toAccountId } = request.body
+      if (fromAccountId === toAccountId) {
+        throw new HttpProblem(
+          400,
+          'same-account',
+          'Same account',
+          'fromAccountId and toAccountId must differ.',
+        )
+      }
+      const transfer = await executeTransfer(app.db, {
+        ...request.body,
+        customerId: Number(request.session!.principal),
+      })
+      return reply.code(201).send(transfer)
+    },
+  )
+}
+
+export default transferRoutes
