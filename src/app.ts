@@ -5,6 +5,7 @@ import Fastify, { type FastifyInstance } from 'fastify'
 import type { Config } from './config.ts'
 import type { Database } from './db/database.ts'
 import { registerProblemHandlers } from './errors.ts'
+import metrics from './plugins/metrics.ts'
 import postgres from './plugins/postgres.ts'
 import redis, { type RedisClient } from './plugins/redis.ts'
 import session from './plugins/session/index.ts'
@@ -33,6 +34,7 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
   const prefix = deps.keyPrefix ?? ''
 
   registerProblemHandlers(app)
+  await app.register(metrics)
   await app.register(redis, { client: deps.redis, ...config.redis })
   await app.register(postgres, { database: deps.database, connectionString: config.databaseUrl })
   await app.register(swagger, {

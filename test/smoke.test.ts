@@ -13,5 +13,7 @@ test('login then list accounts', async () => {
   const cookie = await login(t.app, alice)
   const res = await t.app.inject({ url: '/accounts', headers: { cookie } })
   assert.equal(res.statusCode, 200)
-  assert.deepEqual(res.json(), { accounts: [{ accountId: alice.accountIds[0], currency: 'VND', balance: 500 }] })
+  assert.deepEqual(res.json(), {
+    accounts: [{ accountId: alice.accountIds[0], currency: 'VND', balance: 500 }],
+  })
 })

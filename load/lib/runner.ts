@@ -1,0 +1,191 @@
+import { type ChildProcess, spawn } from 'node:child_process'
+import { mkdirSync, writeFileSync } from 'node:fs'
+import autocannon from 'autocannon'
+import { Redis } from 'ioredis'
+
+/** A server under test, in its own process so that it and autocannon each get a core. */
+export interface ServerHandle {
+  url: string
+  pid: number
+  stop(): Promise<void>
+}
+
+/**
+ * Starts `node --import tsx <entry>`; the entry must print `LISTENING <url>` on stdout when ready.
+ * Its stderr is passed through, so a crash is visible in the benchmark output.
+ */
+export function startServer(entry: string, env: Record<string, string> = {}): Promise<ServerHandle> {
+  const child: ChildProcess = spawn(process.execPath, ['--import', 'tsx', entry], {
+    env: { ...process.env, NODE_ENV: 'production', LOG_LEVEL: 'warn', ...env },
+    stdio: ['ignore', 'pipe', 'inherit'],
+  })
+  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()))
+  return new Promise((resolve, reject) => {
+    let buffered = ''
+    const timer = setTimeout(() => reject(new Error(`${entry} did not print LISTENING within 30s`)), 30_000)
+    child.once('exit', (code) => reject(new Error(`${entry} exited with ${code} before listening`)))
+    child.stdout!.on('data', (chunk: Buffer) => {
+      buffered += chunk.toString()
+      const match = /LISTENING (\S+)/.exec(buffered)
+      if (!match) return
+      clearTimeout(timer)
+      resolve({
+        url: match[1]!,
+        pid: child.pid!,
+        async stop() {
+          if (child.exitCode === null) child.kill('SIGTERM')
+          await exited
+        },
+      })
+    })
+  })
+}
+
+export interface LoadSpec {
+  method?: 'GET' | 'POST' | 'PUT' | 'DELETE'
+  path: string
+  headers?: Record<string, string>
+  body?: string
+  /** Per-request variation (unique Idempotency-Keys, say): returns the request to send. */
+  setupRequest?: (request: autocannon.Request, context: object) => autocannon.Request
+  connections?: number
+  durationSec?: number
+}
+
+export interface Sample {
+  rps: number
+  p50: number
+  p99: number
+  requests: number
+  non2xx: number
+  errors: number
+  timeouts: number
+}
+
+export async function measure(url: string, spec: LoadSpec): Promise<Sample> {
+  const result = await autocannon({
+    url: url + spec.path,
+    method: spec.method ?? 'GET',
+    headers: spec.headers,
+    body: spec.body,
+    connections: spec.connections ?? 50,
+    duration: spec.durationSec ?? 5,
+    requests: spec.setupRequest ? [{ setupRequest: spec.setupRequest }] : undefined,
+  })
+  return {
+    rps: result.requests.average,
+    p50: result.latency.p50,
+    p99: result.latency.p99,
+    requests: result.requests.total,
+    non2xx: result.non2xx,
+    errors: result.errors,
+    timeouts: result.timeouts,
+  }
+}
+
+export interface Contender {
+  name: string
+  url: string
+  spec: LoadSpec
+}
+
+export interface Summary {
+  name: string
+  rps: { median: number; min: number; max: number }
+  p99: { median: number; min: number; max: number }
+  samples: Sample[]
+}
+
+export const median = (values: number[]): number => {
+  const sorted = [...values].sort((a, b) => a - b)
+  const mid = Math.floor(sorted.length / 2)
+  return sorted.length % 2 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2
+}
+
+const spread = (values: number[]) => ({
+  median: median(values),
+  min: Math.min(...values),
+  max: Math.max(...values),
+})
+
+/**
+ * Runs the contenders in rounds (A B C, then C B A, ...) so drift on a shared machine hits every
+ * contender alike; `rounds` of at least five give the medians the design asks for.
+ */
+export async function interleave(
+  contenders: Contender[],
+  options: { rounds?: number; warmupSec?: number; label?: string } = {},
+): Promise<Summary[]> {
+  const rounds = options.rounds ?? 5
+  for (const c of contenders) await measure(c.url, { ...c.spec, durationSec: options.warmupSec ?? 1 })
+  const samples = new Map<string, Sample[]>(contenders.map((c) => [c.name, []]))
+  for (let round = 0; round < rounds; round++) {
+    const order = round % 2 === 0 ? contenders : [...contenders].reverse()
+    for (const c of order) {
+      const sample = await measure(c.url, c.spec)
+      samples.get(c.name)!.push(sample)
+      const bad = sample.non2xx + sample.errors + sample.timeouts
+      console.error(
+        `${options.label ?? ''} round ${round + 1}/${rounds} ${c.name}: ${Math.round(sample.rps)} req/s, p99 ${sample.p99} ms${bad ? `, ${bad} non-2xx/errors` : ''}`,
+      )
+    }
+  }
+  return contenders.map((c) => {
+    const list = samples.get(c.name)!
+    return {
+      name: c.name,
+      rps: spread(list.map((s) => s.rps)),
+      p99: spread(list.map((s) => s.p99)),
+      samples: list,
+    }
+  })
+}
+
+/** Ratio of medians, with the worst and best pairing for an honest range. */
+export function ratio(a: Summary, b: Summary) {
+  return {
+    median: a.rps.median / b.rps.median,
+    min: a.rps.min / b.rps.max,
+    max: a.rps.max / b.rps.min,
+  }
+}
+
+/** Total commands Redis has executed (INFO commandstats), to count commands per request by delta. */
+export async function redisCommandCount(redis: Redis): Promise<number> {
+  const info = await redis.info('commandstats')
+  let total = 0
+  for (const match of info.matchAll(/^cmdstat_([^:]+):calls=(\d+)/gm)) {
+    if (match[1] !== 'info') total += Number(match[2])
+  }
+  return total
+}
+
+/** Commands per request for one short run: a dedicated Redis makes the delta exact. */
+export async function commandsPerRequest(redisUrl: string, url: string, spec: LoadSpec): Promise<number> {
+  const redis = new Redis(redisUrl)
+  try {
+    const before = await redisCommandCount(redis)
+    const sample = await measure(url, { ...spec, durationSec: spec.durationSec ?? 2 })
+    const after = await redisCommandCount(redis)
+    return (after - before) / sample.requests
+  } finally {
+    redis.disconnect()
+  }
+}
+
+export function formatTable(headers: string[], rows: Array<Array<string | number>>): string {
+  const lines = [headers, headers.map(() => '---'), ...rows.map((r) => r.map(String))]
+  return lines.map((cells) => `| ${cells.join(' | ')} |`).join('\n')
+}
+
+/** Writes load/results/<date>-<name>.json and .md; returns the paths. */
+export function writeResults(name: string, data: unknown, markdown: string): { json: string; md: string } {
+  const dir = new URL('../results/', import.meta.url)
+  mkdirSync(dir, { recursive: true })
+  const stem = `${new Date().toISOString().slice(0, 10)}-${name}`
+  const json = new URL(`${stem}.json`, dir)
+  const md = new URL(`${stem}.md`, dir)
+  writeFileSync(json, `${JSON.stringify(data, null, 2)}\n`)
+  writeFileSync(md, `${markdown}\n`)
+  return { json: json.pathname, md: md.pathname }
+}
