@@ -32,6 +32,8 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
     ajv: { customOptions: { coerceTypes: false, removeAdditional: false } },
   }).withTypeProvider<TypeBoxTypeProvider>()
   const prefix = deps.keyPrefix ?? ''
+  // Every body is JSON; anything else is refused with 415 instead of reaching validation as text.
+  app.removeContentTypeParser('text/plain')
 
   registerProblemHandlers(app)
   await app.register(metrics)
