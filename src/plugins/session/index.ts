@@ -107,7 +107,8 @@ async function sessionPlugin(app: FastifyInstance, rawOptions: SessionPluginOpti
     const created = await store.create(principal, data)
     this.request.session = created
     setCookie(this, created.id)
-    store.pruneIndex(principal).catch((err) => this.log.warn({ err }, 'session index prune failed'))
+    // Login is rare and already slow (scrypt): a cheap place to keep the index bounded.
+    await store.pruneIndex(principal).catch((err) => this.log.warn({ err }, 'session index prune failed'))
     return created
   })
 
