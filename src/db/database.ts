@@ -14,6 +14,56 @@ export interface Database extends Queryable {
   /** Statements sent since start (a transaction's BEGIN/COMMIT count as well); benchmarks read it. */
   readonly queryCount: number
   close(): Promise<void>
+  /** Adds an observer of every statement and transaction (metrics); returns its remover. */
+  observe?(observer: DatabaseObserver): () => void
+  /** Connection pool usage where there is a pool (pg); PGlite has a single connection and none. */
+  poolStats?(): PoolStats
+}
+
+export interface DatabaseObserver {
+  /** `sql` is the statement as written in the code, never client input; `error` set when it failed. */
+  query?(event: { sql: string; seconds: number; error?: unknown }): void
+  transaction?(event: { seconds: number; outcome: 'commit' | 'rollback' }): void
+}
+
+export interface PoolStats {
+  total: number
+  idle: number
+  waiting: number
+  max: number
+}
+
+/** Observers of one database; a failing observer must never fail the query it observes. */
+function observers() {
+  const list = new Set<DatabaseObserver>()
+  const notify = (fn: (o: DatabaseObserver) => void) => {
+    for (const o of list) {
+      try {
+        fn(o)
+      } catch {}
+    }
+  }
+  return {
+    observe(observer: DatabaseObserver) {
+      list.add(observer)
+      return () => void list.delete(observer)
+    },
+    async timed<R>(sql: string, run: () => Promise<R>): Promise<R> {
+      if (list.size === 0) return run()
+      const start = performance.now()
+      try {
+        const result = await run()
+        notify((o) => o.query?.({ sql, seconds: (performance.now() - start) / 1000 }))
+        return result
+      } catch (error) {
+        notify((o) => o.query?.({ sql, seconds: (performance.now() - start) / 1000, error }))
+        throw error
+      }
+    },
+    transactionDone(start: number, outcome: 'commit' | 'rollback') {
+      notify((o) => o.transaction?.({ seconds: (performance.now() - start) / 1000, outcome }))
+    },
+  }
 }
 
 export interface PostgresOptions {
@@ -62,10 +112,11 @@ export function createPgDatabase(options: PostgresOptions): Database {
   // An idle client losing its connection must not crash the process; the next query reports it.
   pool.on('error', () => {})
   let queryCount = 0
+  const watch = observers()
   const run = async <R>(client: pg.Pool | pg.PoolClient, sql: string, params?: unknown[]) => {
     queryCount++
     try {
-      const result = await client.query(sql, params as unknown[])
+      const result = await watch.timed(sql, () => client.query(sql, params as unknown[]))
       return result.rows as R[]
     } catch (err) {
       throw databaseUnavailable(err)
@@ -79,22 +130,32 @@ export function createPgDatabase(options: PostgresOptions): Database {
     query: (sql, params) => run(pool, sql, params),
     async transaction(fn) {
       const client = await pool.connect().catch((err) => Promise.reject(databaseUnavailable(err)))
+      const start = performance.now()
       let broken = false
       try {
         await run(client, 'BEGIN')
         const result = await fn({ query: (sql, params) => run(client, sql, params) })
         await run(client, 'COMMIT')
+        watch.transactionDone(start, 'commit')
         return result
       } catch (err) {
         await run(client, 'ROLLBACK').catch(() => {
           broken = true
         })
+        watch.transactionDone(start, 'rollback')
         throw err
       } finally {
         client.release(broken)
       }
     },
     close: () => pool.end(),
+    observe: watch.observe,
+    poolStats: () => ({
+      total: pool.totalCount,
+      idle: pool.idleCount,
+      waiting: pool.waitingCount,
+      max: pool.options.max,
+    }),
   }
 }
 
@@ -103,9 +164,10 @@ export async function createPgliteDatabase(dataDir?: string): Promise<Database> 
   const db: PGlite = new PGlite(dataDir)
   await db.waitReady
   let queryCount = 0
+  const watch = observers()
   const run = async <R>(client: PGlite | Transaction, sql: string, params?: unknown[]) => {
     queryCount++
-    const result = await client.query<R>(sql, params)
+    const result = await watch.timed(sql, () => client.query<R>(sql, params))
     return result.rows
   }
   return {
@@ -115,8 +177,19 @@ export async function createPgliteDatabase(dataDir?: string): Promise<Database> 
     },
     query: (sql, params) => run(db, sql, params),
     // PGlite has one connection: its transactions run one at a time, which keeps FOR UPDATE correct.
-    transaction: (fn) => db.transaction((tx) => fn({ query: (sql, params) => run(tx, sql, params) })),
+    async transaction(fn) {
+      const start = performance.now()
+      try {
+        const result = await db.transaction((tx) => fn({ query: (sql, params) => run(tx, sql, params) }))
+        watch.transactionDone(start, 'commit')
+        return result
+      } catch (err) {
+        watch.transactionDone(start, 'rollback')
+        throw err
+      }
+    },
     close: () => db.close(),
+    observe: watch.observe,
   }
 }
 
