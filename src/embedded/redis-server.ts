@@ -42,10 +42,10 @@ export const HOW_TO_GET_REDIS = [
 ].join('\n')
 
 /** Starts a throwaway redis-server (no persistence) on a free port; used by the dev default and tests. */
-export async function startRedisServer(port?: number): Promise<RedisServerProcess> {
+export async function startRedisServer(port?: number, command = 'redis-server'): Promise<RedisServerProcess> {
   const chosen = port ?? (await freePort())
   const child = spawn(
-    'redis-server',
+    command,
     [
       '--port',
       String(chosen),
@@ -82,4 +82,19 @@ export async function startRedisServer(port?: number): Promise<RedisServerProces
       await exited
     },
   }
+}
+
+/**
+ * The development default of DESIGN.md: an explicit URL wins; else Redis on the standard port;
+ * else a private redis-server child (returned so the caller stops it on exit).
+ */
+export async function resolveDevRedis(
+  url: string | undefined,
+  probe = { host: '127.0.0.1', port: 6379 },
+  command = 'redis-server',
+): Promise<{ url: string; spawned?: RedisServerProcess }> {
+  if (url) return { url }
+  if (await redisAnswers(probe.host, probe.port)) return { url: `redis://${probe.host}:${probe.port}` }
+  const spawned = await startRedisServer(undefined, command)
+  return { url: spawned.url, spawned }
 }
