@@ -1,4 +1,5 @@
 import { randomBytes } from 'node:crypto'
+import { type AddressInfo, createConnection, createServer, type Socket } from 'node:net'
 import type { FastifyInstance } from 'fastify'
 import pg from 'pg'
 import { buildApp, type GatewayDependencies } from '../src/app.ts'
@@ -186,5 +187,69 @@ export async function ledgerInvariants(db: Database) {
     accountsNotMatchingLedger: Number(row!.mismatched),
     transfers: Number(row!.transfers),
     entries: Number(row!.entries),
+  }
+}
+
+export interface TcpProxy {
+  port: number
+  /** Drops every open connection and refuses new ones until restore(). */
+  cut(): void
+  restore(): void
+  /** Adds this much latency to each chunk in both directions (0 to remove). */
+  delay(ms: number): void
+  close(): Promise<void>
+}
+
+/** A loopback TCP proxy the test controls, to cut or slow Postgres or Redis traffic. */
+export async function startTcpProxy(targetPort: number, targetHost = '127.0.0.1'): Promise<TcpProxy> {
+  const sockets = new Set<Socket>()
+  let down = false
+  let latency = 0
+  const relay = (from: Socket, to: Socket) =>
+    from.on('data', (chunk) => {
+      if (latency === 0) to.write(chunk)
+      else {
+        from.pause()
+        setTimeout(() => {
+          to.write(chunk)
+          from.resume()
+        }, latency)
+      }
+    })
+  const server = createServer((client) => {
+    if (down) return client.destroy()
+    const upstream = createConnection({ host: targetHost, port: targetPort })
+    for (const s of [client, upstream]) {
+      sockets.add(s)
+      s.on('close', () => sockets.delete(s))
+      s.on('error', () => {
+        client.destroy()
+        upstream.destroy()
+      })
+    }
+    relay(client, upstream)
+    relay(upstream, client)
+    client.on('close', () => upstream.destroy())
+    upstream.on('close', () => client.destroy())
+  })
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+  const address = server.address() as AddressInfo
+  return {
+    port: address.port,
+    cut() {
+      down = true
+      for (const s of sockets) s.destroy()
+    },
+    restore() {
+      down = false
+    },
+    delay(ms) {
+      latency = ms
+    },
+    close() {
+      down = true
+      for (const s of sockets) s.destroy()
+      return new Promise((resolve) => server.close(() => resolve()))
+    },
   }
 }

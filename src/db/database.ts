@@ -130,6 +130,10 @@ export function createPgDatabase(options: PostgresOptions): Database {
     query: (sql, params) => run(pool, sql, params),
     async transaction(fn) {
       const client = await pool.connect().catch((err) => Promise.reject(databaseUnavailable(err)))
+      // A checked-out client that loses its connection emits 'error'; unheard, that crashes the
+      // process. The failing query rejects as well, so the listener only has to exist.
+      const ignore = () => {}
+      client.on('error', ignore)
       const start = performance.now()
       let broken = false
       try {
@@ -145,6 +149,7 @@ export function createPgDatabase(options: PostgresOptions): Database {
         watch.transactionDone(start, 'rollback')
         throw err
       } finally {
+        client.off('error', ignore)
         client.release(broken)
       }
     },

@@ -1,9 +1,9 @@
 import { readdirSync, readFileSync } from 'node:fs'
 import type { Database } from './database.ts'
 
-const dir = new URL('./migrations/', import.meta.url)
+const MIGRATIONS = new URL('./migrations/', import.meta.url)
 
-export function migrationFiles(): string[] {
+export function migrationFiles(dir: URL = MIGRATIONS): string[] {
   return readdirSync(dir)
     .filter((file) => /^\d{3}_[a-z0-9_]+\.sql$/.test(file))
     .sort()
@@ -14,7 +14,7 @@ export function migrationFiles(): string[] {
  * transaction behind an advisory lock so that instances starting together apply them once.
  * Returns the names applied now; throws (naming the file) on the first failure.
  */
-export async function migrate(db: Database): Promise<string[]> {
+export async function migrate(db: Database, dir: URL = MIGRATIONS): Promise<string[]> {
   return db.transaction(async (tx) => {
     await tx.query('SELECT pg_advisory_xact_lock(7290061)')
     await tx.query(
@@ -24,7 +24,7 @@ export async function migrate(db: Database): Promise<string[]> {
       (await tx.query<{ name: string }>('SELECT name FROM schema_migrations')).map((r) => r.name),
     )
     const now: string[] = []
-    for (const file of migrationFiles()) {
+    for (const file of migrationFiles(dir)) {
       if (applied.has(file)) continue
       try {
         for (const statement of splitStatements(readFileSync(new URL(file, dir), 'utf8')))
