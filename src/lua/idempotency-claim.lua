@@ -1,0 +1,33 @@
+-- Claims an Idempotency-Key record, or reports what the request must get instead. One script so
+-- that two requests with one key can never both see the record absent (or both take over a lease).
+-- KEYS[1] record hash (state, fp, token, leaseUntil while processing; state, fp, status,
+--         headers, body, kept once done)
+-- ARGV[1] request fingerprint, ARGV[2] new owner token, ARGV[3] lease in ms, ARGV[4] retention in ms
+-- Reply: { 'new' } record created, the caller owns it
+--        { 'takeover' } a processing record whose lease had expired now belongs to the caller
+--        { 'mismatch' } the key was used with another fingerprint (checked before in-flight)
+--        { 'conflict', lease_remaining_ms } another owner holds a live lease
+--        { 'replay', status, headers_json, body, kept } the stored response
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease = tonumber(ARGV[3])
+local record = redis.call('HMGET', KEYS[1], 'state', 'fp', 'leaseUntil', 'status', 'headers', 'body', 'kept')
+if not record[1] then
+  redis.call('HSET', KEYS[1], 'state', 'processing', 'fp', ARGV[1], 'token', ARGV[2], 'leaseUntil', now + lease)
+  -- The retention, not the lease, bounds the record: a crashed owner's key still rejects another
+  -- payload, and the short lease (not the TTL) decides when a retry may take over.
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  return { 'new' }
+end
+if record[2] ~= ARGV[1] then
+  return { 'mismatch' }
+end
+if record[1] == 'done' then
+  return { 'replay', record[4], record[5], record[6], record[7] }
+end
+local remaining = tonumber(record[3]) - now
+if remaining > 0 then
+  return { 'conflict', remaining }
+end
+redis.call('HSET', KEYS[1], 'token', ARGV[2], 'leaseUntil', now + lease)
+return { 'takeover' }

@@ -1,0 +1,233 @@
+import { randomBytes } from 'node:crypto'
+import type {
+  FastifyInstance,
+  FastifyReply,
+  FastifyRequest,
+  onSendHookHandler,
+  preHandlerHookHandler,
+} from 'fastify'
+import fp from 'fastify-plugin'
+import { Counter } from 'prom-client'
+import { type HttpProblem, sendProblem } from '../../errors.ts'
+import { parseIdempotencyKey, requestFingerprint } from './key.ts'
+import {
+  type IdempotencyPluginOptions,
+  type IdempotencyRouteConfig,
+  resolveOptions,
+  resolveRouteConfig,
+} from './options.ts'
+import {
+  keyInFlight,
+  keyInvalid,
+  keyMismatch,
+  keyMissing,
+  responseNotKept,
+  storeUnavailable,
+} from './problems.ts'
+import { IdempotencyStore, type StoredResponse } from './store.ts'
+
+export { canonicalJson, parseIdempotencyKey, requestFingerprint } from './key.ts'
+export { keyMismatch } from './problems.ts'
+export type { IdempotencyPluginOptions, IdempotencyRouteConfig }
+export { IdempotencyStore, type StoredResponse }
+
+export interface IdempotencyContext {
+  /** The decoded key (`"abc"` and `abc` are the same key). */
+  key: string
+  fingerprint: string
+  /** False when Redis could not be asked and the route proceeds on its own guard. */
+  claimed: boolean
+}
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    idempotency: IdempotencyStore
+  }
+  interface FastifyRequest {
+    /** Set on opted-in routes once a key was validated; the handler may pass it to its own guard. */
+    idempotency: IdempotencyContext | null
+  }
+  interface FastifyContextConfig {
+    idempotency?: boolean | IdempotencyRouteConfig
+  }
+}
+
+interface Claim {
+  recordKey: string
+  token: string
+  renewal: NodeJS.Timeout
+}
+
+export const REPLAYED_HEADER = 'idempotent-replayed'
+// Conditions a retry may clear: never kept, the claim is released instead.
+const RETRYABLE_4XX = new Set([408, 409, 425, 429])
+
+function payloadBytes(payload: unknown): Buffer | null {
+  if (Buffer.isBuffer(payload)) return payload
+  if (typeof payload === 'string') return Buffer.from(payload)
+  if (payload === null || payload === undefined) return Buffer.alloc(0)
+  return null
+}
+
+async function idempotencyPlugin(app: FastifyInstance, rawOptions: IdempotencyPluginOptions) {
+  const options = resolveOptions(rawOptions)
+  const redis = rawOptions.redis ?? app.redis
+  if (!redis) throw new Error('idempotency plugin: pass `redis` or register the redis plugin first')
+  const store = new IdempotencyStore(redis, options)
+  const headerField = options.headerName.toLowerCase()
+  const registers = app.hasDecorator('metrics') ? [app.metrics.registry] : []
+  const outcomes = new Counter({
+    name: 'idempotency_requests_total',
+    help: 'Requests on idempotent routes by outcome',
+    labelNames: ['outcome'] as const,
+    registers,
+  })
+  const completions = new Counter({
+    name: 'idempotency_responses_total',
+    help: 'What happened to the responses of claimed requests',
+    labelNames: ['result'] as const,
+    registers,
+  })
+  const storedBytes = new Counter({
+    name: 'idempotency_stored_bytes_total',
+    help: 'Response body bytes written to idempotency records',
+    registers,
+  })
+  const claims = new WeakMap<FastifyRequest, Claim>()
+
+  app.decorate('idempotency', store)
+  app.decorateRequest('idempotency', null)
+
+  const reject = (reply: FastifyReply, outcome: string, problem: HttpProblem) => {
+    outcomes.inc({ outcome })
+    return sendProblem(reply, problem)
+  }
+
+  const replay = (reply: FastifyReply, response: StoredResponse) => {
+    outcomes.inc({ outcome: 'replayed' })
+    if (!response.body)
+      return sendProblem(reply.header(REPLAYED_HEADER, 'true'), responseNotKept(response.status))
+    for (const [name, value] of response.headers) reply.header(name, value)
+    return reply.code(response.status).header(REPLAYED_HEADER, 'true').send(response.body)
+  }
+
+  const renewWhileRunning = (request: FastifyRequest, recordKey: string, token: string) => {
+    const renewal = setInterval(
+      () => {
+        store.renew(recordKey, token).then(
+          (renewed) => {
+            if (renewed) return
+            clearInterval(renewal)
+            request.log.warn('idempotency lease lost while the handler ran (taken over or expired)')
+          },
+          (err) => request.log.warn({ err }, 'idempotency lease renewal failed'),
+        )
+      },
+      Math.floor(options.leaseMs / 3),
+    )
+    renewal.unref()
+    return renewal
+  }
+
+  const makePreHandler = (route: Required<IdempotencyRouteConfig>): preHandlerHookHandler =>
+    async function idempotencyClaim(request, reply) {
+      const raw = request.headers[headerField]
+      if (raw === undefined) {
+        if (route.required) return reject(reply, 'missing', keyMissing(options.headerName))
+        return
+      }
+      const key = parseIdempotencyKey(raw)
+      if (key === null) return reject(reply, 'invalid', keyInvalid(options.headerName))
+      const fingerprint = requestFingerprint(request.method, request.routeOptions.url ?? '', request.body)
+      const recordKey = store.recordKey(options.scope(request), key)
+      const token = randomBytes(16).toString('base64url')
+      let result: Awaited<ReturnType<IdempotencyStore['claim']>>
+      try {
+        result = await store.claim(recordKey, fingerprint, token)
+      } catch (err) {
+        request.log.warn({ err }, 'idempotency store unavailable')
+        if (route.whenStoreUnavailable === 'reject') return reject(reply, 'unavailable', storeUnavailable())
+        outcomes.inc({ outcome: 'unavailable' })
+        request.idempotency = { key, fingerprint, claimed: false }
+        return
+      }
+      switch (result.kind) {
+        case 'mismatch':
+          return reject(reply, 'mismatch', keyMismatch())
+        case 'conflict':
+          return reject(reply, 'conflict', keyInFlight(Math.max(1, Math.ceil(result.retryAfterMs / 1000))))
+        case 'replay':
+          return replay(reply, result.response)
+        default:
+          outcomes.inc({ outcome: result.kind })
+          request.idempotency = { key, fingerprint, claimed: true }
+          claims.set(request, { recordKey, token, renewal: renewWhileRunning(request, recordKey, token) })
+      }
+    }
+
+  // Awaited before the response leaves, so a client that has its answer always gets a replay next.
+  const finish: onSendHookHandler = async (request, reply, payload) => {
+    const claim = claims.get(request)
+    if (!claim) return payload
+    claims.delete(request)
+    clearInterval(claim.renewal)
+    const status = reply.statusCode
+    try {
+      if (status >= 500 || RETRYABLE_4XX.has(status)) {
+        await store.release(claim.recordKey, claim.token)
+        completions.inc({ result: 'released' })
+        return payload
+      }
+      const bytes = payloadBytes(payload)
+      const kept = bytes !== null && bytes.length <= options.maxResponseBytes
+      const headers: Array<[string, string]> = []
+      if (kept) {
+        for (const name of options.replayHeaders) {
+          const value = reply.getHeader(name)
+          if (value !== undefined)
+            headers.push([name, Array.isArray(value) ? value.join(', ') : String(value)])
+        }
+      }
+      const stored = await store.complete(claim.recordKey, claim.token, {
+        status,
+        headers,
+        body: kept ? bytes : null,
+      })
+      if (!stored) {
+        completions.inc({ result: 'lost' })
+        request.log.warn('idempotency record not stored: the claim was taken over')
+      } else if (kept) {
+        completions.inc({ result: 'stored' })
+        storedBytes.inc(bytes.length)
+      } else {
+        completions.inc({ result: 'not_kept' })
+        request.log.warn({ limit: options.maxResponseBytes }, 'response too large to keep for replays')
+      }
+    } catch (err) {
+      // The claim stays: its lease runs out and a retry takes it over. Deleting it instead would
+      // let a retry run while this response is still on its way to the client.
+      completions.inc({ result: 'store_failed' })
+      request.log.error({ err }, 'idempotency record could not be written')
+    }
+    return payload
+  }
+
+  // A reply that never reaches onSend (hijacked, socket gone) must not leave the renewal running.
+  const stopRenewal = async (request: FastifyRequest) => {
+    const claim = claims.get(request)
+    if (claim) clearInterval(claim.renewal)
+  }
+
+  app.addHook('onRoute', (routeOptions) => {
+    const routeName = `${routeOptions.method} ${routeOptions.url}`
+    const route = resolveRouteConfig(routeOptions.config?.idempotency, options, routeName)
+    if (!route) return
+    const append = <T>(existing: T | T[] | undefined, hook: T): T[] =>
+      existing === undefined ? [hook] : Array.isArray(existing) ? [...existing, hook] : [existing, hook]
+    routeOptions.preHandler = append(routeOptions.preHandler, makePreHandler(route))
+    routeOptions.onSend = append(routeOptions.onSend, finish)
+    routeOptions.onResponse = append(routeOptions.onResponse, stopRenewal)
+  })
+}
+
+export default fp(idempotencyPlugin, { name: 'idempotency', fastify: '5.x' })

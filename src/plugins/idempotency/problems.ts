@@ -1,0 +1,49 @@
+import { HttpProblem } from '../../errors.ts'
+
+// Each outcome has its own problem type, so clients can tell "retry later" from "never retry".
+
+export const keyMissing = (header: string) =>
+  new HttpProblem(400, 'idempotency-key-missing', 'Idempotency key required', `Send an ${header} header.`)
+
+export const keyInvalid = (header: string) =>
+  new HttpProblem(
+    400,
+    'idempotency-key-invalid',
+    'Invalid idempotency key',
+    `${header} must be 1 to 255 visible ASCII characters, bare or as a structured-field string.`,
+  )
+
+export const keyInFlight = (retryAfterSeconds: number) =>
+  new HttpProblem(
+    409,
+    'idempotency-key-in-flight',
+    'Request in progress',
+    'A request with this key is still being processed; retry after the given delay.',
+    { headers: { 'retry-after': String(retryAfterSeconds) } },
+  )
+
+export const keyMismatch = () =>
+  new HttpProblem(
+    422,
+    'idempotency-key-mismatch',
+    'Idempotency key reused',
+    'This key was already used with a different request; use a new key for a new request.',
+  )
+
+export const storeUnavailable = () =>
+  new HttpProblem(
+    503,
+    'idempotency-store-unavailable',
+    'Service unavailable',
+    'Idempotency keys cannot be checked now.',
+    { headers: { 'retry-after': '1' } },
+  )
+
+export const responseNotKept = (status: number) =>
+  new HttpProblem(
+    410,
+    'idempotency-response-not-kept',
+    'Response not kept',
+    `The request with this key was processed (status ${status}), but its response exceeded the size kept for replays.`,
+    { extra: { originalStatus: String(status) } },
+  )
