@@ -1,0 +1,47 @@
+-- Reads one cache entry and, when it must be (re)loaded, tries to take the fill lease.
+-- KEYS[1] value: "<softExpiresAtMs>|<loadMs>|<payload>", hard TTL on the key
+-- KEYS[2] generation token, replaced by every invalidation (the fence)
+-- KEYS[3] lease: the owner token of the one caller allowed to load and fill
+-- ARGV[1] lease owner token       ARGV[2] lease TTL ms
+-- ARGV[3] XFetch beta (0: no early refresh)   ARGV[4] a random number in (0, 1]
+-- ARGV[5] generation TTL ms       ARGV[6] a fresh generation token, used when KEYS[2] is absent
+-- Reply: { state, payload, generation } with state
+--   'fresh'   payload is fresh; nothing to do
+--   'early'   payload is fresh, XFetch chose this caller to refresh it early: it holds the lease
+--   'refresh' payload is past its soft TTL and this caller holds the lease: serve it, refresh it
+--   'stale'   payload is past its soft TTL, another caller is refreshing it: serve it
+--   'load'    no value; this caller holds the lease: load, then fill with `generation`
+--   'wait'    no value; another caller holds the lease
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local raw = redis.call('GET', KEYS[1])
+local payload = ''
+local soft = false
+if raw then
+  local a = string.find(raw, '|', 1, true)
+  local b = string.find(raw, '|', a + 1, true)
+  local softAt = tonumber(string.sub(raw, 1, a - 1))
+  local loadMs = tonumber(string.sub(raw, a + 1, b - 1))
+  payload = string.sub(raw, b + 1)
+  soft = now >= softAt
+  local beta = tonumber(ARGV[3])
+  -- XFetch (Vattani et al.): refresh early with a probability that grows as expiry nears,
+  -- scaled by how long a load takes. ln(rand) <= 0, so the left side is now or later.
+  local early = beta > 0 and now - loadMs * beta * math.log(tonumber(ARGV[4])) >= softAt
+  if not soft and not early then
+    return { 'fresh', payload, '' }
+  end
+end
+local generation = redis.call('GET', KEYS[2])
+if not generation then
+  generation = ARGV[6]
+  redis.call('SET', KEYS[2], generation, 'PX', ARGV[5])
+end
+local leased = redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2])
+if raw then
+  if leased then
+    return { soft and 'refresh' or 'early', payload, generation }
+  end
+  return { soft and 'stale' or 'fresh', payload, generation }
+end
+return { leased and 'load' or 'wait', '', generation }

@@ -1,0 +1,180 @@
+import type { FastifyInstance } from 'fastify'
+import fp from 'fastify-plugin'
+import { Registry } from 'prom-client'
+import type { RedisClient } from '../../lua/index.ts'
+import { connectRedis, createRedisClient, type RedisConnectionOptions } from '../redis.ts'
+import { type CacheApi, type CacheSettings, RedisCache } from './cache.ts'
+import { L1Cache } from './l1.ts'
+import { ConcurrencyLimiter } from './limiter.ts'
+import { createCacheMetrics } from './metrics.ts'
+
+export { CACHE_KEY, type CacheApi, type GetOrLoadOptions, RedisCache } from './cache.ts'
+
+export interface CachePluginOptions extends RedisConnectionOptions {
+  /** false: every read calls its loader and nothing touches Redis (default true). */
+  enabled?: boolean
+  /** Use this client (the caller owns it); otherwise the plugin opens its own connection from `url`. */
+  client?: RedisClient
+  /**
+   * Set when this Redis also holds sessions, idempotency records or rate limits: registration then
+   * fails if the instance evicts any key (maxmemory-policy allkeys-*), since eviction would drop them.
+   */
+  sharedWithDurableData?: boolean
+  keyPrefix?: string
+  /** Fresh lifetime of an entry (default 60 s); also the bound on staleness after a failed invalidation. */
+  ttlMs?: number
+  /** Fraction of the TTL added at random to each entry, 0 to 1 (default 0.2). */
+  jitter?: number
+  /** How long past the TTL an entry may be served while one caller refreshes it (default 0: off). */
+  staleWhileRevalidateMs?: number
+  /** XFetch beta: > 0 refreshes hot entries early and probabilistically (default 0: off; 1 is typical). */
+  earlyRefreshBeta?: number
+  /** Lifetime of a cached "not found" (default 5 s). */
+  negativeTtlMs?: number
+  /** Lifetime of the fill lease, the bound on a crashed holder (default 3 s). */
+  leaseTtlMs?: number
+  /** How long a miss waits for another holder's fill before loading itself (default 1 s). */
+  leaseWaitMs?: number
+  /** Loads running at once in this process, including all loads while Redis is down (default 8). */
+  maxConcurrentLoads?: number
+  /** In-process L1 lifetime; 0 turns the L1 off (default). Kept coherent through Redis pub/sub. */
+  l1TtlMs?: number
+  l1MaxEntries?: number
+  /** false disables the stale-fill fence. Exists only to demonstrate the race it prevents. */
+  fence?: boolean
+}
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    cache: CacheApi
+  }
+}
+
+const disabledCache: CacheApi = {
+  getOrLoad: (_key, loader) => loader(),
+  invalidate: async () => true,
+}
+
+type Checked = CacheSettings & { maxConcurrentLoads: number; l1TtlMs: number; l1MaxEntries: number }
+
+function validate(options: CachePluginOptions): Checked {
+  const fail = (message: string): never => {
+    throw new Error(`cache plugin: ${message}`)
+  }
+  const int = (name: keyof CachePluginOptions, fallback: number, min: number) => {
+    const value = options[name] ?? fallback
+    if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < min)
+      fail(`\`${name}\` must be an integer of at least ${min}`)
+    return value as number
+  }
+  const fraction = (name: keyof CachePluginOptions, fallback: number, max: number) => {
+    const value = options[name] ?? fallback
+    if (typeof value !== 'number' || !(value >= 0 && value <= max))
+      fail(`\`${name}\` must be between 0 and ${max}`)
+    return value as number
+  }
+  const keyPrefix = options.keyPrefix ?? 'cache:'
+  if (/[{}]/.test(keyPrefix)) fail('`keyPrefix` must not contain braces (they would change the hash tag)')
+  const leaseTtlMs = int('leaseTtlMs', 3000, 10)
+  const leaseWaitMs = int('leaseWaitMs', 1000, 0)
+  if (leaseWaitMs > leaseTtlMs) fail('`leaseWaitMs` must not exceed `leaseTtlMs`')
+  return {
+    keyPrefix,
+    ttlMs: int('ttlMs', 60_000, 1),
+    jitter: fraction('jitter', 0.2, 1),
+    staleWhileRevalidateMs: int('staleWhileRevalidateMs', 0, 0),
+    earlyRefreshBeta: fraction('earlyRefreshBeta', 0, 10),
+    negativeTtlMs: int('negativeTtlMs', 5000, 1),
+    leaseTtlMs,
+    leaseWaitMs,
+    fence: options.fence ?? true,
+    maxConcurrentLoads: int('maxConcurrentLoads', 8, 1),
+    l1TtlMs: int('l1TtlMs', 0, 0),
+    l1MaxEntries: int('l1MaxEntries', 10_000, 1),
+  }
+}
+
+/** The instance's eviction policy, or undefined when CONFIG is not allowed (managed Redis). */
+async function evictionPolicy(client: RedisClient): Promise<string | undefined> {
+  try {
+    const node = 'nodes' in client ? client.nodes('master')[0] : client
+    const reply = (await node?.config('GET', 'maxmemory-policy')) as string[] | undefined
+    return reply?.[1]
+  } catch {
+    return undefined
+  }
+}
+
+async function cachePlugin(app: FastifyInstance, options: CachePluginOptions) {
+  const settings = validate(options)
+  if (options.enabled === false) {
+    app.decorate('cache', disabledCache)
+    return
+  }
+  const owned = !options.client
+  const redis = options.client ?? createRedisClient(options)
+  const subscriber = settings.l1TtlMs > 0 ? redis.duplicate() : undefined
+  if (owned || subscriber) {
+    app.addHook('onClose', async () => {
+      subscriber?.disconnect()
+      if (owned) await redis.quit().catch(() => redis.disconnect())
+    })
+  }
+  // A cache that cannot connect at boot is not fatal: reads go to the source until it answers.
+  await connectRedis(redis).catch((err) => app.log.warn({ err }, 'cache Redis unreachable at boot'))
+  if (options.sharedWithDurableData) {
+    const policy = await evictionPolicy(redis)
+    if (policy?.startsWith('allkeys')) {
+      throw new Error(
+        `cache plugin: this Redis also holds sessions, idempotency records and rate limits, and its maxmemory-policy ${policy} may evict them; give the cache its own Redis (CACHE_REDIS_URL) or use noeviction or volatile-*`,
+      )
+    }
+  }
+
+  const registry = app.hasDecorator('metrics') ? app.metrics.registry : new Registry()
+  if (app.hasDecorator('metrics')) app.metrics.observeRedis(redis, 'cache')
+  // Invalidations published while the subscriber is away are lost: the L1 is bypassed then.
+  let subscribed = false
+  const l1 = subscriber
+    ? new L1Cache(settings.l1TtlMs, settings.l1MaxEntries, () => subscribed && subscriber.status === 'ready')
+    : undefined
+  const channel = `${settings.keyPrefix}invalidations`
+  const cache = new RedisCache({
+    redis,
+    settings,
+    metrics: createCacheMetrics(registry),
+    limiter: new ConcurrencyLimiter(settings.maxConcurrentLoads),
+    log: app.log.child({ plugin: 'cache' }),
+    l1,
+    broadcast: subscriber ? (keys) => redis.publish(channel, JSON.stringify(keys)) : undefined,
+  })
+
+  if (subscriber && l1) {
+    // And it starts empty on every (re)connect, for the same reason.
+    subscriber.on('error', () => {})
+    subscriber.on('close', () => {
+      subscribed = false
+    })
+    subscriber.on('ready', () => {
+      l1.clear()
+      subscriber
+        .subscribe(channel)
+        .then(() => {
+          subscribed = true
+        })
+        .catch((err) => app.log.warn({ err }, 'cache L1 subscribe failed'))
+    })
+    subscriber.on('message', (_channel: string, message: string) => {
+      try {
+        cache.dropLocal(JSON.parse(message) as string[])
+      } catch (err) {
+        app.log.warn({ err }, 'malformed cache invalidation message; L1 cleared')
+        l1.clear()
+      }
+    })
+    await subscriber.connect().catch(() => {})
+  }
+  app.decorate('cache', cache)
+}
+
+export default fp(cachePlugin, { name: 'cache', fastify: '5.x' })

@@ -1,0 +1,29 @@
+import { Counter, type Registry } from 'prom-client'
+
+/** Counters labelled by the key's namespace (`account` for `account:42`), a set fixed by the code. */
+export function createCacheMetrics(registry: Registry) {
+  const counter = (name: string, help: string) =>
+    new Counter({ name, help, labelNames: ['name'] as const, registers: [registry] })
+  return {
+    hits: counter('cache_hits_total', 'Reads answered by a fresh Redis entry (negative entries included)'),
+    misses: counter('cache_misses_total', 'Reads that found no entry in Redis'),
+    staleServed: counter('cache_stale_served_total', 'Reads answered past the soft TTL while a refresh runs'),
+    loads: counter('cache_loads_total', 'Loader calls (reads of the source of truth)'),
+    leaseWaits: counter('cache_lease_waits_total', 'Misses that waited for another caller holding the lease'),
+    fenceRejections: counter(
+      'cache_fence_rejections_total',
+      'Fills refused because an invalidation happened since their generation was read',
+    ),
+    invalidationFailures: counter(
+      'cache_invalidation_failures_total',
+      'Keys whose invalidation failed; they stay until their TTL',
+    ),
+    l1Hits: counter('cache_l1_hits_total', 'Reads answered by the in-process L1'),
+    redisErrors: counter(
+      'cache_redis_errors_total',
+      'Reads that went to the source of truth because the cache Redis failed or was down',
+    ),
+  }
+}
+
+export type CacheMetrics = ReturnType<typeof createCacheMetrics>
