@@ -5,6 +5,7 @@ import Fastify, { type FastifyInstance } from 'fastify'
 import type { Config } from './config.ts'
 import type { Database } from './db/database.ts'
 import { registerProblemHandlers } from './errors.ts'
+import cache from './plugins/cache/index.ts'
 import metrics from './plugins/metrics.ts'
 import postgres from './plugins/postgres.ts'
 import redis, { type RedisClient } from './plugins/redis.ts'
@@ -39,6 +40,16 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
   await app.register(metrics)
   await app.register(redis, { client: deps.redis, ...config.redis })
   await app.register(postgres, { database: deps.database, connectionString: config.databaseUrl })
+  // The cache's own connection: by default to the main Redis, else to CACHE_REDIS_URL (an evicting instance).
+  await app.register(cache, {
+    enabled: config.cache.enabled,
+    ...config.redis,
+    ...(config.cacheRedisUrl ? { url: config.cacheRedisUrl, clusterNodes: undefined } : {}),
+    sharedWithDurableData: !config.cacheRedisUrl,
+    keyPrefix: `${prefix}cache:`,
+    ttlMs: config.cache.ttlMs,
+    l1TtlMs: config.cache.l1TtlMs,
+  })
   await app.register(swagger, {
     openapi: {
       info: { title: 'Demo banking gateway', version: '0.1.0' },

@@ -17,6 +17,9 @@ const EnvSchema = Type.Object({
   REDIS_CLUSTER_NODES: Type.Optional(Type.String({ pattern: '^[^,:\\s]+:[0-9]+(,[^,:\\s]+:[0-9]+)*$' })),
   REDIS_COMMAND_TIMEOUT_MS: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*$' })),
   CACHE_REDIS_URL: Type.Optional(Type.String({ pattern: '^rediss?://' })),
+  CACHE: Type.Optional(Type.Union([Type.Literal('on'), Type.Literal('off')])),
+  CACHE_TTL: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*(ms|s|m|h)$' })),
+  CACHE_L1_TTL: Type.Optional(Type.String({ pattern: '^[0-9]+(ms|s|m|h)$' })),
   DATABASE_URL: Type.Optional(Type.String({ pattern: '^postgres(ql)?://' })),
   SESSION_SECRET: Type.Optional(Type.String({ minLength: 32 })),
   SESSION_IDLE_TIMEOUT: Type.Optional(Type.String({ pattern: '^[0-9]+(ms|s|m|h)$' })),
@@ -34,6 +37,9 @@ const HINTS: Record<string, string> = {
   REDIS_URL: 'a redis:// or rediss:// URL',
   REDIS_CLUSTER_NODES: 'a comma list of host:port',
   CACHE_REDIS_URL: 'a redis:// or rediss:// URL',
+  CACHE: 'on or off',
+  CACHE_TTL: 'a duration above zero like 60s',
+  CACHE_L1_TTL: 'a duration like 1s (0s: no in-process L1)',
   DATABASE_URL: 'a postgres:// URL',
   SESSION_SECRET: 'at least 32 characters (comma list for rotation; the first signs)',
   SESSION_IDLE_TIMEOUT: 'a duration like 30m',
@@ -63,6 +69,8 @@ export interface Config {
   trustProxy: boolean
   redis: { url?: string; clusterNodes?: Array<{ host: string; port: number }>; commandTimeoutMs: number }
   cacheRedisUrl?: string
+  /** Balance cache: on/off, fresh lifetime, in-process L1 lifetime (0: no L1). */
+  cache: { enabled: boolean; ttlMs: number; l1TtlMs: number }
   databaseUrl?: string
   session: { secrets: string[]; idleTimeoutMs: number; absoluteTimeoutMs: number; secure: boolean }
   rateLimits: {
@@ -139,6 +147,11 @@ export function loadConfig(env: Record<string, string | undefined> = process.env
       commandTimeoutMs: Number(e.REDIS_COMMAND_TIMEOUT_MS ?? 500),
     },
     cacheRedisUrl: e.CACHE_REDIS_URL,
+    cache: {
+      enabled: (e.CACHE ?? 'on') === 'on',
+      ttlMs: parseDuration(e.CACHE_TTL ?? '60s'),
+      l1TtlMs: parseDuration(e.CACHE_L1_TTL ?? '0s'),
+    },
     databaseUrl: e.DATABASE_URL,
     session: { secrets, idleTimeoutMs, absoluteTimeoutMs, secure: production },
     rateLimits: {

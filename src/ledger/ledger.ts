@@ -67,6 +67,19 @@ export async function getOwnAccount(
   return row ? toAccount(row) : null
 }
 
+export interface OwnedAccount extends Account {
+  customerId: number
+}
+
+/** Any account with its owner: for caches shared by all customers, which check ownership on use. */
+export async function getAccountWithOwner(db: Queryable, accountId: number): Promise<OwnedAccount | null> {
+  const [row] = await db.query<AccountRow>(
+    'SELECT id, customer_id, currency, balance FROM accounts WHERE id = $1',
+    [accountId],
+  )
+  return row ? { ...toAccount(row), customerId: row.customer_id } : null
+}
+
 export const accountNotFound = (accountId: number) =>
   new HttpProblem(
     404,

@@ -1,7 +1,35 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import { Type } from '@sinclair/typebox'
-import { accountNotFound, getOwnAccount, listAccounts } from '../ledger/ledger.ts'
+import type { FastifyInstance } from 'fastify'
+import { accountNotFound, getAccountWithOwner, listAccounts } from '../ledger/ledger.ts'
 import { Account, IdParam, problems } from './schemas.ts'
+
+// Cache keys are built from ids the gateway parsed and bounded, never from raw request text.
+const MAX_ACCOUNT_ID = 2_147_483_647
+export const accountCacheKey = (accountId: number) => `account:${accountId}`
+export const accountsCacheKey = (customerId: number) => `accounts:${customerId}`
+
+/**
+ * Called once a transfer has committed: drops both balances and both owners' account lists.
+ * Never throws (the money has moved); failures are logged and counted, and the TTL bounds them.
+ */
+export async function invalidateAfterTransfer(
+  app: FastifyInstance,
+  customerId: number,
+  transfer: { fromAccountId: number; toAccountId: number },
+): Promise<void> {
+  const keys = [
+    accountCacheKey(transfer.fromAccountId),
+    accountCacheKey(transfer.toAccountId),
+    accountsCacheKey(customerId),
+  ]
+  const recipient = await getAccountWithOwner(app.db, transfer.toAccountId).catch((err) => {
+    app.log.error({ err }, 'recipient lookup failed; their account list stays cached until its TTL')
+    return null
+  })
+  if (recipient && recipient.customerId !== customerId) keys.push(accountsCacheKey(recipient.customerId))
+  await app.cache.invalidate(keys)
+}
 
 const accountRoutes: FastifyPluginAsyncTypebox = async (app) => {
   app.get(
@@ -14,7 +42,13 @@ const accountRoutes: FastifyPluginAsyncTypebox = async (app) => {
         response: { 200: Type.Object({ accounts: Type.Array(Account) }), ...problems(401, 429, 503) },
       },
     },
-    async (request) => ({ accounts: await listAccounts(app.db, Number(request.session!.principal)) }),
+    async (request) => {
+      const customerId = Number(request.session!.principal)
+      const accounts = await app.cache.getOrLoad(accountsCacheKey(customerId), () =>
+        listAccounts(app.db, customerId),
+      )
+      return { accounts: accounts ?? [] }
+    },
   )
 
   app.get(
@@ -30,9 +64,17 @@ const accountRoutes: FastifyPluginAsyncTypebox = async (app) => {
     },
     async (request) => {
       const accountId = Number(request.params.accountId)
-      const account = await getOwnAccount(app.db, Number(request.session!.principal), accountId)
-      if (!account) throw accountNotFound(accountId)
-      return account
+      // Beyond Postgres integer no account exists: answered without a cache key or a query.
+      if (accountId > MAX_ACCOUNT_ID) throw accountNotFound(accountId)
+      // Cached per account with its owner (unknown ids as "not found"), shared by all customers;
+      // another customer's account answers exactly like a missing one.
+      const account = await app.cache.getOrLoad(accountCacheKey(accountId), () =>
+        getAccountWithOwner(app.db, accountId),
+      )
+      if (!account || account.customerId !== Number(request.session!.principal)) {
+        throw accountNotFound(accountId)
+      }
+      return { accountId, currency: account.currency, balance: account.balance }
     },
   )
 }

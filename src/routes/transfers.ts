@@ -2,6 +2,7 @@ import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import { Type } from '@sinclair/typebox'
 import { HttpProblem } from '../errors.ts'
 import { executeTransfer } from '../ledger/ledger.ts'
+import { invalidateAfterTransfer } from './accounts.ts'
 import { Amount, Currency, Id, problems, Timestamp } from './schemas.ts'
 
 export const TransferBody = Type.Object(
@@ -44,6 +45,8 @@ const transferRoutes: FastifyPluginAsyncTypebox = async (app) => {
         ...request.body,
         customerId: Number(request.session!.principal),
       })
+      // Only after the commit: an earlier drop could be refilled with the old balance.
+      await invalidateAfterTransfer(app, Number(request.session!.principal), transfer)
       return reply.code(201).send(transfer)
     },
   )
