@@ -29,7 +29,7 @@ test('every src/lua script is registered, and each opens with a header naming KE
   } finally {
     await app.close()
   }
-  assert.equal(app.redis.status, 'end', 'closed on shutdown')
+  await assert.rejects(app.redis.ping(), 'the client is closed on shutdown')
 })
 
 test('an unreachable Redis fails the boot with a message naming it', async () => {
