@@ -6,6 +6,7 @@ import type { Config } from './config.ts'
 import type { Database } from './db/database.ts'
 import { registerProblemHandlers } from './errors.ts'
 import cache from './plugins/cache/index.ts'
+import idempotency from './plugins/idempotency/index.ts'
 import metrics from './plugins/metrics.ts'
 import postgres from './plugins/postgres.ts'
 import redis, { type RedisClient } from './plugins/redis.ts'
@@ -64,6 +65,9 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
     absoluteTimeoutMs: config.session.absoluteTimeoutMs,
     keyPrefix: `${prefix}sess:`,
   })
+
+  // After sessions: the default key scope is the session's principal.
+  await app.register(idempotency, { keyPrefix: `${prefix}idem:` })
 
   await app.register(healthRoutes)
   await app.register(sessionRoutes)

@@ -1,5 +1,6 @@
 import { type Database, type Queryable, toSafeInteger } from '../db/database.ts'
 import { HttpProblem } from '../errors.ts'
+import { keyMismatch } from '../plugins/idempotency/problems.ts'
 import { hashPassword } from './passwords.ts'
 
 export interface Account {
@@ -24,6 +25,15 @@ export interface Transfer {
   currency: string
   createdAt: string
 }
+
+/** The Idempotency-Key of a transfer and its request fingerprint, kept on the transfer row. */
+export interface TransferIdempotency {
+  key: string
+  fingerprint: string
+}
+
+/** `replayed` is set when the key's transfer already existed and nothing was moved now. */
+export type TransferResult = Transfer & { replayed?: true }
 
 interface AccountRow {
   id: number
@@ -88,18 +98,61 @@ export const accountNotFound = (accountId: number) =>
     `Account ${accountId} does not exist or is not yours.`,
   )
 
+interface PreviousTransfer {
+  request_fingerprint: string
+  response: Transfer
+}
+
+/** A transfer already made with this key: same request replays its response, another is refused. */
+function replayPrevious(previous: PreviousTransfer, idempotency: TransferIdempotency): TransferResult {
+  if (previous.request_fingerprint !== idempotency.fingerprint) throw keyMismatch()
+  return { ...previous.response, replayed: true }
+}
+
 /**
  * Moves money in one transaction: both accounts locked FOR UPDATE in ascending id order (so two
  * opposite transfers cannot deadlock), ownership, currency and funds checked under the lock, then
  * balances, the transfer row and its two ledger entries written in one statement.
+ *
+ * With `idempotency`, the row also records the key, fingerprint and response, unique per customer
+ * and key: the final guard when Redis lost its record. A transfer already made with the key is
+ * found by the locking statement itself; two requests racing past that check collide on the unique
+ * constraint, and the loser rolls back and answers from the winner's row.
  */
-export async function executeTransfer(db: Database, input: TransferInput): Promise<Transfer> {
+export async function executeTransfer(
+  db: Database,
+  input: TransferInput,
+  idempotency?: TransferIdempotency,
+): Promise<TransferResult> {
+  try {
+    return await moveMoney(db, input, idempotency)
+  } catch (err) {
+    if (!idempotency || (err as { code?: string }).code !== '23505') throw err
+    const [previous] = await db.query<PreviousTransfer>(
+      'SELECT request_fingerprint, response FROM transfers WHERE customer_id = $1 AND idempotency_key = $2',
+      [input.customerId, idempotency.key],
+    )
+    if (!previous) throw err
+    return replayPrevious(previous, idempotency)
+  }
+}
+
+async function moveMoney(
+  db: Database,
+  input: TransferInput,
+  idempotency: TransferIdempotency | undefined,
+): Promise<TransferResult> {
   const { customerId, fromAccountId, toAccountId, amount, currency } = input
   return db.transaction(async (tx) => {
-    const rows = await tx.query<AccountRow>(
-      'SELECT id, customer_id, currency, balance FROM accounts WHERE id IN ($1, $2) ORDER BY id FOR UPDATE',
-      [fromAccountId, toAccountId],
+    const rows = await tx.query<AccountRow & { previous: PreviousTransfer | null }>(
+      `SELECT id, customer_id, currency, balance,
+         (SELECT jsonb_build_object('request_fingerprint', request_fingerprint, 'response', response)
+          FROM transfers WHERE customer_id = $3 AND idempotency_key = $4) AS previous
+       FROM accounts WHERE id IN ($1, $2) ORDER BY id FOR UPDATE`,
+      [fromAccountId, toAccountId, customerId, idempotency?.key ?? null],
     )
+    const previous = rows[0]?.previous
+    if (previous && idempotency) return replayPrevious(previous, idempotency)
     const from = rows.find((r) => r.id === fromAccountId)
     const to = rows.find((r) => r.id === toAccountId)
     if (!from || from.customer_id !== customerId) throw accountNotFound(fromAccountId)
@@ -120,20 +173,40 @@ export async function executeTransfer(db: Database, input: TransferInput): Promi
         `Account ${fromAccountId} does not hold ${amount} ${currency}.`,
       )
     }
+    // The id is drawn first and created_at cut to milliseconds so the stored response can be built
+    // in the same statement (no second round trip while the account locks are held) and equals the
+    // response sent now, byte for byte once serialized.
     const [row] = await tx.query<{ id: unknown; created_at: Date }>(
       `WITH moved AS (
          UPDATE accounts SET balance = balance + CASE WHEN id = $2 THEN -$4::bigint ELSE $4::bigint END
          WHERE id IN ($2, $3) RETURNING id
+       ), next AS (
+         SELECT nextval(pg_get_serial_sequence('transfers', 'id')) AS id, date_trunc('milliseconds', now()) AS at
        ), transfer AS (
-         INSERT INTO transfers (customer_id, from_account_id, to_account_id, amount, currency)
-         VALUES ($1, $2, $3, $4, $5) RETURNING id, created_at
+         INSERT INTO transfers (id, customer_id, from_account_id, to_account_id, amount, currency, created_at,
+                                idempotency_key, request_fingerprint, response)
+         OVERRIDING SYSTEM VALUE
+         SELECT next.id, $1, $2, $3, $4, $5::text, next.at, $6::text, $7::text,
+           CASE WHEN $6::text IS NOT NULL THEN jsonb_build_object(
+             'transferId', next.id, 'fromAccountId', $2::integer, 'toAccountId', $3::integer,
+             'amount', $4::bigint, 'currency', $5::text,
+             'createdAt', to_char(next.at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')) END
+         FROM next RETURNING id, created_at
        ), entries AS (
          INSERT INTO ledger_entries (transfer_id, account_id, amount)
          SELECT transfer.id, e.account_id, e.amount
          FROM transfer, (VALUES ($2::integer, -$4::bigint), ($3::integer, $4::bigint)) AS e (account_id, amount)
        )
        SELECT id, created_at FROM transfer`,
-      [customerId, fromAccountId, toAccountId, amount, currency],
+      [
+        customerId,
+        fromAccountId,
+        toAccountId,
+        amount,
+        currency,
+        idempotency?.key ?? null,
+        idempotency?.fingerprint ?? null,
+      ],
     )
     if (!row) throw new Error('transfer insert returned no row')
     return {

@@ -23,7 +23,12 @@ const transferRoutes: FastifyPluginAsyncTypebox = async (app) => {
   app.post(
     '/transfers',
     {
-      config: { session: 'required' },
+      // Required per HTTP-API.md; when Redis cannot be asked the transfer still runs, guarded by the
+      // unique (customer, key) of its row in Postgres.
+      config: {
+        session: 'required',
+        idempotency: { required: true, whenStoreUnavailable: 'proceed' },
+      },
       schema: {
         tags: ['transfers'],
         summary: 'Move money from one of your accounts to any account in the same currency',
@@ -41,10 +46,13 @@ const transferRoutes: FastifyPluginAsyncTypebox = async (app) => {
           'fromAccountId and toAccountId must differ.',
         )
       }
-      const transfer = await executeTransfer(app.db, {
-        ...request.body,
-        customerId: Number(request.session!.principal),
-      })
+      const idempotency = request.idempotency
+      const { replayed, ...transfer } = await executeTransfer(
+        app.db,
+        { ...request.body, customerId: Number(request.session!.principal) },
+        idempotency ? { key: idempotency.key, fingerprint: idempotency.fingerprint } : undefined,
+      )
+      if (replayed) reply.header('idempotent-replayed', 'true')
       // Only after the commit: an earlier drop could be refilled with the old balance.
       await invalidateAfterTransfer(app, Number(request.session!.principal), transfer)
       return reply.code(201).send(transfer)
