@@ -1,8 +1,11 @@
 // Runs benchmark scenarios: `tsx load/run.ts [--quick] [name ...]`; no names runs every file in
-// load/scenarios/. Each scenario writes load/results/<date>-<name>.{json,md}; the tables are printed.
+// load/scenarios/. Each scenario writes load/results/<date>-<name>.{json,md}; the run then writes
+// one summary of all of them: <date>-summary.md (every table and the chart), <date>.json and
+// <date>-ratios.svg. A scenario that fails is reported in the summary and the others still run.
 import { readdirSync } from 'node:fs'
 import { writeResults } from './lib/runner.ts'
 import type { Scenario } from './lib/scenario.ts'
+import { type ScenarioOutcome, writeSummary } from './lib/summary.ts'
 
 const args = process.argv.slice(2)
 const quick = args.includes('--quick')
@@ -17,14 +20,33 @@ if (unknown.length) {
   process.exit(2)
 }
 
+const startedAt = new Date().toISOString()
+const outcomes: ScenarioOutcome[] = []
 for (const name of names.length ? names : available) {
-  const { default: scenario } = (await import(`./scenarios/${name}.ts`)) as { default: Scenario }
+  const started = performance.now()
   console.error(`\n== ${name}${quick ? ' (quick)' : ''}`)
-  const result = await scenario({ quick })
-  const paths = writeResults(
-    name,
-    { scenario: name, quick, at: new Date().toISOString(), ...result },
-    `## ${result.title}\n\n${result.markdown}`,
-  )
-  console.log(`\n## ${result.title}\n\n${result.markdown}\n\n(${paths.md})`)
+  try {
+    const { default: scenario } = (await import(`./scenarios/${name}.ts`)) as { default: Scenario }
+    const result = await scenario({ quick })
+    const paths = writeResults(
+      name,
+      { scenario: name, quick, at: new Date().toISOString(), ...result },
+      `## ${result.title}\n\n${result.markdown}`,
+    )
+    const seconds = (performance.now() - started) / 1000
+    outcomes.push({ name, result, seconds })
+    console.log(`\n## ${result.title}\n\n${result.markdown}\n\n(${paths.md}, ${seconds.toFixed(0)} s)`)
+  } catch (err) {
+    const error = (err as Error)?.stack ?? String(err)
+    outcomes.push({ name, error, seconds: (performance.now() - started) / 1000 })
+    console.error(`\n!! scenario ${name} failed:\n${error}`)
+  }
 }
+
+const command = `npm run ${quick ? 'bench:quick' : 'bench'}${names.length ? ` -- ${names.join(' ')}` : ''}`
+const summary = writeSummary(outcomes, { quick, command, startedAt })
+const total = outcomes.reduce((sum, o) => sum + o.seconds, 0)
+console.log(`\nSummary: ${summary.md}\nChart:   ${summary.svg}\nData:    ${summary.json}`)
+console.log(`${outcomes.length} scenario(s) in ${total.toFixed(0)} s`)
+// Servers left by a failed scenario must not keep the process alive; failures set the exit code.
+process.exit(outcomes.some((o) => o.error) ? 1 : 0)

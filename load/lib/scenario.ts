@@ -1,3 +1,5 @@
+import type { RatioBar } from './chart.ts'
+
 /** What every load/scenarios/<name>.ts exports as default; load/run.ts runs them by name. */
 export interface ScenarioOptions {
   /** Short runs for `npm run bench:quick` (the whole quick suite must finish in under three minutes). */
@@ -10,6 +12,11 @@ export interface ScenarioResult {
   markdown: string
   /** Everything measured, for load/results/<date>-<name>.json. */
   data: unknown
+  /**
+   * Optional: the throughput ratios to chart in the run's summary SVG. Without it, load/run.ts
+   * charts every `{median, min, max}` it finds under a key containing "ratio" in `data`.
+   */
+  ratios?: RatioBar[]
 }
 
 export type Scenario = (options: ScenarioOptions) => Promise<ScenarioResult>

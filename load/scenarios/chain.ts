@@ -1,0 +1,241 @@
+// Balance reads through the gateway's whole chain (IP rate limit, session, cache hit) against the
+// same chain with the cache off, THE PEER STACK (load/peer/server.ts) and a bare route returning the
+// same JSON, interleaved in one run; then Redis round trips and Postgres work per request for each,
+// and for a transfer with a unique Idempotency-Key.
+import { randomUUID } from 'node:crypto'
+import type { RatioBar } from '../lib/chart.ts'
+import { perRequest, type RoundTrips, roundTrips } from '../lib/roundtrips.ts'
+import {
+  type Contender,
+  formatTable,
+  interleave,
+  type LoadSpec,
+  ratio,
+  type ServerHandle,
+  type Summary,
+  startServer,
+} from '../lib/runner.ts'
+import type { Scenario } from '../lib/scenario.ts'
+import { startBenchServices } from '../lib/services.ts'
+
+const SECRET = 'bench-secret-0123456789-abcdefghijklmnop'
+const entry = (path: string) => new URL(path, import.meta.url).pathname
+
+async function login(url: string, username: string): Promise<{ cookie: string; customerId: number }> {
+  const response = await fetch(`${url}/session`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ username, password: 'demo-password' }),
+  })
+  const cookie = response.headers.getSetCookie()[0]?.split(';')[0]
+  if (response.status !== 200 || !cookie) throw new Error(`login to ${url} failed: ${response.status}`)
+  const { customerId } = (await response.json()) as { customerId: number }
+  return { cookie, customerId }
+}
+
+async function firstAccountId(url: string, cookie: string): Promise<number> {
+  const response = await fetch(`${url}/accounts`, { headers: { cookie } })
+  const body = (await response.json()) as { accounts: Array<{ accountId: number }> }
+  const id = body.accounts?.[0]?.accountId
+  if (!id) throw new Error(`GET /accounts answered ${response.status}: ${JSON.stringify(body)}`)
+  return id
+}
+
+/** A benchmark of 401s or 404s would measure the wrong thing: each target must answer 200 first. */
+async function expectOk(contender: Contender): Promise<void> {
+  const response = await fetch(contender.url + contender.spec.path, { headers: contender.spec.headers })
+  if (response.status !== 200) {
+    throw new Error(
+      `${contender.name} answered ${response.status} on ${contender.spec.path}: ${await response.text()}`,
+    )
+  }
+}
+
+const spreadCell = (s: { median: number; min: number; max: number }, digits = 0) =>
+  `${s.median.toFixed(digits)} (${s.min.toFixed(digits)}-${s.max.toFixed(digits)})`
+
+const chain: Scenario = async ({ quick }) => {
+  const services = await startBenchServices()
+  const servers: ServerHandle[] = []
+  try {
+    const common = {
+      REDIS_URL: services.redisUrl,
+      DATABASE_URL: services.databaseUrl,
+      SESSION_SECRET: SECRET,
+      RATE_LIMITS: 'on',
+      // Every limit stays active (its Redis work is what we measure) but high enough never to reject.
+      RATE_LIMIT_IP: '1000000000,1000000000',
+      RATE_LIMIT_TRANSFERS: '1000000000/60s',
+      RATE_LIMIT_LOGIN: '1000000/60s',
+    }
+    // The first gateway migrates and seeds; the others start after it, on the same database.
+    const gateway = await startServer(entry('../servers/chain.ts'), { ...common, CACHE: 'on' })
+    servers.push(gateway)
+    const [noCache, peer, bare] = await Promise.all([
+      startServer(entry('../servers/chain.ts'), { ...common, CACHE: 'off' }),
+      startServer(entry('../peer/server.ts'), common),
+      startServer(entry('../servers/bare.ts')),
+    ])
+    servers.push(noCache, peer, bare)
+
+    const alice = await login(gateway.url, 'alice')
+    const bob = await login(gateway.url, 'bob')
+    const accountId = await firstAccountId(gateway.url, alice.cookie)
+    const bobAccountId = await firstAccountId(gateway.url, bob.cookie)
+    const noCacheLogin = await login(noCache.url, 'alice')
+    const peerLogin = await login(peer.url, 'alice')
+    const path = `/accounts/${accountId}/balance`
+    const durationSec = quick ? 1 : 5
+    const contenders: Contender[] = [
+      {
+        name: 'gateway chain',
+        url: gateway.url,
+        spec: { path, headers: { cookie: alice.cookie }, durationSec },
+      },
+      {
+        name: 'peer stack',
+        url: peer.url,
+        spec: { path, headers: { cookie: peerLogin.cookie }, durationSec },
+      },
+      {
+        name: 'gateway, cache off',
+        url: noCache.url,
+        spec: { path, headers: { cookie: noCacheLogin.cookie }, durationSec },
+      },
+      { name: 'bare route', url: bare.url, spec: { path, durationSec } },
+    ]
+    for (const c of contenders) await expectOk(c)
+
+    const summaries = await interleave(contenders, {
+      rounds: quick ? 2 : 5,
+      warmupSec: quick ? 1 : 2,
+      label: 'chain',
+    })
+    const by = (name: string) => summaries.find((s) => s.name === name) as Summary
+    const [ours, theirs, uncached, floor] = [
+      by('gateway chain'),
+      by('peer stack'),
+      by('gateway, cache off'),
+      by('bare route'),
+    ]
+
+    const transferSpec: LoadSpec = {
+      method: 'POST',
+      path: '/transfers',
+      headers: { cookie: alice.cookie, 'content-type': 'application/json' },
+      body: JSON.stringify({
+        fromAccountId: accountId,
+        toAccountId: bobAccountId,
+        amount: 1,
+        currency: 'VND',
+      }),
+      setupRequest: (request) => ({
+        ...request,
+        headers: { ...request.headers, 'idempotency-key': randomUUID() },
+      }),
+      connections: 10,
+      durationSec: quick ? 1 : 2,
+    }
+    const tripSpec = (c: Contender): LoadSpec => ({ ...c.spec, connections: 10, durationSec: quick ? 1 : 2 })
+    const trips: Array<{ label: string; trips: RoundTrips; target?: string; met?: boolean }> = []
+    for (const c of contenders) {
+      trips.push({
+        label: `balance, ${c.name}`,
+        trips: await roundTrips(services.redisUrl, c.url, tripSpec(c)),
+      })
+    }
+    trips.push({
+      label: 'transfer, gateway chain (unique keys)',
+      trips: await roundTrips(services.redisUrl, gateway.url, transferSpec),
+    })
+    const balanceTrips = trips[0]!
+    balanceTrips.target = '<= 2 round trips'
+    balanceTrips.met = balanceTrips.trips.redisSent <= 2.05
+    const transferTrips = trips[trips.length - 1]!
+    transferTrips.target = '<= 4 round trips, 1 transaction'
+    transferTrips.met =
+      transferTrips.trips.redisSent <= 4.05 && (transferTrips.trips.dbTransactions ?? 2) <= 1.01
+
+    const ratios: RatioBar[] = [
+      { label: 'gateway chain / peer stack', ...ratio(ours, theirs), target: 1.3 },
+      { label: 'gateway chain / cache off', ...ratio(ours, uncached) },
+      { label: 'gateway chain / bare route', ...ratio(ours, floor) },
+      { label: 'peer stack / bare route', ...ratio(theirs, floor) },
+    ]
+    const p99NoWorse = ours.p99.median <= theirs.p99.median
+    const failures = summaries.flatMap((s) =>
+      s.samples.some((x) => x.non2xx + x.errors + x.timeouts) ? [s.name] : [],
+    )
+
+    const throughputTable = formatTable(
+      ['stack', 'req/s median (min-max)', 'p99 ms median (min-max)', 'non-2xx or errors'],
+      summaries.map((s) => [
+        s.name,
+        spreadCell(s.rps),
+        spreadCell(s.p99, 1),
+        s.samples.reduce((n, x) => n + x.non2xx + x.errors + x.timeouts, 0),
+      ]),
+    )
+    const ratioTable = formatTable(
+      ['ratio of req/s', 'median', 'min', 'max', 'target'],
+      ratios.map((r) => [
+        r.label,
+        `${r.median.toFixed(2)}x`,
+        `${r.min.toFixed(2)}x`,
+        `${r.max.toFixed(2)}x`,
+        r.target ? `>= ${r.target}x: ${r.median >= r.target ? 'met' : 'NOT met'}` : '',
+      ]),
+    )
+    const tripTable = formatTable(
+      [
+        'request',
+        'Redis round trips/req',
+        'Redis commands executed/req',
+        'Postgres statements/req',
+        'Postgres transactions/req',
+        'target',
+      ],
+      trips.map((t) => [
+        t.label,
+        perRequest(t.trips.redisSent),
+        perRequest(t.trips.redisExecuted),
+        perRequest(t.trips.dbQueries),
+        perRequest(t.trips.dbTransactions),
+        t.target ? `${t.target}: ${t.met ? 'met' : 'NOT met'}` : '',
+      ]),
+    )
+    const markdown = [
+      throughputTable,
+      '',
+      ratioTable,
+      '',
+      `p99 of the gateway chain ${ours.p99.median} ms vs the peer stack ${theirs.p99.median} ms: ${p99NoWorse ? 'no worse' : 'WORSE'}.`,
+      failures.length ? `Non-2xx responses or errors in: ${failures.join(', ')}.` : '',
+      '',
+      tripTable,
+      '',
+      'Round trips: commands the server sent (Redis MONITOR, commands run inside scripts excluded); ' +
+        'executed: everything Redis ran, script-internal calls included (INFO commandstats). ' +
+        `Each from a separate ${quick ? 1 : 2} s run at 10 connections.`,
+    ]
+      .filter((line, i, all) => line !== '' || all[i - 1] !== '')
+      .join('\n')
+    return {
+      title: `Balance reads: the whole chain vs the peer stack${quick ? ' (quick)' : ''}`,
+      markdown,
+      ratios,
+      data: {
+        summaries,
+        ratios,
+        p99NoWorse,
+        roundTrips: trips,
+        peerCache: process.env.PEER_CACHE ?? 'multitier',
+      },
+    }
+  } finally {
+    await Promise.allSettled(servers.map((s) => s.stop()))
+    await services.stop()
+  }
+}
+
+export default chain
