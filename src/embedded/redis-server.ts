@@ -30,7 +30,10 @@ export function freePort(): Promise<number> {
 export interface RedisServerProcess {
   url: string
   port: number
+  /** SIGTERM, then waits for the exit. */
   stop(): Promise<void>
+  /** SIGKILL: a crash, for fault-injection tests. */
+  kill(): Promise<void>
 }
 
 export const HOW_TO_GET_REDIS = [
@@ -42,7 +45,11 @@ export const HOW_TO_GET_REDIS = [
 ].join('\n')
 
 /** Starts a throwaway redis-server (no persistence) on a free port; used by the dev default and tests. */
-export async function startRedisServer(port?: number, command = 'redis-server'): Promise<RedisServerProcess> {
+export async function startRedisServer(
+  port?: number,
+  command = 'redis-server',
+  extraArgs: string[] = [],
+): Promise<RedisServerProcess> {
   const chosen = port ?? (await freePort())
   const child = spawn(
     command,
@@ -57,6 +64,7 @@ export async function startRedisServer(port?: number, command = 'redis-server'):
       'no',
       '--protected-mode',
       'no',
+      ...extraArgs,
     ],
     { stdio: 'ignore' },
   )
@@ -79,6 +87,10 @@ export async function startRedisServer(port?: number, command = 'redis-server'):
     port: chosen,
     async stop() {
       if (child.exitCode === null) child.kill('SIGTERM')
+      await exited
+    },
+    async kill() {
+      if (child.exitCode === null) child.kill('SIGKILL')
       await exited
     },
   }
