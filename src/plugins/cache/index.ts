@@ -125,6 +125,8 @@ async function cachePlugin(app: FastifyInstance, options: CachePluginOptions) {
   if (options.sharedWithDurableData) {
     const policy = await evictionPolicy(redis)
     if (policy?.startsWith('allkeys')) {
+      if (owned) redis.disconnect()
+      subscriber?.disconnect()
       throw new Error(
         `cache plugin: this Redis also holds sessions, idempotency records and rate limits, and its maxmemory-policy ${policy} may evict them; give the cache its own Redis (CACHE_REDIS_URL) or use noeviction or volatile-*`,
       )
