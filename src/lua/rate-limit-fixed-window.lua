@@ -1,0 +1,49 @@
+-- Fixed window: one counter per policy, windows aligned to the Redis clock (floor(now / window)).
+-- Every policy in one call shares a key identity and hash tag; the decision is all-or-nothing.
+-- KEYS[i]  counter String of policy i
+-- ARGV[1]  op: 'c' consume, 'p' peek (decide, change nothing), 'r' refund an earlier consume
+-- ARGV[2]  unused here (the nonce slot, kept so every rate-limit script has the same layout)
+-- per policy i, from b = 3 + (i - 1) * 4: ARGV[b] limit, ARGV[b+1] window ms, ARGV[b+2] cost,
+--          ARGV[b+3] window start of the consume being refunded (op 'r' only)
+-- Reply: { allowed 0/1, delay ms (always 0), then per policy: remaining, reset ms, retry ms, window start }
+--        (remaining counts this request on a consume; on a peek it is the quota as it stands)
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local op = ARGV[1]
+local reply = { 1, 0 }
+local counts = {}
+for i = 1, #KEYS do
+  local b = 3 + (i - 1) * 4
+  local limit, window, cost = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
+  local start = now - now % window
+  local ttl = start + window - now
+  local count = tonumber(redis.call('GET', KEYS[i]) or '0')
+  -- A counter left without a TTL would lock its client out forever: repair it on every visit.
+  if count > 0 and redis.call('PTTL', KEYS[i]) == -1 then redis.call('PEXPIRE', KEYS[i], ttl) end
+  if op == 'r' then
+    if tonumber(ARGV[b + 3]) == start and count >= cost then redis.call('DECRBY', KEYS[i], cost) end
+  else
+    counts[i] = count
+    if count + cost > limit then reply[1] = 0 end
+  end
+end
+if op == 'r' then return reply end
+for i = 1, #KEYS do
+  local b = 3 + (i - 1) * 4
+  local limit, window, cost = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
+  local start = now - now % window
+  local ttl = start + window - now
+  local count = counts[i]
+  local retry = 0
+  if reply[1] == 1 and op == 'c' then
+    count = redis.call('INCRBY', KEYS[i], cost)
+    if count == cost then redis.call('PEXPIRE', KEYS[i], ttl) end
+  elseif count + cost > limit then
+    retry = ttl
+  end
+  reply[#reply + 1] = math.max(0, limit - count)
+  reply[#reply + 1] = ttl
+  reply[#reply + 1] = retry
+  reply[#reply + 1] = start
+end
+return reply

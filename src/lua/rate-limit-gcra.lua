@@ -1,0 +1,63 @@
+-- GCRA (generic cell rate algorithm): one theoretical arrival time (TAT, ms) per policy. Each unit of
+-- cost advances the TAT by period / limit; a request passes while the TAT stays within one period
+-- of now, which allows a burst of `limit` and then an even `limit` per period.
+-- KEYS[i]  TAT String of policy i
+-- ARGV[1]  op: 'c' consume, 'p' peek, 'r' refund (moves the TAT back by the cost)
+-- ARGV[2]  unused here (nonce slot)
+-- per policy i, from b = 3 + (i - 1) * 4: ARGV[b] limit, ARGV[b+1] period ms, ARGV[b+2] cost,
+--          ARGV[b+3] max delay ms (0: reject instead of waiting)
+-- Reply: { allowed 0/1, delay ms, then per policy: remaining, reset ms (until the TAT is now), retry ms, 0 }
+--        (remaining counts this request on a consume; on a peek it is the quota as it stands)
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local op = ARGV[1]
+local reply = { 1, 0 }
+local state = {}
+for i = 1, #KEYS do
+  local b = 3 + (i - 1) * 4
+  local limit, period = tonumber(ARGV[b]), tonumber(ARGV[b + 1])
+  local cost, maxDelay = tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+  local interval = period / limit
+  local stored = tonumber(redis.call('GET', KEYS[i]))
+  local tat = math.max(stored or now, now)
+  -- A TAT left without a TTL would never expire: repair it on every visit.
+  if stored and redis.call('PTTL', KEYS[i]) == -1 then
+    redis.call('PEXPIRE', KEYS[i], math.max(1, math.ceil(tat - now)))
+  end
+  if op == 'r' then
+    if stored and stored > now then
+      local back = math.max(now, stored - cost * interval)
+      redis.call('SET', KEYS[i], back, 'PX', math.max(1, math.ceil(back - now)))
+    end
+  else
+    local newTat = tat + cost * interval
+    -- The microsecond slack absorbs float rounding of period / limit, so exactly `limit` fit.
+    local wait = math.max(0, math.ceil(newTat - now - period - 0.001))
+    state[i] = { tat, newTat, wait, interval }
+    if cost > limit or wait > maxDelay then
+      reply[1] = 0
+    elseif wait > reply[2] then
+      reply[2] = wait
+    end
+  end
+end
+if op == 'r' then return reply end
+if reply[1] == 0 then reply[2] = 0 end
+for i = 1, #KEYS do
+  local b = 3 + (i - 1) * 4
+  local period = tonumber(ARGV[b + 1])
+  local tat, newTat, wait, interval = unpack(state[i])
+  local retry = 0
+  if reply[1] == 1 and op == 'c' then
+    tat = newTat
+    redis.call('SET', KEYS[i], newTat, 'PX', math.max(1, math.ceil(newTat - now)))
+  elseif reply[1] == 0 and wait > 0 then
+    retry = wait
+  end
+  if tonumber(ARGV[b + 2]) > tonumber(ARGV[b]) then retry = math.max(1, math.ceil(tat - now)) end
+  reply[#reply + 1] = math.max(0, math.floor((period - (tat - now)) / interval + 0.000001))
+  reply[#reply + 1] = math.ceil(tat - now)
+  reply[#reply + 1] = retry
+  reply[#reply + 1] = 0
+end
+return reply

@@ -1,0 +1,60 @@
+-- Sliding-window log: a Sorted Set of admitted request times (ms) per policy, trimmed to the window.
+-- Members are '<nonce>:<n>' with a nonce unique per request from the app (Lua's math.random repeats
+-- inside Redis), so requests in the same millisecond never collapse. Rejected requests are not
+-- recorded: a client retrying while blocked does not extend its block, and the set never holds
+-- more than `limit` members inside the window.
+-- KEYS[i]  log of policy i
+-- ARGV[1]  op: 'c' consume, 'p' peek, 'r' refund (removes the members added under ARGV[2])
+-- ARGV[2]  request nonce
+-- per policy i, from b = 3 + (i - 1) * 4: ARGV[b] limit, ARGV[b+1] window ms, ARGV[b+2] cost, ARGV[b+3] unused
+-- Reply: { allowed 0/1, delay ms (always 0), then per policy: remaining, reset ms, retry ms, 0 }
+--        (remaining counts this request on a consume; on a peek it is the quota as it stands)
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local op, nonce = ARGV[1], ARGV[2]
+local reply = { 1, 0 }
+local counts = {}
+for i = 1, #KEYS do
+  local b = 3 + (i - 1) * 4
+  local window, cost = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
+  if op == 'r' then
+    for n = 1, cost do redis.call('ZREM', KEYS[i], nonce .. ':' .. n) end
+  else
+    counts[i] = redis.call('ZCOUNT', KEYS[i], now - window + 1, '+inf')
+    if counts[i] + cost > tonumber(ARGV[b]) then reply[1] = 0 end
+  end
+  -- A log left without a TTL would never expire: repair it on every visit.
+  if redis.call('PTTL', KEYS[i]) == -1 then redis.call('PEXPIRE', KEYS[i], window) end
+end
+if op == 'r' then return reply end
+for i = 1, #KEYS do
+  local b = 3 + (i - 1) * 4
+  local limit, window, cost = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
+  local count = counts[i]
+  local retry = 0
+  if reply[1] == 1 and op == 'c' then
+    redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now - window)
+    local add = {}
+    for n = 1, cost do
+      add[#add + 1] = now
+      add[#add + 1] = nonce .. ':' .. n
+    end
+    redis.call('ZADD', KEYS[i], unpack(add))
+    redis.call('PEXPIRE', KEYS[i], window)
+    count = count + cost
+  elseif count + cost > limit then
+    -- Free once enough of the oldest entries leave: the (count + cost - limit)-th oldest in the window.
+    local need = math.min(count + cost - limit, count)
+    local entry = redis.call('ZRANGEBYSCORE', KEYS[i], now - window + 1, '+inf', 'WITHSCORES', 'LIMIT', need - 1, 1)
+    retry = window
+    if cost <= limit and entry[2] then retry = tonumber(entry[2]) + window - now end
+  end
+  local reset = window
+  local oldest = redis.call('ZRANGEBYSCORE', KEYS[i], now - window + 1, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  if oldest[2] then reset = tonumber(oldest[2]) + window - now end
+  reply[#reply + 1] = math.max(0, limit - count)
+  reply[#reply + 1] = reset
+  reply[#reply + 1] = retry
+  reply[#reply + 1] = 0
+end
+return reply

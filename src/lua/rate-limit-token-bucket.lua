@@ -1,0 +1,74 @@
+-- Token bucket: a Hash per policy (t = tokens, ts = last refill ms), refilled by elapsed time on the
+-- Redis clock. A request of cost n passes only when n tokens are there, so a costly request never
+-- overdraws the bucket. With a delay bound, a request that would wait at most that long reserves
+-- its tokens now (the balance goes below zero by exactly that future refill) and is told to wait.
+-- A missing key is a full bucket, so the TTL is the time until the bucket is full again.
+-- KEYS[i]  Hash of policy i
+-- ARGV[1]  op: 'c' consume, 'p' peek, 'r' refund (gives the cost back, capped at capacity)
+-- ARGV[2]  unused here (nonce slot)
+-- per policy i, from b = 3 + (i - 1) * 4: ARGV[b] capacity, ARGV[b+1] refill tokens per second,
+--          ARGV[b+2] cost, ARGV[b+3] max delay ms (0: reject instead of waiting)
+-- Reply: { allowed 0/1, delay ms, then per policy: remaining, reset ms (until full), retry ms, 0 }
+--        (remaining counts this request on a consume; on a peek it is the quota as it stands)
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local op = ARGV[1]
+local reply = { 1, 0 }
+local state = {}
+for i = 1, #KEYS do
+  local b = 3 + (i - 1) * 4
+  local cap, rate = tonumber(ARGV[b]), tonumber(ARGV[b + 1]) / 1000
+  local cost, maxDelay = tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+  local h = redis.call('HMGET', KEYS[i], 't', 'ts')
+  local tokens = cap
+  if h[1] then
+    tokens = math.min(cap, tonumber(h[1]) + math.max(0, now - tonumber(h[2])) * rate)
+    -- A bucket left without a TTL would never expire: repair it on every visit.
+    if redis.call('PTTL', KEYS[i]) == -1 then
+      redis.call('PEXPIRE', KEYS[i], math.max(1, math.ceil((cap - tokens) / rate)))
+    end
+  end
+  if op == 'r' then
+    tokens = math.min(cap, tokens + cost)
+    if tokens < cap then
+      redis.call('HSET', KEYS[i], 't', tokens, 'ts', now)
+      redis.call('PEXPIRE', KEYS[i], math.ceil((cap - tokens) / rate))
+    else
+      redis.call('DEL', KEYS[i])
+    end
+  else
+    local after = tokens - cost
+    local wait = 0
+    if after < 0 then wait = math.ceil(-after / rate) end
+    state[i] = { tokens, after, wait }
+    if cost > cap or wait > maxDelay then
+      reply[1] = 0
+    elseif wait > reply[2] then
+      reply[2] = wait
+    end
+  end
+end
+if op == 'r' then return reply end
+if reply[1] == 0 then reply[2] = 0 end
+for i = 1, #KEYS do
+  local b = 3 + (i - 1) * 4
+  local cap, rate = tonumber(ARGV[b]), tonumber(ARGV[b + 1]) / 1000
+  local cost = tonumber(ARGV[b + 2])
+  local tokens, after, wait = unpack(state[i])
+  local left, retry = after, 0
+  if reply[1] == 1 and op == 'c' then
+    redis.call('HSET', KEYS[i], 't', after, 'ts', now)
+    redis.call('PEXPIRE', KEYS[i], math.max(1, math.ceil((cap - after) / rate)))
+  else
+    left = tokens
+  end
+  if reply[1] == 0 then
+    if after < 0 then retry = wait end
+    if cost > cap then retry = math.ceil((cap - tokens) / rate) + 1 end
+  end
+  reply[#reply + 1] = math.max(0, math.floor(left))
+  reply[#reply + 1] = math.ceil((cap - left) / rate)
+  reply[#reply + 1] = retry
+  reply[#reply + 1] = 0
+end
+return reply

@@ -1,0 +1,271 @@
+import { randomBytes } from 'node:crypto'
+import type { FastifyBaseLogger, FastifyRequest } from 'fastify'
+import { type RedisClient, runScript } from '../../lua/index.ts'
+import { identityTag } from './keys.ts'
+import { LocalLimiter } from './local.ts'
+import type { RateLimitMetrics } from './metrics.ts'
+import type { Policy } from './policy.ts'
+
+export interface Decision {
+  policy: Policy
+  allowed: boolean
+  /** Null when nothing true can be said (Redis down, policy open). */
+  remaining: number | null
+  resetMs: number
+  retryMs: number
+  /** The RateLimit-Policy item actually enforced (a local limiter advertises its share). */
+  header: string
+}
+
+/** What undoes a consume for a count-only-failures policy when the response is a success. */
+export interface Refund {
+  policy: Policy
+  key: string
+  cost: number
+  tag: number
+  nonce: string
+}
+
+export interface Outcome {
+  decisions: Decision[]
+  /** The first violated policy, when the request is rejected. */
+  rejected: Decision | null
+  /** A closed policy could not be checked: answer 503. */
+  unavailable: Policy | null
+  delayMs: number
+  refunds: Refund[]
+}
+
+interface Group {
+  policies: Policy[]
+  costs: number[]
+  keys: string[]
+  cacheKey: string
+}
+
+export interface EngineOptions {
+  keyPrefix: string
+  overLimitCacheKeys: number
+  retryRedisAfterMs: number
+  timeoutMs: number
+  log: FastifyBaseLogger
+  metrics: RateLimitMetrics
+}
+
+const PROCESS_NONCE = randomBytes(6).toString('base64url')
+
+/** Decides requests against policies: one script call per key identity, with fallbacks. */
+export class RateLimitEngine {
+  private readonly redis: RedisClient
+  private readonly options: EngineOptions
+  private readonly locals = new Map<string, LocalLimiter>()
+  /** Groups already over their limit, answered without Redis until their retry time. */
+  private readonly overLimit = new Map<string, { until: number; cost: number; decision: Decision }>()
+  private readonly ownTimeout: boolean
+  private redisDownUntil = 0
+  private sequence = 0
+
+  constructor(redis: RedisClient, options: EngineOptions) {
+    this.redis = redis
+    this.options = options
+    const o = redis.options as { commandTimeout?: number; redisOptions?: { commandTimeout?: number } }
+    // Without a command timeout on the client, a stalled Redis would hold requests: bound it here.
+    this.ownTimeout = !(o.commandTimeout ?? o.redisOptions?.commandTimeout)
+  }
+
+  keyOf(tag: string, policy: Policy): string {
+    return `${this.options.keyPrefix}{${tag}}:${policy.name}`
+  }
+
+  /** Consumes ('c') or only checks ('p') every applicable policy; null when none applies. */
+  async evaluate(
+    request: FastifyRequest,
+    policies: readonly Policy[],
+    op: 'c' | 'p',
+  ): Promise<Outcome | null> {
+    const groups = new Map<string, Group>()
+    for (const policy of policies) {
+      if (policy.allow?.(request)) continue
+      const identity = policy.key(request)
+      if (identity === null || identity === undefined) continue
+      const tag = identityTag(identity)
+      const id = `${policy.script}${tag}`
+      const cost = typeof policy.cost === 'number' ? policy.cost : policy.cost(request)
+      const group = groups.get(id) ?? { policies: [], costs: [], keys: [], cacheKey: id }
+      if (!groups.has(id)) groups.set(id, group)
+      group.policies.push(policy)
+      group.costs.push(cost)
+      group.keys.push(this.keyOf(tag, policy))
+      group.cacheKey += policy.name
+    }
+    if (groups.size === 0) return null
+    const outcome: Outcome = { decisions: [], rejected: null, unavailable: null, delayMs: 0, refunds: [] }
+    for (const group of groups.values()) {
+      await this.decideGroup(group, op, outcome)
+      if (outcome.rejected || outcome.unavailable) break
+    }
+    return outcome
+  }
+
+  private async decideGroup(group: Group, op: 'c' | 'p', outcome: Outcome): Promise<void> {
+    const { metrics } = this.options
+    const cached = op === 'c' ? this.overLimit.get(group.cacheKey) : undefined
+    if (cached) {
+      const now = Date.now()
+      if (now < cached.until && Math.max(...group.costs) >= cached.cost) {
+        const left = cached.until - now
+        outcome.rejected = { ...cached.decision, resetMs: left, retryMs: left }
+        outcome.decisions.push(outcome.rejected)
+        metrics.decisions.inc({ policy: cached.decision.policy.name, outcome: 'rejected_cached' })
+        return
+      }
+      this.overLimit.delete(group.cacheKey)
+    }
+    if (this.redis.status !== 'ready' || Date.now() < this.redisDownUntil)
+      return this.degraded(group, op, outcome)
+    const nonce = `${PROCESS_NONCE}${(++this.sequence).toString(36)}`
+    const argv: Array<string | number> = [op, nonce]
+    group.policies.forEach((p, i) => {
+      argv.push(p.args[0], p.args[1], group.costs[i]!, p.maxDelayMs)
+    })
+    const script = group.policies[0]!.script
+    let reply: number[]
+    const started = performance.now()
+    try {
+      const call = runScript<number[]>(this.redis, script, group.keys, argv)
+      reply = await (this.ownTimeout ? withTimeout(call, this.options.timeoutMs) : call)
+    } catch (err) {
+      this.redisDownUntil = Date.now() + this.options.retryRedisAfterMs
+      this.options.log.warn(
+        { err, script },
+        'rate limit: Redis failed, policies fall back to their onRedisError',
+      )
+      return this.degraded(group, op, outcome)
+    }
+    metrics.scriptSeconds.observe(
+      { algorithm: group.policies[0]!.algorithm },
+      (performance.now() - started) / 1000,
+    )
+    const allowed = reply[0] === 1
+    const delayed = allowed && reply[1]! > 0
+    if (delayed) outcome.delayMs = Math.max(outcome.delayMs, reply[1]!)
+    group.policies.forEach((policy, i) => {
+      const at = 2 + i * 4
+      const decision: Decision = {
+        policy,
+        allowed,
+        remaining: reply[at]!,
+        resetMs: reply[at + 1]!,
+        retryMs: reply[at + 2]!,
+        header: policy.header,
+      }
+      outcome.decisions.push(decision)
+      if (!allowed && decision.retryMs > 0 && !outcome.rejected) outcome.rejected = decision
+      if (op === 'c') {
+        metrics.decisions.inc({
+          policy: policy.name,
+          outcome: allowed ? (delayed ? 'delayed' : 'allowed') : 'rejected',
+        })
+      }
+      if (allowed && op === 'c' && policy.isFailure) {
+        outcome.refunds.push({
+          policy,
+          key: group.keys[i]!,
+          cost: group.costs[i]!,
+          tag: reply[at + 3]!,
+          nonce,
+        })
+      }
+    })
+    // Every policy rejected only as a sibling of the violated one keeps its full quota.
+    if (!allowed && !outcome.rejected) outcome.rejected = outcome.decisions[outcome.decisions.length - 1]!
+    if (!allowed && op === 'c' && this.cacheable(group)) this.remember(group, outcome.rejected!)
+  }
+
+  /** Count-only-failures and delaying policies change state outside this cache's view: never cached. */
+  private cacheable(group: Group): boolean {
+    return (
+      this.options.overLimitCacheKeys > 0 && group.policies.every((p) => !p.isFailure && p.maxDelayMs === 0)
+    )
+  }
+
+  private remember(group: Group, decision: Decision): void {
+    if (this.overLimit.size >= this.options.overLimitCacheKeys)
+      this.overLimit.delete(this.overLimit.keys().next().value!)
+    const cost = Math.min(...group.costs)
+    this.overLimit.set(group.cacheKey, { until: Date.now() + decision.retryMs, cost, decision })
+  }
+
+  private degraded(group: Group, op: 'c' | 'p', outcome: Outcome): void {
+    const { metrics } = this.options
+    const closed = group.policies.find((p) => p.onRedisError === 'closed')
+    if (closed) {
+      outcome.unavailable = closed
+      for (const p of group.policies) metrics.decisions.inc({ policy: p.name, outcome: 'degraded_closed' })
+      return
+    }
+    const now = Date.now()
+    const locals = group.policies.map((p) => (p.onRedisError === 'local' ? this.local(p) : null))
+    const verdicts = locals.map((l, i) => l?.decide(group.keys[i]!, group.costs[i]!, now, false))
+    const allowed = verdicts.every((v) => !v || v.allowed)
+    group.policies.forEach((policy, i) => {
+      const local = locals[i]
+      if (!local) {
+        // Open: nothing is known about the quota, so only the policy itself is advertised.
+        outcome.decisions.push({
+          policy,
+          allowed: true,
+          remaining: null,
+          resetMs: 0,
+          retryMs: 0,
+          header: policy.header,
+        })
+        if (op === 'c') metrics.decisions.inc({ policy: policy.name, outcome: 'degraded_open' })
+        return
+      }
+      const v =
+        allowed && op === 'c' ? local.decide(group.keys[i]!, group.costs[i]!, now, true) : verdicts[i]!
+      const decision: Decision = {
+        policy,
+        allowed,
+        remaining: v.remaining,
+        resetMs: v.resetMs,
+        retryMs: v.retryMs,
+        header: local.header,
+      }
+      outcome.decisions.push(decision)
+      if (!allowed && !v.allowed && !outcome.rejected) outcome.rejected = decision
+      if (op === 'c')
+        metrics.decisions.inc({
+          policy: policy.name,
+          outcome: allowed ? 'degraded_local_allowed' : 'degraded_local_rejected',
+        })
+    })
+  }
+
+  private local(policy: Policy): LocalLimiter {
+    let limiter = this.locals.get(policy.name)
+    if (!limiter) {
+      limiter = new LocalLimiter(policy)
+      this.locals.set(policy.name, limiter)
+    }
+    return limiter
+  }
+
+  /** Gives back what a successful request consumed under a count-only-failures policy. */
+  async refund(refund: Refund): Promise<void> {
+    const { policy } = refund
+    const fourth =
+      policy.algorithm === 'fixed-window' || policy.algorithm === 'sliding-counter' ? refund.tag : 0
+    const argv = ['r', refund.nonce, policy.args[0], policy.args[1], refund.cost, fourth]
+    await runScript(this.redis, policy.script, [refund.key], argv)
+  }
+}
+
+function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T> {
+  let timer: NodeJS.Timeout | undefined
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`Redis did not answer within ${ms} ms`)), ms)
+  })
+  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer))
+}
