@@ -9,6 +9,7 @@ import cache from './plugins/cache/index.ts'
 import idempotency from './plugins/idempotency/index.ts'
 import metrics from './plugins/metrics.ts'
 import postgres from './plugins/postgres.ts'
+import rateLimit, { keyBy } from './plugins/rate-limit/index.ts'
 import redis, { type RedisClient } from './plugins/redis.ts'
 import session from './plugins/session/index.ts'
 import accountRoutes from './routes/accounts.ts'
@@ -22,6 +23,11 @@ export interface GatewayDependencies {
   database?: Database
   /** Prepended to every Redis key the gateway writes, so several gateways can share one Redis. */
   keyPrefix?: string
+  /**
+   * The demo rate limits (RATE_LIMITS=off always wins). Under NODE_ENV=test they are off unless this
+   * says 'on', so other suites' bursts from 127.0.0.1 are never limited; production is unchanged.
+   */
+  rateLimits?: 'on' | 'off'
 }
 
 /** The demo banking gateway: plugins in order (storage, sessions, protections), then routes. */
@@ -65,6 +71,34 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
     absoluteTimeoutMs: config.session.absoluteTimeoutMs,
     keyPrefix: `${prefix}sess:`,
   })
+
+  const limits = config.rateLimits
+  if (limits.enabled && (deps.rateLimits ?? (config.nodeEnv === 'test' ? 'off' : 'on')) === 'on') {
+    // After sessions, so the per-customer key can read request.session; routes name the others.
+    await app.register(rateLimit, {
+      keyPrefix: `${prefix}rl:`,
+      defaults: { onRedisError: 'local' },
+      policies: [
+        {
+          name: 'ip',
+          algorithm: 'token-bucket',
+          limit: limits.ip.capacity,
+          refillPerSecond: limits.ip.refillPerSecond,
+        },
+      ],
+      namedPolicies: [
+        {
+          name: 'login',
+          algorithm: 'sliding-log',
+          ...limits.login,
+          key: keyBy.bodyField('username'),
+          hook: 'preHandler',
+          countOnlyFailures: (reply) => reply.statusCode === 401,
+        },
+        { name: 'transfers', algorithm: 'fixed-window', ...limits.transfers, key: keyBy.customer },
+      ],
+    })
+  }
 
   // After sessions: the default key scope is the session's principal.
   await app.register(idempotency, { keyPrefix: `${prefix}idem:` })

@@ -20,6 +20,8 @@ const sessionRoutes: FastifyPluginAsyncTypebox = async (app) => {
   app.post(
     '/session',
     {
+      // Failed logins per username, when the gateway registers the rate-limit plugin (src/app.ts).
+      config: { rateLimits: 'login' },
       schema: {
         tags: ['session'],
         summary: 'Log in: starts a new session (a new id, the presented one destroyed)',

@@ -28,6 +28,7 @@ const transferRoutes: FastifyPluginAsyncTypebox = async (app) => {
       config: {
         session: 'required',
         idempotency: { required: true, whenStoreUnavailable: 'proceed' },
+        rateLimits: 'transfers',
       },
       schema: {
         tags: ['transfers'],
