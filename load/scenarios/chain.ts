@@ -138,16 +138,15 @@ const chain: Scenario = async ({ quick }) => {
     }
     const tripSpec = (c: Contender): LoadSpec => ({ ...c.spec, connections: 10, durationSec: quick ? 1 : 2 })
     const trips: Array<{ label: string; trips: RoundTrips; target?: string; met?: boolean }> = []
-    for (const c of contenders) {
-      trips.push({
-        label: `balance, ${c.name}`,
-        trips: await roundTrips(services.redisUrl, c.url, tripSpec(c)),
-      })
+    const countTrips = async (label: string, url: string, spec: LoadSpec) => {
+      const counted = await roundTrips(services.redisUrl, url, spec)
+      console.error(
+        `chain round trips, ${label}: ${perRequest(counted.redisSent)} Redis, ${perRequest(counted.dbQueries)} SQL per request over ${counted.requests} requests`,
+      )
+      trips.push({ label, trips: counted })
     }
-    trips.push({
-      label: 'transfer, gateway chain (unique keys)',
-      trips: await roundTrips(services.redisUrl, gateway.url, transferSpec),
-    })
+    for (const c of contenders) await countTrips(`balance, ${c.name}`, c.url, tripSpec(c))
+    await countTrips('transfer, gateway chain (unique keys)', gateway.url, transferSpec)
     const balanceTrips = trips[0]!
     balanceTrips.target = '<= 2 round trips'
     balanceTrips.met = balanceTrips.trips.redisSent <= 2.05
@@ -193,6 +192,7 @@ const chain: Scenario = async ({ quick }) => {
         'Redis commands executed/req',
         'Postgres statements/req',
         'Postgres transactions/req',
+        'requests (non-2xx)',
         'target',
       ],
       trips.map((t) => [
@@ -201,6 +201,7 @@ const chain: Scenario = async ({ quick }) => {
         perRequest(t.trips.redisExecuted),
         perRequest(t.trips.dbQueries),
         perRequest(t.trips.dbTransactions),
+        `${t.trips.requests} (${t.trips.failures})`,
         t.target ? `${t.target}: ${t.met ? 'met' : 'NOT met'}` : '',
       ]),
     )
