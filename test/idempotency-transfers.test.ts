@@ -118,7 +118,12 @@ test('the same key with another body: 422, both after completion and while the f
   assert.equal(claim.kind, 'new')
   const mismatch = await transfer(aliceCookie, 'in-flight-1', { ...body, amount: 6 })
   assert.equal(mismatch.status, 422)
-  const conflict = await transfer(aliceCookie, 'in-flight-1', { amount: 5, currency: 'VND', ...body })
+  const conflict = await transfer(aliceCookie, 'in-flight-1', {
+    currency: 'VND',
+    amount: 5,
+    toAccountId: body.toAccountId,
+    fromAccountId: body.fromAccountId,
+  })
   assert.equal(conflict.status, 409)
   assert.equal(JSON.parse(conflict.body).type, '/problems/idempotency-key-in-flight')
   assert.ok(Number(conflict.retryAfter) >= 1)
