@@ -14,7 +14,7 @@ import {
 // The demo gateway's wiring (HTTP-API.md): token bucket per IP on every route, sliding log per
 // username on POST /session counting failed logins only, fixed window per customer on POST /transfers.
 // REDIS_CLUSTER_NODES (set by `npm run test:cluster`) runs it on a Redis Cluster.
-const cluster = process.env.REDIS_CLUSTER_NODES
+const cluster: Record<string, string> = process.env.REDIS_CLUSTER_NODES
   ? { REDIS_CLUSTER_NODES: process.env.REDIS_CLUSTER_NODES }
   : {}
 
