@@ -11,11 +11,10 @@ let cookie: string
 
 before(async () => {
   // Limits high enough that requests reach the routes (429s would hide their behaviour).
-  t = await buildTestApp({
-    RATE_LIMIT_IP: '1000000,1000000',
-    RATE_LIMIT_LOGIN: '100000/60s',
-    RATE_LIMIT_TRANSFERS: '100000/60s',
-  })
+  t = await buildTestApp(
+    { RATE_LIMIT_IP: '1000000,1000000', RATE_LIMIT_LOGIN: '100000/60s', RATE_LIMIT_TRANSFERS: '100000/60s' },
+    { rateLimits: 'on' },
+  )
   alice = await createCustomer(t.db, 'alice', [1000])
   await createCustomer(t.db, 'bob', [1000])
   cookie = await login(t.app, alice)
