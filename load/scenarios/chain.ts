@@ -67,6 +67,13 @@ const chain: Scenario = async ({ quick }) => {
       RATE_LIMIT_IP: '1000000000,1000000000',
       RATE_LIMIT_TRANSFERS: '1000000000/60s',
       RATE_LIMIT_LOGIN: '1000000/60s',
+      // e.g. BENCH_GATEWAY_ENV='CACHE_L1_TTL=1s' to measure another gateway configuration.
+      ...Object.fromEntries(
+        (process.env.BENCH_GATEWAY_ENV ?? '')
+          .split(/\s+/)
+          .filter(Boolean)
+          .map((pair) => [pair.slice(0, pair.indexOf('=')), pair.slice(pair.indexOf('=') + 1)]),
+      ),
     }
     // The first gateway migrates and seeds; the others start after it, on the same database.
     const gateway = await startServer(entry('../servers/chain.ts'), { ...common, CACHE: 'on' })
@@ -230,6 +237,7 @@ const chain: Scenario = async ({ quick }) => {
         ratios,
         p99NoWorse,
         roundTrips: trips,
+        gatewayEnv: process.env.BENCH_GATEWAY_ENV ?? '',
         peerCache: process.env.PEER_CACHE ?? 'multitier',
       },
     }
