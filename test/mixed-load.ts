@@ -67,7 +67,9 @@ export async function mixedLoad(
   actors: Actor[],
   options: { requests: number; inFlight: number; timeoutMs?: number; onProgress?: (done: number) => unknown },
 ): Promise<LoadReport> {
-  const timeoutMs = options.timeoutMs ?? 5000
+  // Far above any bound the gateway sets (500 ms per Redis command, 2 s to get a Postgres
+  // connection): only a request that truly hangs reaches it, even on a loaded two-core machine.
+  const timeoutMs = options.timeoutMs ?? 10_000
   const statuses = new Map<number | 'network' | 'timeout', number>()
   const attempts: TransferAttempt[] = []
   let started = 0
@@ -110,7 +112,7 @@ export async function mixedLoad(
 }
 
 /** Retries every unsettled transfer with its own key and body until it settles, as a client would. */
-export async function settle(url: () => string, attempts: TransferAttempt[], timeoutMs = 5000) {
+export async function settle(url: () => string, attempts: TransferAttempt[], timeoutMs = 10_000) {
   const retries: Array<number | 'network' | 'timeout'> = []
   for (const attempt of attempts) {
     for (let i = 0; i < 60 && !isSettled(attempt); i++) {

@@ -141,6 +141,48 @@ describe('main Redis faults', () => {
   })
 })
 
+describe('cache Redis faults', () => {
+  test("the cache's Redis killed during mixed load: every read still answers 200 from Postgres", async () => {
+    const cacheRedis = await startRedisServer()
+    const t = await buildTestApp({ RATE_LIMITS: 'off', CACHE_REDIS_URL: cacheRedis.url })
+    try {
+      const actors = await actorsFor(t)
+      const url = await listen(t.app)
+      const report = await mixedLoad(() => url, actors, {
+        requests: REQUESTS,
+        inFlight: IN_FLIGHT,
+        onProgress: (done) => (done === 150 ? cacheRedis.kill() : undefined),
+      })
+      assert.equal(report.statuses.get('timeout') ?? 0, 0)
+      const unexpected = [...report.statuses.keys()].filter(
+        (s) => ![200, 201, 409, 422].includes(s as number),
+      )
+      assert.deepEqual(
+        unexpected,
+        [],
+        `no client sees the cache's outage: ${JSON.stringify([...report.statuses])}`,
+      )
+      const balance = await fetch(`${url}/accounts/${actors[0]!.accountId}/balance`, {
+        headers: { cookie: actors[0]!.cookie },
+      })
+      const [row] = await t.db.query<{ balance: string }>(
+        'SELECT balance::text FROM accounts WHERE id = $1',
+        [actors[0]!.accountId],
+      )
+      assert.equal(
+        ((await balance.json()) as { balance: number }).balance,
+        Number(row!.balance),
+        'served from Postgres, current',
+      )
+      await settle(() => url, report.attempts)
+      check(await moneyAndKeyInvariants(t.db, report.attempts))
+    } finally {
+      await t.close()
+      await cacheRedis.stop()
+    }
+  })
+})
+
 describe('Postgres faults', { skip: USE_PGLITE && 'PGlite runs in-process' }, () => {
   test('Postgres cut during transfers: 503 + Retry-After, no partial transfer, claims released, retries run once', async () => {
     const database = await createTestDatabase()
