@@ -3,7 +3,7 @@
 // one summary of all of them: <date>-summary.md (every table and the chart), <date>.json and
 // <date>-ratios.svg. A scenario that fails is reported in the summary and the others still run.
 import { readdirSync } from 'node:fs'
-import { writeResults } from './lib/runner.ts'
+import { stopAllServers, writeResults } from './lib/runner.ts'
 import type { Scenario } from './lib/scenario.ts'
 import { type ScenarioOutcome, writeSummary } from './lib/summary.ts'
 
@@ -19,6 +19,11 @@ if (unknown.length) {
   console.error(`Unknown scenario(s): ${unknown.join(', ')}. Available: ${available.join(', ')}`)
   process.exit(2)
 }
+
+process.once('SIGINT', () => {
+  console.error('\ninterrupted: stopping the servers under test')
+  stopAllServers().finally(() => process.exit(130))
+})
 
 const startedAt = new Date().toISOString()
 const outcomes: ScenarioOutcome[] = []
@@ -48,5 +53,6 @@ const summary = writeSummary(outcomes, { quick, command, startedAt })
 const total = outcomes.reduce((sum, o) => sum + o.seconds, 0)
 console.log(`\nSummary: ${summary.md}\nChart:   ${summary.svg}\nData:    ${summary.json}`)
 console.log(`${outcomes.length} scenario(s) in ${total.toFixed(0)} s`)
-// Servers left by a failed scenario must not keep the process alive; failures set the exit code.
+// Servers left by a failed scenario must not outlive the run; failures set the exit code.
+await stopAllServers()
 process.exit(outcomes.some((o) => o.error) ? 1 : 0)

@@ -10,6 +10,22 @@ export interface ServerHandle {
   stop(): Promise<void>
 }
 
+const running = new Set<ChildProcess>()
+
+/** Stops every server still running (a scenario that threw, or Ctrl-C): none outlives the suite. */
+export async function stopAllServers(): Promise<void> {
+  await Promise.all(
+    [...running].map(
+      (child) =>
+        new Promise<void>((resolve) => {
+          if (child.exitCode !== null || child.signalCode !== null) return resolve()
+          child.once('exit', () => resolve())
+          child.kill('SIGTERM')
+        }),
+    ),
+  )
+}
+
 /**
  * Starts `node --import tsx <entry>`; the entry must print `LISTENING <url>` on stdout when ready.
  * Its stderr is passed through, so a crash is visible in the benchmark output.
@@ -19,7 +35,9 @@ export function startServer(entry: string, env: Record<string, string> = {}): Pr
     env: { ...process.env, NODE_ENV: 'production', LOG_LEVEL: 'warn', ...env },
     stdio: ['ignore', 'pipe', 'inherit'],
   })
+  running.add(child)
   const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()))
+  child.once('exit', () => running.delete(child))
   return new Promise((resolve, reject) => {
     let buffered = ''
     const timer = setTimeout(() => reject(new Error(`${entry} did not print LISTENING within 30s`)), 30_000)
