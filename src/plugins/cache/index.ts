@@ -31,9 +31,9 @@ export interface CachePluginOptions extends RedisConnectionOptions {
   earlyRefreshBeta?: number
   /** Lifetime of a cached "not found" (default 5 s). */
   negativeTtlMs?: number
-  /** Lifetime of the fill lease, the bound on a crashed holder (default 3 s). */
+  /** Lifetime of the fill lease, the bound on a crashed holder (default 5 s, Postgres' statement timeout). */
   leaseTtlMs?: number
-  /** How long a miss waits for another holder's fill before loading itself (default 1 s). */
+  /** How long a miss waits for another holder's fill before loading itself (default 2 s). */
   leaseWaitMs?: number
   /** Loads running at once in this process, including all loads while Redis is down (default 8). */
   maxConcurrentLoads?: number
@@ -75,8 +75,8 @@ function validate(options: CachePluginOptions): Checked {
   }
   const keyPrefix = options.keyPrefix ?? 'cache:'
   if (/[{}]/.test(keyPrefix)) fail('`keyPrefix` must not contain braces (they would change the hash tag)')
-  const leaseTtlMs = int('leaseTtlMs', 3000, 10)
-  const leaseWaitMs = int('leaseWaitMs', 1000, 0)
+  const leaseTtlMs = int('leaseTtlMs', 5000, 10)
+  const leaseWaitMs = int('leaseWaitMs', 2000, 0)
   if (leaseWaitMs > leaseTtlMs) fail('`leaseWaitMs` must not exceed `leaseTtlMs`')
   return {
     keyPrefix,
