@@ -1,3 +1,4 @@
+import { readdirSync, readFileSync } from 'node:fs'
 import { Redis } from 'ioredis'
 import { type LoadSpec, measure, redisCommandCount } from './runner.ts'
 
@@ -7,6 +8,10 @@ export interface RoundTrips {
   redisSent: number
   /** Commands Redis executed per request, including those scripts call (INFO commandstats delta). */
   redisExecuted: number
+  /** CPU time of redis-server per request, in microseconds (INFO cpu delta): the Redis cost of a request. */
+  redisCpuMicros: number
+  /** CPU time of the server process per request, in microseconds (Linux /proc), when its pid is known. */
+  serverCpuMicros?: number
   /** Postgres statements per request (BEGIN/COMMIT included), when the server reports them. */
   dbQueries?: number
   /** Postgres transactions per request, when the server reports them. */
@@ -27,35 +32,60 @@ async function readCounters(url: string): Promise<BenchCounters | undefined> {
   return (await response.json()) as BenchCounters
 }
 
-/**
- * Round trips per request for one short run against a private Redis. MONITOR reports each command
- * with its source, and commands a script runs come from `lua`: counting the others gives the
- * commands the app sent. MONITOR slows Redis, so this run is separate from the throughput runs.
- */
-export async function roundTrips(redisUrl: string, url: string, spec: LoadSpec): Promise<RoundTrips> {
-  const stats = new Redis(redisUrl)
-  // monitor() opens a connection of its own; `stats` keeps doing the INFO reads.
-  const monitor = await stats.monitor()
-  let sent = 0
-  monitor.on('monitor', (_time: string, args: string[], source: string) => {
-    if (source !== 'lua' && args[0]?.toLowerCase() !== 'info') sent++
-  })
+async function redisCpuSeconds(redis: Redis): Promise<number> {
+  const info = await redis.info('cpu')
+  const read = (name: string) => Number(new RegExp(`^${name}:([0-9.]+)`, 'm').exec(info)?.[1] ?? 0)
+  return read('used_cpu_user') + read('used_cpu_sys')
+}
+
+/** Nanoseconds on CPU of every thread of a process (GC and libuv threads too); undefined off Linux. */
+function processCpuNanos(pid: number | undefined): number | undefined {
+  if (pid === undefined) return undefined
   try {
+    return readdirSync(`/proc/${pid}/task`).reduce(
+      (sum, task) => sum + Number(readFileSync(`/proc/${pid}/task/${task}/schedstat`, 'utf8').split(' ')[0]),
+      0,
+    )
+  } catch {
+    return undefined
+  }
+}
+
+/**
+ * Work per request against a private Redis, in two short runs. The first counts what Redis
+ * executed, the CPU Redis and the server spent and the Postgres statements. The second counts round
+ * trips: MONITOR reports each command with its source, commands a script runs come from `lua`, so
+ * the others are the commands the app sent. MONITOR slows Redis, hence its own run; both are
+ * separate from the throughput runs.
+ */
+export async function roundTrips(
+  redisUrl: string,
+  url: string,
+  spec: LoadSpec,
+  options: { pid?: number } = {},
+): Promise<RoundTrips> {
+  const stats = new Redis(redisUrl)
+  try {
+    const run = { ...spec, durationSec: spec.durationSec ?? 2 }
     const countersBefore = await readCounters(url)
     const executedBefore = await redisCommandCount(stats)
-    const sentBefore = sent
-    const sample = await measure(url, { ...spec, durationSec: spec.durationSec ?? 2 })
+    const redisCpuBefore = await redisCpuSeconds(stats)
+    const serverCpuBefore = processCpuNanos(options.pid)
+    const sample = await measure(url, run)
+    const serverCpuAfter = processCpuNanos(options.pid)
+    const redisCpu = (await redisCpuSeconds(stats)) - redisCpuBefore
     const executed = (await redisCommandCount(stats)) - executedBefore
-    // MONITOR lines trail the replies a little; wait for them before reading the count.
-    await new Promise((resolve) => setTimeout(resolve, 300))
-    const sentDuring = sent - sentBefore
     const countersAfter = await readCounters(url)
     const per = (n: number) => n / sample.requests
     const result: RoundTrips = {
       requests: sample.requests,
-      redisSent: per(sentDuring),
+      redisSent: await sentPerRequest(stats, url, run),
       redisExecuted: per(executed),
+      redisCpuMicros: per(redisCpu * 1e6),
       failures: sample.non2xx + sample.errors + sample.timeouts,
+    }
+    if (serverCpuBefore !== undefined && serverCpuAfter !== undefined) {
+      result.serverCpuMicros = per((serverCpuAfter - serverCpuBefore) / 1000)
     }
     if (countersBefore && countersAfter) {
       result.dbQueries = per(countersAfter.dbQueries - countersBefore.dbQueries)
@@ -65,11 +95,27 @@ export async function roundTrips(redisUrl: string, url: string, spec: LoadSpec):
     }
     return result
   } finally {
-    monitor.disconnect()
     stats.disconnect()
   }
 }
 
-/** Two decimals, without trailing noise from requests still in flight when a run ends. */
-export const perRequest = (value: number | undefined): string =>
-  value === undefined ? 'n/a' : value.toFixed(2)
+async function sentPerRequest(stats: Redis, url: string, spec: LoadSpec): Promise<number> {
+  // monitor() opens a connection of its own.
+  const monitor = await stats.monitor()
+  let sent = 0
+  monitor.on('monitor', (_time: string, args: string[], source: string) => {
+    if (source !== 'lua' && args[0]?.toLowerCase() !== 'info') sent++
+  })
+  try {
+    const sample = await measure(url, spec)
+    // MONITOR lines trail the replies a little; wait for them before reading the count.
+    await new Promise((resolve) => setTimeout(resolve, 300))
+    return sent / sample.requests
+  } finally {
+    monitor.disconnect()
+  }
+}
+
+/** Two decimals, or n/a when the server could not report the figure. */
+export const perRequest = (value: number | undefined, digits = 2): string =>
+  value === undefined ? 'n/a' : value.toFixed(digits)

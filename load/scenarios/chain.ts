@@ -10,6 +10,7 @@ import {
   formatTable,
   interleave,
   type LoadSpec,
+  measure,
   ratio,
   type ServerHandle,
   type Summary,
@@ -145,14 +146,17 @@ const chain: Scenario = async ({ quick }) => {
     }
     const tripSpec = (c: Contender): LoadSpec => ({ ...c.spec, connections: 10, durationSec: quick ? 1 : 2 })
     const trips: Array<{ label: string; trips: RoundTrips; target?: string; met?: boolean }> = []
+    const pids = new Map(servers.map((s) => [s.url, s.pid]))
     const countTrips = async (label: string, url: string, spec: LoadSpec) => {
-      const counted = await roundTrips(services.redisUrl, url, spec)
+      const counted = await roundTrips(services.redisUrl, url, spec, { pid: pids.get(url) })
       console.error(
         `chain round trips, ${label}: ${perRequest(counted.redisSent)} Redis, ${perRequest(counted.dbQueries)} SQL per request over ${counted.requests} requests`,
       )
       trips.push({ label, trips: counted })
     }
     for (const c of contenders) await countTrips(`balance, ${c.name}`, c.url, tripSpec(c))
+    // The transfer path has not run yet: compile and warm it before its work is counted.
+    await measure(gateway.url, { ...transferSpec, durationSec: 1 })
     await countTrips('transfer, gateway chain (unique keys)', gateway.url, transferSpec)
     const balanceTrips = trips[0]!
     balanceTrips.target = '<= 2 round trips'
@@ -197,6 +201,8 @@ const chain: Scenario = async ({ quick }) => {
         'request',
         'Redis round trips/req',
         'Redis commands executed/req',
+        'Redis CPU µs/req',
+        'server CPU µs/req',
         'Postgres statements/req',
         'Postgres transactions/req',
         'requests (non-2xx)',
@@ -206,6 +212,8 @@ const chain: Scenario = async ({ quick }) => {
         t.label,
         perRequest(t.trips.redisSent),
         perRequest(t.trips.redisExecuted),
+        perRequest(t.trips.redisCpuMicros, 0),
+        perRequest(t.trips.serverCpuMicros, 0),
         perRequest(t.trips.dbQueries),
         perRequest(t.trips.dbTransactions),
         `${t.trips.requests} (${t.trips.failures})`,
@@ -223,8 +231,9 @@ const chain: Scenario = async ({ quick }) => {
       tripTable,
       '',
       'Round trips: commands the server sent (Redis MONITOR, commands run inside scripts excluded); ' +
-        'executed: everything Redis ran, script-internal calls included (INFO commandstats). ' +
-        `Each from a separate ${quick ? 1 : 2} s run at 10 connections.`,
+        'executed: everything Redis ran, script-internal calls included (INFO commandstats); ' +
+        'CPU: redis-server (INFO cpu) and the server process (/proc) per request, steadier than req/s on a shared machine. ' +
+        `From separate ${quick ? 1 : 2} s runs at 10 connections (round trips in a run of their own, under MONITOR).`,
     ]
       .filter((line, i, all) => line !== '' || all[i - 1] !== '')
       .join('\n')
