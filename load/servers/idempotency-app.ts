@@ -42,9 +42,10 @@ export async function buildTransferApp(options: TransferAppOptions): Promise<Fas
   }
   await app.register(sessionRoutes)
   await app.register(transferRoutes)
-  // Benchmarks read how many statements Postgres received (a replay storm must add none).
-  app.get('/bench/query-count', { schema: { hide: true } }, async () => ({
-    queries: options.database.queryCount,
+  // Benchmarks read how many statements Postgres received (a replay storm must add none); same
+  // path and shape as load/servers/chain.ts.
+  app.get('/__bench/counters', { schema: { hide: true } }, async () => ({
+    dbQueries: options.database.queryCount,
   }))
   await app.ready()
   return app
