@@ -53,7 +53,8 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
     ...config.redis,
     ...(config.cacheRedisUrl ? { url: config.cacheRedisUrl, clusterNodes: undefined } : {}),
     sharedWithDurableData: !config.cacheRedisUrl,
-    keyPrefix: `${prefix}cache:`,
+    // An in-memory PGlite is new on every start: entries an earlier start left in Redis are wrong.
+    keyPrefix: `${prefix}cache:${deps.database || config.databaseUrl ? '' : `${Date.now().toString(36)}:`}`,
     ttlMs: config.cache.ttlMs,
     l1TtlMs: config.cache.l1TtlMs,
   })
