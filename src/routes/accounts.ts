@@ -18,6 +18,7 @@ export async function invalidateAfterTransfer(
   customerId: number,
   transfer: { fromAccountId: number; toAccountId: number },
 ): Promise<void> {
+  if (!app.cache.enabled) return
   const keys = [
     accountCacheKey(transfer.fromAccountId),
     accountCacheKey(transfer.toAccountId),

@@ -20,6 +20,8 @@ export interface GetOrLoadOptions {
 
 /** What routes use; the disabled cache implements it by calling the loader. */
 export interface CacheApi {
+  /** false when the plugin was registered with `enabled: false` (every read goes to the loader). */
+  readonly enabled: boolean
   /** The cached value, else the loader's (stored); a loader's `null` is cached as "not found". */
   getOrLoad<T>(key: string, loader: () => Promise<T | null>, options?: GetOrLoadOptions): Promise<T | null>
   /** Call after the source of truth committed; never throws: false means logged and counted. */
@@ -60,6 +62,7 @@ export function checkKey(key: string): void {
 
 /** Redis cache-aside with a fence against stale fills, a cross-instance lease and an optional L1. */
 export class RedisCache implements CacheApi {
+  readonly enabled = true
   private readonly flights = new Map<string, Promise<unknown>>()
   private readonly redis: RedisClient
   private readonly settings: CacheSettings

@@ -51,6 +51,7 @@ declare module 'fastify' {
 }
 
 const disabledCache: CacheApi = {
+  enabled: false,
   getOrLoad: (_key, loader) => loader(),
   invalidate: async () => true,
 }
