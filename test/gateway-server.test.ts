@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict'
 import { spawn } from 'node:child_process'
+import { randomUUID } from 'node:crypto'
 import { after, test } from 'node:test'
 import { Redis } from 'ioredis'
 import { freePort, HOW_TO_GET_REDIS, resolveDevRedis } from '../src/embedded/redis-server.ts'
@@ -54,7 +55,9 @@ test('npm start without DATABASE_URL serves the contract on embedded PGlite, see
   )
   const transfer = await fetch(`${url}/transfers`, {
     method: 'POST',
-    headers: { cookie, 'content-type': 'application/json', 'idempotency-key': 'readme-walkthrough-1' },
+    // A new key per run: the shared Redis keeps a completed key's response for 24 h, and this run's
+    // fresh PGlite would otherwise get the previous run's transfer replayed instead of a new one.
+    headers: { cookie, 'content-type': 'application/json', 'idempotency-key': `readme-${randomUUID()}` },
     body: JSON.stringify({
       fromAccountId: accounts.accounts[0]!.accountId,
       toAccountId: 2,
