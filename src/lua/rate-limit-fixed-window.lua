@@ -16,33 +16,34 @@ for i = 1, #KEYS do
   local b = 3 + (i - 1) * 4
   local limit, window, cost = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
   local start = now - now % window
-  local ttl = start + window - now
-  local count = tonumber(redis.call('GET', KEYS[i]) or '0')
-  -- A counter left without a TTL would lock its client out forever: repair it on every visit.
-  if count > 0 and redis.call('PTTL', KEYS[i]) == -1 then redis.call('PEXPIRE', KEYS[i], ttl) end
-  if op == 'r' then
-    if tonumber(ARGV[b + 3]) == start and count >= cost then redis.call('DECRBY', KEYS[i], cost) end
+  if op == 'c' then
+    -- Count first, undo below if any policy is over: one write on the common path.
+    counts[i] = redis.call('INCRBY', KEYS[i], cost)
+    if counts[i] > limit then reply[1] = 0 end
   else
-    counts[i] = count
-    if count + cost > limit then reply[1] = 0 end
+    counts[i] = tonumber(redis.call('GET', KEYS[i]) or '0')
+    if op == 'r' then
+      if tonumber(ARGV[b + 3]) == start and counts[i] >= cost then redis.call('DECRBY', KEYS[i], cost) end
+    elseif counts[i] + cost > limit then
+      reply[1] = 0
+    end
   end
+  -- NX: sets the TTL of a new counter and repairs one that lost it, never moves an existing one.
+  if counts[i] > 0 then redis.call('PEXPIRE', KEYS[i], start + window - now, 'NX') end
 end
 if op == 'r' then return reply end
 for i = 1, #KEYS do
   local b = 3 + (i - 1) * 4
   local limit, window, cost = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
   local start = now - now % window
-  local ttl = start + window - now
-  local count = counts[i]
-  local retry = 0
-  if reply[1] == 1 and op == 'c' then
-    count = redis.call('INCRBY', KEYS[i], cost)
-    if count == cost then redis.call('PEXPIRE', KEYS[i], ttl) end
-  elseif count + cost > limit then
-    retry = ttl
+  local count, retry = counts[i], 0
+  if op == 'c' and reply[1] == 0 then
+    redis.call('DECRBY', KEYS[i], cost)
+    count = count - cost
   end
+  if reply[1] == 0 and count + cost > limit then retry = start + window - now end
   reply[#reply + 1] = math.max(0, limit - count)
-  reply[#reply + 1] = ttl
+  reply[#reply + 1] = start + window - now
   reply[#reply + 1] = retry
   reply[#reply + 1] = start
 end

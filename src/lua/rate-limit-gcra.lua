@@ -20,10 +20,8 @@ for i = 1, #KEYS do
   local interval = period / limit
   local stored = tonumber(redis.call('GET', KEYS[i]))
   local tat = math.max(stored or now, now)
-  -- A TAT left without a TTL would never expire: repair it on every visit.
-  if stored and redis.call('PTTL', KEYS[i]) == -1 then
-    redis.call('PEXPIRE', KEYS[i], math.max(1, math.ceil(tat - now)))
-  end
+  -- A TAT left without a TTL would never expire: NX repairs it (an allowed consume rewrites it with PX).
+  if stored then redis.call('PEXPIRE', KEYS[i], math.max(1, math.ceil(tat - now)), 'NX') end
   if op == 'r' then
     if stored and stored > now then
       local back = math.max(now, stored - cost * interval)

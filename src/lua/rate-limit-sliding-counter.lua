@@ -26,7 +26,7 @@ for i = 1, #KEYS do
     c, p = 0, c
   end
   -- A Hash left without a TTL would never expire: repair it on every visit.
-  if w ~= nil and redis.call('PTTL', KEYS[i]) == -1 then redis.call('PEXPIRE', KEYS[i], 2 * window - elapsed) end
+  if w ~= nil then redis.call('PEXPIRE', KEYS[i], 2 * window - elapsed, 'NX') end
   if op == 'r' then
     if tonumber(ARGV[b + 3]) == idx and c >= cost then redis.call('HINCRBY', KEYS[i], 'c', -cost) end
   else

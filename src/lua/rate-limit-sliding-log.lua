@@ -23,8 +23,8 @@ for i = 1, #KEYS do
     counts[i] = redis.call('ZCOUNT', KEYS[i], now - window + 1, '+inf')
     if counts[i] + cost > tonumber(ARGV[b]) then reply[1] = 0 end
   end
-  -- A log left without a TTL would never expire: repair it on every visit.
-  if redis.call('PTTL', KEYS[i]) == -1 then redis.call('PEXPIRE', KEYS[i], window) end
+  -- A log left without a TTL would never expire: NX repairs it and leaves a set TTL alone.
+  redis.call('PEXPIRE', KEYS[i], window, 'NX')
 end
 if op == 'r' then return reply end
 for i = 1, #KEYS do
@@ -50,8 +50,8 @@ for i = 1, #KEYS do
     if cost <= limit and entry[2] then retry = tonumber(entry[2]) + window - now end
   end
   local reset = window
-  local oldest = redis.call('ZRANGEBYSCORE', KEYS[i], now - window + 1, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-  if oldest[2] then reset = tonumber(oldest[2]) + window - now end
+  local oldest = redis.call('ZRANGE', KEYS[i], 0, 0, 'WITHSCORES')
+  if oldest[2] then reset = math.max(1, tonumber(oldest[2]) + window - now) end
   reply[#reply + 1] = math.max(0, limit - count)
   reply[#reply + 1] = reset
   reply[#reply + 1] = retry

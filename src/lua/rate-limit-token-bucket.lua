@@ -23,10 +23,8 @@ for i = 1, #KEYS do
   local tokens = cap
   if h[1] then
     tokens = math.min(cap, tonumber(h[1]) + math.max(0, now - tonumber(h[2])) * rate)
-    -- A bucket left without a TTL would never expire: repair it on every visit.
-    if redis.call('PTTL', KEYS[i]) == -1 then
-      redis.call('PEXPIRE', KEYS[i], math.max(1, math.ceil((cap - tokens) / rate)))
-    end
+    -- A bucket left without a TTL would never expire: NX repairs it and leaves a set TTL alone.
+    redis.call('PEXPIRE', KEYS[i], math.max(1, math.ceil((cap - tokens) / rate)), 'NX')
   end
   if op == 'r' then
     tokens = math.min(cap, tokens + cost)

@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto'
 import type { FastifyBaseLogger, FastifyRequest } from 'fastify'
 import { type RedisClient, runScript } from '../../lua/index.ts'
+import { ScriptBatcher } from './batch.ts'
 import { identityTag } from './keys.ts'
 import { LocalLimiter } from './local.ts'
 import type { RateLimitMetrics } from './metrics.ts'
@@ -37,14 +38,17 @@ export interface Outcome {
 }
 
 interface Group {
+  id: string
   policies: Policy[]
   costs: number[]
   keys: string[]
-  cacheKey: string
 }
+
+const cacheKey = (group: Group) => group.id + group.policies.map((p) => p.name).join(',')
 
 export interface EngineOptions {
   keyPrefix: string
+  batch: boolean
   overLimitCacheKeys: number
   retryRedisAfterMs: number
   timeoutMs: number
@@ -64,6 +68,8 @@ export class RateLimitEngine {
   private readonly ownTimeout: boolean
   private redisDownUntil = 0
   private sequence = 0
+  private readonly tags = new Map<string, string>()
+  private readonly batcher: ScriptBatcher
 
   constructor(redis: RedisClient, options: EngineOptions) {
     this.redis = redis
@@ -71,6 +77,7 @@ export class RateLimitEngine {
     const o = redis.options as { commandTimeout?: number; redisOptions?: { commandTimeout?: number } }
     // Without a command timeout on the client, a stalled Redis would hold requests: bound it here.
     this.ownTimeout = !(o.commandTimeout ?? o.redisOptions?.commandTimeout)
+    this.batcher = new ScriptBatcher(redis, options.batch)
   }
 
   keyOf(tag: string, policy: Policy): string {
@@ -88,15 +95,14 @@ export class RateLimitEngine {
       if (policy.allow?.(request)) continue
       const identity = policy.key(request)
       if (identity === null || identity === undefined) continue
-      const tag = identityTag(identity)
+      const tag = this.tagOf(identity)
       const id = `${policy.script}${tag}`
       const cost = typeof policy.cost === 'number' ? policy.cost : policy.cost(request)
-      const group = groups.get(id) ?? { policies: [], costs: [], keys: [], cacheKey: id }
+      const group = groups.get(id) ?? { id, policies: [], costs: [], keys: [] }
       if (!groups.has(id)) groups.set(id, group)
       group.policies.push(policy)
       group.costs.push(cost)
       group.keys.push(this.keyOf(tag, policy))
-      group.cacheKey += policy.name
     }
     if (groups.size === 0) return null
     const outcome: Outcome = { decisions: [], rejected: null, unavailable: null, delayMs: 0, refunds: [] }
@@ -109,7 +115,7 @@ export class RateLimitEngine {
 
   private async decideGroup(group: Group, op: 'c' | 'p', outcome: Outcome): Promise<void> {
     const { metrics } = this.options
-    const cached = op === 'c' ? this.overLimit.get(group.cacheKey) : undefined
+    const cached = op === 'c' && this.overLimit.size > 0 ? this.overLimit.get(cacheKey(group)) : undefined
     if (cached) {
       const now = Date.now()
       if (now < cached.until && Math.max(...group.costs) >= cached.cost) {
@@ -119,20 +125,24 @@ export class RateLimitEngine {
         metrics.decisions.inc({ policy: cached.decision.policy.name, outcome: 'rejected_cached' })
         return
       }
-      this.overLimit.delete(group.cacheKey)
+      this.overLimit.delete(cacheKey(group))
     }
     if (this.redis.status !== 'ready' || Date.now() < this.redisDownUntil)
       return this.degraded(group, op, outcome)
-    const nonce = `${PROCESS_NONCE}${(++this.sequence).toString(36)}`
+    const script = group.policies[0]!.script
+    // Only the sliding log stores members; the other scripts ignore the nonce slot.
+    const nonce =
+      group.policies[0]!.algorithm === 'sliding-log'
+        ? `${PROCESS_NONCE}${(++this.sequence).toString(36)}`
+        : ''
     const argv: Array<string | number> = [op, nonce]
     group.policies.forEach((p, i) => {
       argv.push(p.args[0], p.args[1], group.costs[i]!, p.maxDelayMs)
     })
-    const script = group.policies[0]!.script
     let reply: number[]
     const started = performance.now()
     try {
-      const call = runScript<number[]>(this.redis, script, group.keys, argv)
+      const call = this.batcher.call(script, group.keys, argv)
       reply = await (this.ownTimeout ? withTimeout(call, this.options.timeoutMs) : call)
     } catch (err) {
       this.redisDownUntil = Date.now() + this.options.retryRedisAfterMs
@@ -193,7 +203,7 @@ export class RateLimitEngine {
     if (this.overLimit.size >= this.options.overLimitCacheKeys)
       this.overLimit.delete(this.overLimit.keys().next().value!)
     const cost = Math.min(...group.costs)
-    this.overLimit.set(group.cacheKey, { until: Date.now() + decision.retryMs, cost, decision })
+    this.overLimit.set(cacheKey(group), { until: Date.now() + decision.retryMs, cost, decision })
   }
 
   private degraded(group: Group, op: 'c' | 'p', outcome: Outcome): void {
@@ -250,6 +260,17 @@ export class RateLimitEngine {
       this.locals.set(policy.name, limiter)
     }
     return limiter
+  }
+
+  /** Hashing is most of the per-request CPU outside Redis: recent identities keep their tag. */
+  private tagOf(identity: string): string {
+    let tag = this.tags.get(identity)
+    if (tag === undefined) {
+      if (this.tags.size >= 10_000) this.tags.clear()
+      tag = identityTag(identity)
+      this.tags.set(identity, tag)
+    }
+    return tag
   }
 
   /** Gives back what a successful request consumed under a count-only-failures policy. */

@@ -47,6 +47,11 @@ export interface RateLimitPluginOptions {
   retryRedisAfterMs?: number
   /** Bound on a script call when the client has no commandTimeout of its own. Default 500. */
   timeoutMs?: number
+  /**
+   * Send the script calls of requests arriving in the same event-loop turn as one pipeline.
+   * Default true for a single Redis; Cluster clients always send calls one by one.
+   */
+  batch?: boolean
 }
 
 export interface RateLimitDecorator {
@@ -77,8 +82,9 @@ function checkOptions(o: RateLimitPluginOptions): void {
   for (const list of ['policies', 'namedPolicies'] as const) {
     if (o[list] !== undefined && !Array.isArray(o[list])) fail(`\`${list}\` must be an array of policies`)
   }
-  if (o.legacyHeaders !== undefined && typeof o.legacyHeaders !== 'boolean')
-    fail('`legacyHeaders` must be a boolean')
+  for (const flag of ['legacyHeaders', 'batch'] as const) {
+    if (o[flag] !== undefined && typeof o[flag] !== 'boolean') fail(`\`${flag}\` must be a boolean`)
+  }
   if (o.overLimitCacheKeys !== undefined && !nonNegativeInt(o.overLimitCacheKeys))
     fail('`overLimitCacheKeys` must be a non-negative integer')
   for (const name of ['retryRedisAfterMs', 'timeoutMs'] as const) {
@@ -158,6 +164,7 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
   const legacy = options.legacyHeaders ?? false
   const engine = new RateLimitEngine(redis, {
     keyPrefix: options.keyPrefix ?? 'rl:',
+    batch: (options.batch ?? true) && !('nodes' in redis),
     overLimitCacheKeys: options.overLimitCacheKeys ?? 10_000,
     retryRedisAfterMs: options.retryRedisAfterMs ?? 1000,
     timeoutMs: options.timeoutMs ?? 500,

@@ -1,0 +1,148 @@
+// Our five algorithms against @fastify/rate-limit (Redis store) and rate-limiter-flexible
+// (RateLimiterRedis): same GET route, same key (client IP), same ioredis client options, a limit no
+// run reaches, interleaved rounds. Then Redis round trips and commands per request (MONITOR and
+// INFO commandstats on a private redis-server) and MEMORY USAGE of each algorithm's key, the
+// sliding log at limit 100.
+import { randomBytes } from 'node:crypto'
+import { runScript } from '../../src/lua/index.ts'
+import { connectRedis, createRedisClient } from '../../src/plugins/redis.ts'
+import { roundTrips } from '../lib/roundtrips.ts'
+import {
+  type Contender,
+  formatTable,
+  interleave,
+  ratio,
+  type ServerHandle,
+  startServer,
+} from '../lib/runner.ts'
+import type { Scenario } from '../lib/scenario.ts'
+import { startBenchServices } from '../lib/services.ts'
+
+const ALGORITHMS = ['fixed-window', 'sliding-log', 'sliding-counter', 'token-bucket', 'gcra'] as const
+/** The issue's targets: minimum throughput ratio against each peer. */
+const TARGETS: Record<(typeof ALGORITHMS)[number], { fastify: number; flexible?: number }> = {
+  'fixed-window': { fastify: 1.2, flexible: 1.0 },
+  gcra: { fastify: 1.2, flexible: 1.0 },
+  'sliding-log': { fastify: 1.0 },
+  'sliding-counter': { fastify: 1.0 },
+  'token-bucket': { fastify: 1.0 },
+}
+const FASTIFY = '@fastify/rate-limit (Redis store)'
+const FLEXIBLE = 'rate-limiter-flexible (RateLimiterRedis)'
+
+const oursEntry = new URL('../servers/rate-limit-ours.ts', import.meta.url).pathname
+const peersEntry = new URL('../servers/rate-limit-peers.ts', import.meta.url).pathname
+
+/** MEMORY USAGE of one key per algorithm after `limit` requests at limit 100 (the log then holds 100 members). */
+async function keyMemory(redisUrl: string): Promise<Record<string, number>> {
+  const redis = createRedisClient({ url: redisUrl })
+  await connectRedis(redis)
+  const nonce = randomBytes(6).toString('base64url')
+  const sizes: Record<string, number> = {}
+  try {
+    for (const algorithm of ALGORITHMS) {
+      const key = `mem:{${randomBytes(16).toString('base64url').slice(0, 22)}}:${algorithm}`
+      const script = `rateLimit${algorithm.replace(/(^|-)([a-z])/g, (_, __, c: string) => c.toUpperCase())}`
+      const second = algorithm === 'token-bucket' ? 1 : 60_000
+      for (let i = 0; i < 100; i++)
+        await runScript(redis, script, [key], ['c', `${nonce}${i.toString(36)}`, 100, second, 1, 0])
+      sizes[algorithm] = Number(await redis.call('MEMORY', 'USAGE', key, 'SAMPLES', '0'))
+    }
+  } finally {
+    redis.disconnect()
+  }
+  return sizes
+}
+
+const fmt = (n: number, digits = 2) => n.toFixed(digits)
+
+const rateLimitScenario: Scenario = async ({ quick }) => {
+  const services = await startBenchServices()
+  const servers: ServerHandle[] = []
+  try {
+    const env = { REDIS_URL: services.redisUrl }
+    const ours = await startServer(oursEntry, env)
+    servers.push(ours)
+    const fastify = await startServer(peersEntry, { ...env, PEER: 'fastify-rate-limit' })
+    servers.push(fastify)
+    const flexible = await startServer(peersEntry, { ...env, PEER: 'rate-limiter-flexible' })
+    servers.push(flexible)
+
+    const spec = (path: string) => ({ path, connections: 50, durationSec: quick ? 1 : 5 })
+    const contenders: Contender[] = [
+      ...ALGORITHMS.map((a) => ({ name: a, url: ours.url, spec: spec(`/limited/${a}`) })),
+      { name: FASTIFY, url: fastify.url, spec: spec('/limited/peer') },
+      { name: FLEXIBLE, url: flexible.url, spec: spec('/limited/peer') },
+    ]
+    const summaries = await interleave(contenders, {
+      rounds: quick ? 1 : 5,
+      warmupSec: quick ? 0.5 : 2,
+      label: 'rate-limit',
+    })
+    const byName = new Map(summaries.map((s) => [s.name, s]))
+    const trips = new Map<string, Awaited<ReturnType<typeof roundTrips>>>()
+    for (const c of contenders) {
+      trips.set(
+        c.name,
+        await roundTrips(services.redisUrl, c.url, { ...c.spec, durationSec: quick ? 0.5 : 2 }),
+      )
+    }
+    const memory = await keyMemory(services.redisUrl)
+
+    const failures = summaries.reduce(
+      (n, s) => n + s.samples.reduce((m, x) => m + x.non2xx + x.errors + x.timeouts, 0),
+      0,
+    )
+    const rows = summaries.map((s) => {
+      const target = TARGETS[s.name as keyof typeof TARGETS]
+      const vs = (peer: string) => ratio(s, byName.get(peer)!)
+      const cell = (peer: string, min?: number) => {
+        if (!target) return '–'
+        const r = vs(peer)
+        const verdict = min === undefined ? '' : r.median >= min ? ` ≥ ${min} ✓` : ` < ${min} ✗`
+        return `${fmt(r.median)} (${fmt(r.min)}–${fmt(r.max)})${verdict}`
+      }
+      const t = trips.get(s.name)!
+      return [
+        target ? `ours: ${s.name}` : s.name,
+        `${Math.round(s.rps.median)} (${Math.round(s.rps.min)}–${Math.round(s.rps.max)})`,
+        s.p99.median,
+        cell(FASTIFY, target?.fastify),
+        cell(FLEXIBLE, target?.flexible),
+        fmt(t.redisSent),
+        fmt(t.redisExecuted),
+      ]
+    })
+    const markdown = [
+      formatTable(
+        [
+          'contender',
+          'req/s median (min–max)',
+          'p99 ms',
+          `ratio vs ${FASTIFY}`,
+          `ratio vs ${FLEXIBLE}`,
+          'Redis round trips / req',
+          'Redis commands executed / req',
+        ],
+        rows,
+      ),
+      '',
+      `${quick ? 'Quick run: 1 round of 1 s' : '5 interleaved rounds of 5 s'}, 50 connections, one client IP, limit 10^9 per 10 s (nothing rejected; non-2xx/errors in the throughput runs: ${failures}). Ratios are medians with the worst and best pairing; round trips are commands the server sent (MONITOR), commands executed include those the scripts call.`,
+      '',
+      formatTable(
+        ['algorithm', 'MEMORY USAGE of one key after 100 requests at limit 100 (bytes)'],
+        ALGORITHMS.map((a) => [a, memory[a]!]),
+      ),
+    ].join('\n')
+    return {
+      title: 'Rate limiting: our algorithms vs @fastify/rate-limit and rate-limiter-flexible',
+      markdown,
+      data: { summaries, roundTrips: Object.fromEntries(trips), memory, failures },
+    }
+  } finally {
+    for (const s of servers) await s.stop()
+    await services.stop()
+  }
+}
+
+export default rateLimitScenario
