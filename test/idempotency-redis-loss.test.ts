@@ -62,6 +62,9 @@ test('Redis flushed between a transfer and its retry: the retry replays from Pos
     await admin.flushall()
     const cookieAgain = await login(t.app, alice)
     assert.equal((await post(url, cookieAgain, 'flushed-1', { ...body, amount: 2400 })).status, 422)
+    // That 422 came from the database guard: it must not have claimed the key for the other body.
+    const original = await post(url, cookieAgain, 'flushed-1', body)
+    assert.deepEqual([original.status, original.body, original.replayed], [201, first.body, true])
 
     const [row] = await t.db.query<{ transfers: string; balance: string }>(
       `SELECT (SELECT count(*) FROM transfers)::text AS transfers,

@@ -8,7 +8,7 @@ import type {
 } from 'fastify'
 import fp from 'fastify-plugin'
 import { Counter } from 'prom-client'
-import { type HttpProblem, sendProblem } from '../../errors.ts'
+import { HttpProblem, sendProblem } from '../../errors.ts'
 import { parseIdempotencyKey, requestFingerprint } from './key.ts'
 import {
   type IdempotencyPluginOptions,
@@ -61,6 +61,7 @@ interface Claim {
 export const REPLAYED_HEADER = 'idempotent-replayed'
 // Conditions a retry may clear: never kept, the claim is released instead.
 const RETRYABLE_4XX = new Set([408, 409, 425, 429])
+const MISMATCH_TYPE = keyMismatch().type
 
 function payloadBytes(payload: unknown): Buffer | null {
   if (Buffer.isBuffer(payload)) return payload
@@ -94,6 +95,9 @@ async function idempotencyPlugin(app: FastifyInstance, rawOptions: IdempotencyPl
     registers,
   })
   const claims = new WeakMap<FastifyRequest, Claim>()
+  // A guard behind the plugin (the transfer row's unique key) answering with the plugin's own
+  // mismatch problem: releasing keeps the key free for the payload it really belongs to.
+  const guardMismatches = new WeakSet<FastifyRequest>()
 
   app.decorate('idempotency', store)
   app.decorateRequest('idempotency', null)
@@ -173,7 +177,7 @@ async function idempotencyPlugin(app: FastifyInstance, rawOptions: IdempotencyPl
     clearInterval(claim.renewal)
     const status = reply.statusCode
     try {
-      if (status >= 500 || RETRYABLE_4XX.has(status)) {
+      if (status >= 500 || RETRYABLE_4XX.has(status) || guardMismatches.has(request)) {
         await store.release(claim.recordKey, claim.token)
         completions.inc({ result: 'released' })
         return payload
@@ -218,6 +222,10 @@ async function idempotencyPlugin(app: FastifyInstance, rawOptions: IdempotencyPl
     if (claim) clearInterval(claim.renewal)
   }
 
+  const noteGuardMismatch = async (request: FastifyRequest, _reply: FastifyReply, error: Error) => {
+    if (error instanceof HttpProblem && error.type === MISMATCH_TYPE) guardMismatches.add(request)
+  }
+
   app.addHook('onRoute', (routeOptions) => {
     const routeName = `${routeOptions.method} ${routeOptions.url}`
     const route = resolveRouteConfig(routeOptions.config?.idempotency, options, routeName)
@@ -227,6 +235,7 @@ async function idempotencyPlugin(app: FastifyInstance, rawOptions: IdempotencyPl
     routeOptions.preHandler = append(routeOptions.preHandler, makePreHandler(route))
     routeOptions.onSend = append(routeOptions.onSend, finish)
     routeOptions.onResponse = append(routeOptions.onResponse, stopRenewal)
+    routeOptions.onError = append(routeOptions.onError, noteGuardMismatch)
   })
 }
 
