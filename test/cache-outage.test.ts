@@ -13,6 +13,7 @@ import {
   createTestDatabase,
   listen,
   login,
+  startTcpProxy,
   type TestDatabase,
   uniquePrefix,
 } from './helpers.ts'
@@ -89,6 +90,56 @@ test("the cache's own Redis stopped mid-test: balances stay served, transfers st
     await t.close()
     await cacheServer.stop()
     await again?.stop()
+  }
+})
+
+test('a failed invalidation is retried: once the cache Redis is reachable again, the old entry is gone', async () => {
+  const cacheServer = await startRedisServer()
+  const proxy = await startTcpProxy(cacheServer.port)
+  const t = await buildTestApp(
+    { CACHE_REDIS_URL: `redis://127.0.0.1:${proxy.port}` },
+    { testDatabase: database },
+  )
+  const direct = new Redis(cacheServer.url)
+  try {
+    const alice = await createCustomer(database.db, `retry-a-${randomUUID()}`, [1_000_000])
+    const bob = await createCustomer(database.db, `retry-b-${randomUUID()}`, [1_000_000])
+    const cookie = await login(t.app, alice)
+    const from = alice.accountIds[0]!
+    const entry = `${t.prefix}cache:{account:${from}}:v`
+    const read = async () =>
+      (await t.app.inject({ url: `/accounts/${from}/balance`, headers: { cookie } })).json().balance as number
+    assert.equal(await read(), 1_000_000)
+    assert.equal(await direct.exists(entry), 1)
+
+    // The gateway loses its cache Redis; the entry stays there, as in a network partition.
+    proxy.cut()
+    await sleep(100)
+    const res = await t.app.inject({
+      method: 'POST',
+      url: '/transfers',
+      headers: { cookie, 'idempotency-key': randomUUID() },
+      payload: { fromAccountId: from, toAccountId: bob.accountIds[0], amount: 300, currency: 'VND' },
+    })
+    assert.equal(res.statusCode, 201)
+    assert.equal(await counter(t.app, 'cache_invalidation_failures_total', 'account'), 2)
+    assert.match((await direct.get(entry)) ?? '', /"balance":1000000[,}]/)
+    assert.equal(await read(), 999_700)
+
+    proxy.restore()
+    // The entry's TTL is a minute: only the background retry can remove it this soon.
+    let stale = 1
+    for (let i = 0; i < 200 && stale; i++) {
+      await sleep(50)
+      stale = await direct.exists(entry)
+    }
+    assert.equal(stale, 0, 'the stale entry is still there')
+    assert.equal(await read(), 999_700)
+  } finally {
+    direct.disconnect()
+    await t.close()
+    await proxy.close()
+    await cacheServer.stop()
   }
 })
 

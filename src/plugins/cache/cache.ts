@@ -5,6 +5,7 @@ import { type RedisClient, runScript } from '../../lua/index.ts'
 import type { L1Cache } from './l1.ts'
 import type { ConcurrencyLimiter } from './limiter.ts'
 import type { CacheMetrics } from './metrics.ts'
+import { InvalidationRetry } from './retry.ts'
 
 /**
  * Logical keys are `<namespace>:<id>` with a short, fixed alphabet: they are built by the code
@@ -68,17 +69,17 @@ export class RedisCache implements CacheApi {
   private readonly settings: CacheSettings
   private readonly metrics: CacheMetrics
   private readonly generationTtlMs: number
+  private readonly retries: InvalidationRetry
 
   constructor(private readonly parts: CacheParts) {
     this.redis = parts.redis
     this.settings = parts.settings
     this.metrics = parts.metrics
+    const { ttlMs, jitter, staleWhileRevalidateMs, leaseTtlMs } = parts.settings
+    const longestLifetimeMs = Math.ceil(ttlMs * (1 + jitter)) + staleWhileRevalidateMs
     // Outlives any value and any load; its expiry only costs a refused fill, never a stale one.
-    this.generationTtlMs =
-      2 *
-        (Math.ceil(parts.settings.ttlMs * (1 + parts.settings.jitter)) +
-          parts.settings.staleWhileRevalidateMs) +
-      parts.settings.leaseTtlMs
+    this.generationTtlMs = 2 * longestLifetimeMs + leaseTtlMs
+    this.retries = new InvalidationRetry((keys) => this.invalidateInRedis(keys), longestLifetimeMs, parts.log)
   }
 
   private keys(key: string): string[] {
@@ -248,21 +249,30 @@ export class RedisCache implements CacheApi {
     for (const key of keys) checkKey(key)
     this.dropLocal(keys)
     try {
-      if (!this.redisUp()) throw new Error('cache Redis is not connected')
-      await Promise.all(
-        keys.map((key) =>
-          runScript(this.redis, 'cacheInvalidate', this.keys(key), [token(), this.generationTtlMs]),
-        ),
-      )
-      await this.parts.broadcast?.(keys)
+      await this.invalidateInRedis(keys)
       return true
     } catch (err) {
       for (const key of keys) this.metrics.invalidationFailures.inc({ name: namespace(key) })
       this.parts.log.error(
         { err, keys },
-        'cache invalidation failed; these entries may be stale until their TTL',
+        "cache invalidation failed; retried in the background, bounded by the entries' TTL",
       )
+      this.retries.add(keys)
       return false
     }
+  }
+
+  private async invalidateInRedis(keys: readonly string[]): Promise<void> {
+    if (!this.redisUp()) throw new Error('cache Redis is not connected')
+    await Promise.all(
+      keys.map((key) =>
+        runScript(this.redis, 'cacheInvalidate', this.keys(key), [token(), this.generationTtlMs]),
+      ),
+    )
+    await this.parts.broadcast?.(keys)
+  }
+
+  close(): void {
+    this.retries.close()
   }
 }

@@ -177,6 +177,7 @@ async function cachePlugin(app: FastifyInstance, options: CachePluginOptions) {
     })
     await subscriber.connect().catch(() => {})
   }
+  app.addHook('onClose', async () => cache.close())
   app.decorate('cache', cache)
 }
 
