@@ -3,6 +3,7 @@ import { test } from 'node:test'
 import type { FastifyInstance } from 'fastify'
 import { Redis } from 'ioredis'
 import { buildTransferApp } from '../load/servers/idempotency-app.ts'
+import { createPgDatabase } from '../src/db/database.ts'
 import { startRedisServer } from '../src/embedded/redis-server.ts'
 import { createRedisClient } from '../src/plugins/redis.ts'
 import {
@@ -14,6 +15,7 @@ import {
   login,
   TEST_REDIS_URL,
   TEST_SECRET,
+  USE_PGLITE,
   uniquePrefix,
 } from './helpers.ts'
 
@@ -35,7 +37,11 @@ async function post(url: string, cookie: string, key: string, body: object) {
 test('Redis flushed between a transfer and its retry: the retry replays from Postgres, no second debit', async () => {
   const server = await startRedisServer()
   const admin = new Redis(server.url)
-  const t = await buildTestApp({ REDIS_URL: server.url, RATE_LIMITS: 'off' })
+  const t = await buildTestApp({
+    REDIS_URL: server.url,
+    RATE_LIMITS: 'off',
+    REDIS_COMMAND_TIMEOUT_MS: '5000',
+  })
   try {
     const url = await listen(t.app)
     const alice = await createCustomer(t.db, 'alice', [10_000])
@@ -80,63 +86,80 @@ test('Redis flushed between a transfer and its retry: the retry replays from Pos
   }
 })
 
-test('idempotency Redis stopped, two instances racing one key: exactly one transfer (the database guard)', async () => {
-  const server = await startRedisServer()
-  const database = await createTestDatabase()
-  const sessions = createRedisClient({ url: TEST_REDIS_URL })
-  const idempotencyRedis = createRedisClient({ url: server.url })
-  const apps: FastifyInstance[] = []
-  try {
-    const keyPrefix = uniquePrefix('idemloss')
-    for (let i = 0; i < 2; i++) {
-      apps.push(
-        await buildTransferApp({
-          redis: sessions,
-          database: database.db,
-          keyPrefix,
-          sessionSecret: TEST_SECRET,
-          idempotency: { redis: idempotencyRedis },
-        }),
+const twoPools = { skip: USE_PGLITE && 'two instances need two connection pools to one Postgres server' }
+
+test(
+  'idempotency Redis stopped, two instances racing one key: exactly one transfer (the database guard)',
+  twoPools,
+  async () => {
+    const server = await startRedisServer()
+    const database = await createTestDatabase()
+    // Generous timeouts: on a loaded machine a session or pool timeout (503) would hide what this
+    // test checks, while 100 requests queue on one account lock.
+    const sessions = createRedisClient({ url: TEST_REDIS_URL, commandTimeoutMs: 5000 })
+    const idempotencyRedis = createRedisClient({ url: server.url })
+    const pools = [0, 1].map(() =>
+      createPgDatabase({
+        connectionString: database.url!,
+        max: 10,
+        connectionTimeoutMs: 15_000,
+        statementTimeoutMs: 15_000,
+      }),
+    )
+    const apps: FastifyInstance[] = []
+    try {
+      const keyPrefix = uniquePrefix('idemloss')
+      for (const pool of pools) {
+        apps.push(
+          await buildTransferApp({
+            redis: sessions,
+            database: pool,
+            keyPrefix,
+            sessionSecret: TEST_SECRET,
+            idempotency: { redis: idempotencyRedis },
+          }),
+        )
+      }
+      const urls = await Promise.all(apps.map((app) => listen(app)))
+      await idempotencyRedis.connect()
+      const alice = await createCustomer(database.db, 'alice', [10_000])
+      const bob = await createCustomer(database.db, 'bob', [0])
+      const cookie = await login(apps[0]!, alice)
+      await server.stop()
+
+      const body = {
+        fromAccountId: alice.accountIds[0],
+        toAccountId: bob.accountIds[0],
+        amount: 1000,
+        currency: 'VND',
+      }
+      const responses = await Promise.all(
+        Array.from({ length: 100 }, (_, i) => post(urls[i % 2]!, cookie, 'redis-down-1', body)),
       )
-    }
-    const urls = await Promise.all(apps.map((app) => listen(app)))
-    await idempotencyRedis.connect()
-    const alice = await createCustomer(database.db, 'alice', [10_000])
-    const bob = await createCustomer(database.db, 'bob', [0])
-    const cookie = await login(apps[0]!, alice)
-    await server.stop()
+      const originals = responses.filter((r) => r.status === 201 && !r.replayed)
+      assert.equal(originals.length, 1, JSON.stringify(responses.filter((r) => r.status !== 201).slice(0, 3)))
+      for (const r of responses) assert.deepEqual([r.status, r.body], [201, originals[0]!.body])
+      const mismatch = await post(urls[1]!, cookie, 'redis-down-1', { ...body, amount: 999 })
+      assert.equal(mismatch.status, 422)
 
-    const body = {
-      fromAccountId: alice.accountIds[0],
-      toAccountId: bob.accountIds[0],
-      amount: 1000,
-      currency: 'VND',
-    }
-    const responses = await Promise.all(
-      Array.from({ length: 100 }, (_, i) => post(urls[i % 2]!, cookie, 'redis-down-1', body)),
-    )
-    const originals = responses.filter((r) => r.status === 201 && !r.replayed)
-    assert.equal(originals.length, 1, JSON.stringify(responses.filter((r) => r.status !== 201).slice(0, 3)))
-    for (const r of responses) assert.deepEqual([r.status, r.body], [201, originals[0]!.body])
-    const mismatch = await post(urls[1]!, cookie, 'redis-down-1', { ...body, amount: 999 })
-    assert.equal(mismatch.status, 422)
-
-    const [row] = await database.db.query<{ transfers: string; balance: string }>(
-      `SELECT (SELECT count(*) FROM transfers)::text AS transfers,
+      const [row] = await database.db.query<{ transfers: string; balance: string }>(
+        `SELECT (SELECT count(*) FROM transfers)::text AS transfers,
               (SELECT balance FROM accounts WHERE id = $1)::text AS balance`,
-      [alice.accountIds[0]],
-    )
-    assert.deepEqual(row, { transfers: '1', balance: '9000' })
-    const metrics = await apps[0]!.inject({ url: '/metrics' })
-    assert.match(metrics.body, /idempotency_requests_total\{outcome="unavailable"\} [1-9]/)
-  } finally {
-    for (const app of apps) await app.close()
-    sessions.disconnect()
-    idempotencyRedis.disconnect()
-    await server.stop()
-    await database.drop()
-  }
-})
+        [alice.accountIds[0]],
+      )
+      assert.deepEqual(row, { transfers: '1', balance: '9000' })
+      const metrics = await apps[0]!.inject({ url: '/metrics' })
+      assert.match(metrics.body, /idempotency_requests_total\{outcome="unavailable"\} [1-9]/)
+    } finally {
+      for (const app of apps) await app.close()
+      for (const pool of pools) await pool.close()
+      sessions.disconnect()
+      idempotencyRedis.disconnect()
+      await server.stop()
+      await database.drop()
+    }
+  },
+)
 
 test('the gateway with its one Redis stopped refuses transfers (503: sessions cannot be checked)', async () => {
   const server = await startRedisServer()

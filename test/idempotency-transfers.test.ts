@@ -20,7 +20,9 @@ let aliceCookie: string
 let bobCookie: string
 
 before(async () => {
-  t = await buildTestApp({ RATE_LIMITS: 'off' })
+  // 200 simultaneous requests on a loaded 2-core machine can take longer than the default 500 ms
+  // Redis timeout; a session 503 would then hide what this suite checks.
+  t = await buildTestApp({ RATE_LIMITS: 'off', REDIS_COMMAND_TIMEOUT_MS: '5000' })
   url = await listen(t.app)
   alice = await createCustomer(t.db, 'alice', [1_000_000, 0])
   bob = await createCustomer(t.db, 'bob', [1_000_000])
