@@ -216,7 +216,7 @@ async function idempotencyPlugin(app: FastifyInstance, rawOptions: IdempotencyPl
     return payload
   }
 
-  // A reply that never reaches onSend (hijacked, socket gone) must not leave the renewal running.
+  // Safety net: whatever path a response took, the renewal ends with it.
   const stopRenewal = async (request: FastifyRequest) => {
     const claim = claims.get(request)
     if (claim) clearInterval(claim.renewal)
