@@ -8,6 +8,7 @@ import { createServer } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { Redis } from 'ioredis'
+import { redisAnswers } from '../src/embedded/redis-server.ts'
 
 export interface RedisClusterProcess {
   nodes: Array<{ host: string; port: number }>
@@ -66,6 +67,7 @@ export async function startRedisCluster(masters = 3): Promise<RedisClusterProces
   )
   const exits = children.map((child) => new Promise<void>((resolve) => child.once('exit', () => resolve())))
   const clients = ports.map((port) => new Redis({ port, host: '127.0.0.1', lazyConnect: true, maxRetriesPerRequest: 1 }))
+  for (const c of clients) c.on('error', () => {})
   const stop = async () => {
     for (const c of clients) c.disconnect()
     for (const child of children) if (child.exitCode === null) child.kill('SIGTERM')
@@ -73,7 +75,8 @@ export async function startRedisCluster(masters = 3): Promise<RedisClusterProces
     rmSync(dir, { recursive: true, force: true })
   }
   try {
-    for (const c of clients) await until(async () => (await c.connect().then(() => c.ping())) === 'PONG', 'nodes to start')
+    for (const port of ports) await until(() => redisAnswers('127.0.0.1', port), 'nodes to start')
+    for (const c of clients) await c.connect()
     for (const [i, c] of clients.entries()) {
       const from = Math.floor((SLOTS * i) / masters)
       const to = Math.floor((SLOTS * (i + 1)) / masters) - 1
