@@ -1,0 +1,124 @@
+import assert from 'node:assert/strict'
+import { type ChildProcess, execFile, spawn } from 'node:child_process'
+import { mkdtempSync, rmSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { after, before, test } from 'node:test'
+import { setTimeout as sleep } from 'node:timers/promises'
+import { promisify } from 'node:util'
+import Fastify, { type FastifyInstance } from 'fastify'
+import { freePort, redisAnswers } from '../src/embedded/redis-server.ts'
+import cachePlugin, { type CachePluginOptions } from '../src/plugins/cache/index.ts'
+import metrics from '../src/plugins/metrics.ts'
+import { uniquePrefix } from './helpers.ts'
+
+const run = promisify(execFile)
+
+// Three masters on free ports, slots assigned by redis-cli: the cache's keys land in many slots.
+const ports: number[] = []
+const children: ChildProcess[] = []
+const dir = mkdtempSync(join(tmpdir(), 'cache-cluster-'))
+const apps: FastifyInstance[] = []
+
+before(async () => {
+  for (let i = 0; i < 3; i++) ports.push(await freePort())
+  for (const port of ports) {
+    const args = ['--port', String(port), '--bind', '127.0.0.1', '--cluster-enabled', 'yes', '--dir', dir]
+    args.push('--cluster-config-file', `nodes-${port}.conf`, '--save', '', '--appendonly', 'no')
+    children.push(spawn('redis-server', args, { stdio: 'ignore' }))
+  }
+  for (const port of ports) while (!(await redisAnswers('127.0.0.1', port))) await sleep(50)
+  const nodes = ports.map((p) => `127.0.0.1:${p}`)
+  await run('redis-cli', ['--cluster', 'create', ...nodes, '--cluster-replicas', '0', '--cluster-yes'])
+  for (const port of ports) {
+    while (
+      !(await run('redis-cli', ['-p', String(port), 'cluster', 'info'])).stdout.includes('cluster_state:ok')
+    )
+      await sleep(100)
+  }
+})
+
+after(async () => {
+  await Promise.all(apps.map((app) => app.close()))
+  await Promise.all(
+    children.map((child) =>
+      child.exitCode === null ? new Promise((resolve) => child.once('exit', resolve).kill('SIGTERM')) : null,
+    ),
+  )
+  rmSync(dir, { recursive: true, force: true })
+})
+
+async function clusterCache(options: CachePluginOptions): Promise<FastifyInstance> {
+  const app = Fastify()
+  await app.register(metrics, { processMetrics: false, path: false })
+  await app.register(cachePlugin, {
+    clusterNodes: ports.map((port) => ({ host: '127.0.0.1', port })),
+    ...options,
+  })
+  await app.ready()
+  apps.push(app)
+  return app
+}
+
+test('fills, fences, leases, multi-slot invalidation and the L1 channel work on a Redis Cluster', async () => {
+  const keyPrefix = uniquePrefix('k')
+  const a = await clusterCache({ keyPrefix, l1TtlMs: 60_000, sharedWithDurableData: true })
+  const b = await clusterCache({ keyPrefix, l1TtlMs: 60_000 })
+  const keys = Array.from({ length: 30 }, (_, i) => `account:${i + 1}`)
+  let version = 'old'
+  let loads = 0
+  const loader = async () => {
+    loads++
+    await sleep(20)
+    return version
+  }
+
+  // Simultaneous misses on two instances: one load per key across both.
+  const first = await Promise.all(
+    keys.flatMap((key) => [a, b].map((app) => app.cache.getOrLoad(key, loader))),
+  )
+  assert.ok(first.every((v) => v === 'old'))
+  assert.equal(loads, keys.length)
+
+  // b serves them from its L1 now (its pub/sub subscription to the cluster is up).
+  for (const key of keys) assert.equal(await b.cache.getOrLoad(key, loader), 'old')
+  const l1Hits = await b.metrics.registry.getSingleMetric('cache_l1_hits_total')?.get()
+  assert.equal(l1Hits?.values[0]?.value, keys.length)
+
+  // One invalidation spanning many slots; b's L1 learns of it through pub/sub.
+  version = 'new'
+  assert.equal(await a.cache.invalidate(keys), true)
+  for (const key of keys) assert.equal(await a.cache.getOrLoad(key, loader), 'new')
+  let seen: Array<string | null> = []
+  for (let i = 0; i < 100; i++) {
+    seen = await Promise.all(keys.map((key) => b.cache.getOrLoad(key, loader)))
+    if (seen.every((v) => v === 'new')) break
+    await sleep(20)
+  }
+  assert.ok(
+    seen.every((v) => v === 'new'),
+    JSON.stringify(seen),
+  )
+
+  // The fence: a fill whose generation predates an invalidation is refused.
+  let loaded!: () => void
+  const hasLoaded = new Promise<void>((resolve) => {
+    loaded = resolve
+  })
+  let release!: () => void
+  const held = new Promise<void>((resolve) => {
+    release = resolve
+  })
+  const slow = b.cache.getOrLoad('account:99', async () => {
+    const value = version
+    loaded()
+    await held
+    return value
+  })
+  await hasLoaded
+  version = 'newest'
+  await a.cache.invalidate(['account:99'])
+  release()
+  assert.equal(await slow, 'new')
+  assert.equal(await a.cache.getOrLoad('account:99', async () => version), 'newest')
+})
