@@ -240,3 +240,30 @@ test('two transactions racing one key past the lookup: the unique constraint let
   assert.equal(row!.n, '5')
   assert.equal((await ledgerInvariants(t.db)).accountsNotMatchingLedger, 0)
 })
+
+test('a transfer claim left by a crashed instance (lease expired): concurrent retries move money once', async () => {
+  const body = {
+    fromAccountId: alice.accountIds[0],
+    toAccountId: bob.accountIds[0],
+    amount: 33,
+    currency: 'VND',
+  }
+  const scope = `principal:${alice.customerId}\nPOST\n/transfers`
+  const recordKey = t.app.idempotency.recordKey(scope, 'crashed-transfer-1')
+  await t.redis.hset(recordKey, {
+    state: 'processing',
+    fp: requestFingerprint('POST', '/transfers', body),
+    token: 'token-of-a-dead-instance',
+    leaseUntil: 1, // long past, whatever the clocks say
+  })
+  await t.redis.pexpire(recordKey, 60_000)
+  const before = await balance(alice.accountIds[0]!)
+  const retries = await Promise.all(
+    Array.from({ length: 20 }, () => transfer(aliceCookie, 'crashed-transfer-1', body)),
+  )
+  const ran = retries.filter((r) => r.status === 201 && !r.replayed)
+  assert.equal(ran.length, 1)
+  for (const r of retries) assert.ok(r.status === 409 || r.body === ran[0]!.body, `${r.status} ${r.body}`)
+  assert.equal(await transfersWithKey('crashed-transfer-1'), 1)
+  assert.equal(await balance(alice.accountIds[0]!), before - 33)
+})
