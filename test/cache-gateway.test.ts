@@ -3,6 +3,7 @@ import { randomUUID } from 'node:crypto'
 import { after, before, describe, test } from 'node:test'
 import { setTimeout as sleep } from 'node:timers/promises'
 import Fastify, { type FastifyInstance } from 'fastify'
+import { createPgDatabase } from '../src/db/database.ts'
 import { getAccountWithOwner } from '../src/ledger/ledger.ts'
 import cachePlugin from '../src/plugins/cache/index.ts'
 import metrics from '../src/plugins/metrics.ts'
@@ -12,10 +13,12 @@ import {
   createTestDatabase,
   login,
   scanKeys,
+  startTcpProxy,
   TEST_REDIS_URL,
   type TestApp,
   type TestCustomer,
   type TestDatabase,
+  USE_PGLITE,
   uniquePrefix,
 } from './helpers.ts'
 
@@ -197,4 +200,31 @@ test('with the L1 on, an invalidation on one instance reaches the other instance
     if (seen === 1_000_000) await sleep(20)
   }
   assert.equal(seen, 999_960)
+})
+
+test('with Postgres down a cached balance is still served and a miss answers 503', {
+  skip: USE_PGLITE && 'PGlite runs in-process',
+}, async () => {
+  const proxy = await startTcpProxy(5432)
+  const url = new URL(database.url!)
+  url.port = String(proxy.port)
+  const proxied = createPgDatabase({ connectionString: url.toString(), connectionTimeoutMs: 500 })
+  const t = await buildTestApp({}, { testDatabase: { db: proxied, drop: async () => {} } })
+  try {
+    const alice = await createCustomer(database.db, `pgdown-${randomUUID()}`, [1_000, 2_000])
+    const cookie = await login(t.app, alice)
+    const [cached, cold] = alice.accountIds as [number, number]
+    assert.equal(await balance(t, cookie, cached), 1_000)
+    proxy.cut()
+    assert.equal(await balance(t, cookie, cached), 1_000)
+    const miss = await t.app.inject({ url: `/accounts/${cold}/balance`, headers: { cookie } })
+    assert.equal(miss.statusCode, 503)
+    assert.equal(miss.json().type, '/problems/database-unavailable')
+    proxy.restore()
+    assert.equal(await balance(t, cookie, cold), 2_000)
+  } finally {
+    await t.close()
+    await proxied.close()
+    await proxy.close()
+  }
 })
