@@ -101,8 +101,11 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
     })
   }
 
-  // After sessions: the default key scope is the session's principal.
-  await app.register(idempotency, { keyPrefix: `${prefix}idem:` })
+  // After sessions: the default key scope is the session's principal. On an in-memory PGlite, records
+  // an earlier start left in Redis would replay transfers this database never had.
+  await app.register(idempotency, {
+    keyPrefix: `${prefix}idem:${deps.database || config.databaseUrl ? '' : `${Date.now().toString(36)}:`}`,
+  })
 
   await app.register(healthRoutes)
   await app.register(sessionRoutes)
