@@ -57,6 +57,8 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
     keyPrefix: `${prefix}cache:${deps.database || config.databaseUrl ? '' : `${Date.now().toString(36)}:`}`,
     ttlMs: config.cache.ttlMs,
     l1TtlMs: config.cache.l1TtlMs,
+    leaseWaitMs: config.cache.leaseWaitMs,
+    leaseTtlMs: Math.max(5000, config.cache.leaseWaitMs),
   })
   await app.register(swagger, {
     openapi: {

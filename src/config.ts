@@ -20,6 +20,7 @@ const EnvSchema = Type.Object({
   CACHE: Type.Optional(Type.Union([Type.Literal('on'), Type.Literal('off')])),
   CACHE_TTL: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*(ms|s|m|h)$' })),
   CACHE_L1_TTL: Type.Optional(Type.String({ pattern: '^[0-9]+(ms|s|m|h)$' })),
+  CACHE_LEASE_WAIT: Type.Optional(Type.String({ pattern: '^[0-9]+(ms|s|m|h)$' })),
   DATABASE_URL: Type.Optional(Type.String({ pattern: '^postgres(ql)?://' })),
   SESSION_SECRET: Type.Optional(Type.String({ minLength: 32 })),
   SESSION_IDLE_TIMEOUT: Type.Optional(Type.String({ pattern: '^[0-9]+(ms|s|m|h)$' })),
@@ -40,6 +41,7 @@ const HINTS: Record<string, string> = {
   CACHE: 'on or off',
   CACHE_TTL: 'a duration above zero like 60s',
   CACHE_L1_TTL: 'a duration like 1s (0s: no in-process L1)',
+  CACHE_LEASE_WAIT: 'a duration like 2s',
   DATABASE_URL: 'a postgres:// URL',
   SESSION_SECRET: 'at least 32 characters (comma list for rotation; the first signs)',
   SESSION_IDLE_TIMEOUT: 'a duration like 30m',
@@ -70,7 +72,7 @@ export interface Config {
   redis: { url?: string; clusterNodes?: Array<{ host: string; port: number }>; commandTimeoutMs: number }
   cacheRedisUrl?: string
   /** Balance cache: on/off, fresh lifetime, in-process L1 lifetime (0: no L1). */
-  cache: { enabled: boolean; ttlMs: number; l1TtlMs: number }
+  cache: { enabled: boolean; ttlMs: number; l1TtlMs: number; leaseWaitMs: number }
   databaseUrl?: string
   session: { secrets: string[]; idleTimeoutMs: number; absoluteTimeoutMs: number; secure: boolean }
   rateLimits: {
@@ -151,6 +153,7 @@ export function loadConfig(env: Record<string, string | undefined> = process.env
       enabled: (e.CACHE ?? 'on') === 'on',
       ttlMs: parseDuration(e.CACHE_TTL ?? '60s'),
       l1TtlMs: parseDuration(e.CACHE_L1_TTL ?? '0s'),
+      leaseWaitMs: parseDuration(e.CACHE_LEASE_WAIT ?? '2s'),
     },
     databaseUrl: e.DATABASE_URL,
     session: { secrets, idleTimeoutMs, absoluteTimeoutMs, secure: production },

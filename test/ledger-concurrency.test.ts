@@ -19,7 +19,9 @@ let url: string
 const customers: Array<TestCustomer & { cookie: string }> = []
 
 before(async () => {
-  t = await buildTestApp({ RATE_LIMITS: 'off' })
+  // Generous Redis and pool bounds: this test is about the ledger, and a two-core machine running
+  // other suites beside it can stall a session lookup past the production 500 ms.
+  t = await buildTestApp({ RATE_LIMITS: 'off', REDIS_COMMAND_TIMEOUT_MS: '3000' })
   for (const name of ['ann', 'ben', 'cat', 'dan']) {
     const customer = await createCustomer(t.db, name, [50_000, 50_000])
     customers.push({ ...customer, cookie: await login(t.app, customer) })
