@@ -40,7 +40,8 @@ export async function createTestDatabase(): Promise<TestDatabase> {
   await admin.end()
   const url = new URL(TEST_ADMIN_DATABASE_URL)
   url.pathname = `/${name}`
-  const db = createPgDatabase({ connectionString: url.toString(), max: 20 })
+  // A long pool wait: suites fire hundreds of concurrent requests at 20 connections on two cores.
+  const db = createPgDatabase({ connectionString: url.toString(), max: 20, connectionTimeoutMs: 10_000 })
   await migrate(db)
   return {
     db,
