@@ -3,6 +3,7 @@ import { after, before, test } from 'node:test'
 import Fastify, { type FastifyInstance } from 'fastify'
 import { Redis } from 'ioredis'
 import { type RedisServerProcess, startRedisServer } from '../src/embedded/redis-server.ts'
+import { defineScripts } from '../src/lua/index.ts'
 import metrics from '../src/plugins/metrics.ts'
 import rateLimit from '../src/plugins/rate-limit/index.ts'
 import { connectRedis, createRedisClient, type RedisClient } from '../src/plugins/redis.ts'
@@ -133,4 +134,30 @@ test('every key on the dedicated Redis has a TTL', async () => {
   const keys = await scanKeys(redis, 'rl:')
   assert.ok(keys.length >= 2)
   for (const key of keys) assert.ok((await redis.pttl(key)) > 0, key)
+})
+
+test('a client with an offline queue (ioredis defaults) never makes a request wait for a dead Redis', async () => {
+  const client = new Redis(server.url)
+  defineScripts(client)
+  client.on('error', () => {})
+  await connectRedis(client)
+  const other = Fastify()
+  await other.register(rateLimit, { redis: client, keyPrefix: 'rl:' })
+  other.get(
+    '/x',
+    { config: { rateLimits: { name: 'queued', algorithm: 'gcra', limit: 5, windowMs: 60_000 } } },
+    async () => 'ok',
+  )
+  const otherUrl = await listen(other)
+  try {
+    assert.equal((await fetch(`${otherUrl}/x`)).headers.get('ratelimit')?.startsWith('"queued";r=4'), true)
+    await server.stop()
+    const res = await fetch(`${otherUrl}/x`, { signal: AbortSignal.timeout(3000) })
+    assert.equal(res.status, 200)
+    assert.equal(res.headers.get('ratelimit'), null)
+  } finally {
+    await other.close()
+    client.disconnect()
+    server = await startRedisServer(server.port)
+  }
 })
