@@ -20,8 +20,6 @@ for i = 1, #KEYS do
   local interval = period / limit
   local stored = tonumber(redis.call('GET', KEYS[i]))
   local tat = math.max(stored or now, now)
-  -- A TAT left without a TTL would never expire: NX repairs it (an allowed consume rewrites it with PX).
-  if stored then redis.call('PEXPIRE', KEYS[i], math.max(1, math.ceil(tat - now)), 'NX') end
   if op == 'r' then
     if stored and stored > now then
       local back = math.max(now, stored - cost * interval)
@@ -46,6 +44,10 @@ for i = 1, #KEYS do
   local period = tonumber(ARGV[b + 1])
   local tat, newTat, wait, interval = unpack(state[i])
   local retry = 0
+  if reply[1] == 0 or op ~= 'c' then
+    -- A TAT left without a TTL would never expire: NX repairs it (a consume rewrites it with PX).
+    redis.call('PEXPIRE', KEYS[i], math.max(1, math.ceil(tat - now)), 'NX')
+  end
   if reply[1] == 1 and op == 'c' then
     tat = newTat
     redis.call('SET', KEYS[i], newTat, 'PX', math.max(1, math.ceil(newTat - now)))

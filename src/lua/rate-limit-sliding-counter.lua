@@ -25,13 +25,11 @@ for i = 1, #KEYS do
   elseif w == idx - 1 then
     c, p = 0, c
   end
-  -- A Hash left without a TTL would never expire: repair it on every visit.
-  if w ~= nil then redis.call('PEXPIRE', KEYS[i], 2 * window - elapsed, 'NX') end
   if op == 'r' then
     if tonumber(ARGV[b + 3]) == idx and c >= cost then redis.call('HINCRBY', KEYS[i], 'c', -cost) end
   else
     local estimate = p * (window - elapsed) / window + c
-    state[i] = { idx, elapsed, c, p, estimate }
+    state[i] = { idx, elapsed, c, p, estimate, w }
     if estimate + cost > limit then reply[1] = 0 end
   end
 end
@@ -39,8 +37,10 @@ if op == 'r' then return reply end
 for i = 1, #KEYS do
   local b = 3 + (i - 1) * 4
   local limit, window, cost = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
-  local idx, elapsed, c, p, estimate = unpack(state[i])
+  local idx, elapsed, c, p, estimate, w = unpack(state[i])
   local retry = 0
+  -- A Hash left without a TTL would never expire: NX repairs it (a consume sets it anyway).
+  if w ~= nil and (reply[1] == 0 or op ~= 'c') then redis.call('PEXPIRE', KEYS[i], 2 * window - elapsed, 'NX') end
   if reply[1] == 1 then
     if op == 'c' then
       estimate = estimate + cost

@@ -23,8 +23,6 @@ for i = 1, #KEYS do
     counts[i] = redis.call('ZCOUNT', KEYS[i], now - window + 1, '+inf')
     if counts[i] + cost > tonumber(ARGV[b]) then reply[1] = 0 end
   end
-  -- A log left without a TTL would never expire: NX repairs it and leaves a set TTL alone.
-  redis.call('PEXPIRE', KEYS[i], window, 'NX')
 end
 if op == 'r' then return reply end
 for i = 1, #KEYS do
@@ -32,6 +30,8 @@ for i = 1, #KEYS do
   local limit, window, cost = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
   local count = counts[i]
   local retry = 0
+  -- A log left without a TTL would never expire: NX repairs it (a consume sets it anyway).
+  if reply[1] == 0 or op ~= 'c' then redis.call('PEXPIRE', KEYS[i], window, 'NX') end
   if reply[1] == 1 and op == 'c' then
     redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now - window)
     local add = {}

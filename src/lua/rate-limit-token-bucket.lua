@@ -23,8 +23,8 @@ for i = 1, #KEYS do
   local tokens = cap
   if h[1] then
     tokens = math.min(cap, tonumber(h[1]) + math.max(0, now - tonumber(h[2])) * rate)
-    -- A bucket left without a TTL would never expire: NX repairs it and leaves a set TTL alone.
-    redis.call('PEXPIRE', KEYS[i], math.max(1, math.ceil((cap - tokens) / rate)), 'NX')
+    -- A bucket left without a TTL would never expire: NX repairs it (a consume sets it anyway).
+    if op ~= 'c' then redis.call('PEXPIRE', KEYS[i], math.max(1, math.ceil((cap - tokens) / rate)), 'NX') end
   end
   if op == 'r' then
     tokens = math.min(cap, tokens + cost)
@@ -59,6 +59,9 @@ for i = 1, #KEYS do
     redis.call('PEXPIRE', KEYS[i], math.max(1, math.ceil((cap - after) / rate)))
   else
     left = tokens
+    if op == 'c' and tokens < cap then
+      redis.call('PEXPIRE', KEYS[i], math.max(1, math.ceil((cap - tokens) / rate)), 'NX')
+    end
   end
   if reply[1] == 0 then
     if after < 0 then retry = wait end

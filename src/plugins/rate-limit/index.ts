@@ -184,11 +184,13 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
       if (outcome.delayMs > 0) await sleep(outcome.delayMs)
     }
 
-  const refundSuccesses = async (request: FastifyRequest, reply: FastifyReply) => {
+  // In onSend, before the client sees the answer: its next attempt already finds the quota back.
+  const refundSuccesses = async (request: FastifyRequest, reply: FastifyReply, payload: unknown) => {
     for (const refund of request.rateLimitRefunds ?? []) {
       if (refund.policy.isFailure!(reply)) continue
       await engine.refund(refund).catch((err) => request.log.warn({ err }, 'rate limit refund failed'))
     }
+    return payload
   }
 
   const resolve = (route: RouteOptions, entry: string | RateLimitPolicy): Policy => {
@@ -225,7 +227,7 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
     const late = policies.filter((p) => p.hook === 'preHandler')
     if (early.length) route.onRequest = add(route.onRequest, limit(early))
     if (late.length) route.preHandler = add(route.preHandler, limit(late) as never)
-    if (policies.some((p) => p.isFailure)) route.onResponse = add(route.onResponse, refundSuccesses as never)
+    if (policies.some((p) => p.isFailure)) route.onSend = add(route.onSend, refundSuccesses as never)
   })
 }
 
