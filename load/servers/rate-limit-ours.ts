@@ -1,5 +1,6 @@
 // Our rate-limit plugin as a benchmark target: GET /limited/<algorithm> for each of the five
-// algorithms, keyed by client IP, with a limit no run reaches. Env: REDIS_URL.
+// algorithms, keyed by client IP, with a limit no run reaches. Env: REDIS_URL; RL_BATCH=off sends
+// every script call on its own (to measure what batching brings).
 import Fastify from 'fastify'
 import rateLimit, { type Algorithm, type RateLimitPolicy } from '../../src/plugins/rate-limit/index.ts'
 import { connectRedis, createRedisClient } from '../../src/plugins/redis.ts'
@@ -10,7 +11,7 @@ const BENCH_WINDOW_MS = 10_000
 const redis = createRedisClient({ url: process.env.REDIS_URL })
 await connectRedis(redis)
 const app = Fastify({ logger: false })
-await app.register(rateLimit, { redis })
+await app.register(rateLimit, { redis, batch: process.env.RL_BATCH !== 'off' })
 const algorithms: Algorithm[] = ['fixed-window', 'sliding-log', 'sliding-counter', 'token-bucket', 'gcra']
 for (const algorithm of algorithms) {
   const policy: RateLimitPolicy =
