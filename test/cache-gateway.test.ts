@@ -14,10 +14,10 @@ import {
   login,
   scanKeys,
   startTcpProxy,
-  TEST_REDIS_URL,
   type TestApp,
   type TestCustomer,
   type TestDatabase,
+  testRedisConnection,
   USE_PGLITE,
   uniquePrefix,
 } from './helpers.ts'
@@ -106,7 +106,11 @@ describe('the stale-set race with a real transfer', () => {
     const [gateway] = await twoInstances()
     const reader = Fastify()
     await reader.register(metrics, { processMetrics: false, path: false })
-    await reader.register(cachePlugin, { url: TEST_REDIS_URL, keyPrefix: `${gateway.prefix}cache:`, fence })
+    await reader.register(cachePlugin, {
+      ...testRedisConnection(),
+      keyPrefix: `${gateway.prefix}cache:`,
+      fence,
+    })
     await reader.ready()
     closers.push(() => reader.close())
     const alice = await customer()

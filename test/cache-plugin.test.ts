@@ -6,10 +6,10 @@ import { runScript } from '../src/lua/index.ts'
 import cachePlugin, { type CachePluginOptions } from '../src/plugins/cache/index.ts'
 import metrics from '../src/plugins/metrics.ts'
 import { connectRedis, createRedisClient } from '../src/plugins/redis.ts'
-import { scanKeys, TEST_REDIS_URL, uniquePrefix } from './helpers.ts'
+import { scanKeys, testRedisConnection, uniquePrefix } from './helpers.ts'
 
 const apps: FastifyInstance[] = []
-const redis = createRedisClient({ url: TEST_REDIS_URL })
+const redis = createRedisClient(testRedisConnection())
 before(() => connectRedis(redis))
 after(async () => {
   await Promise.all(apps.map((app) => app.close()))
@@ -19,7 +19,7 @@ after(async () => {
 async function cacheApp(options: CachePluginOptions = {}): Promise<FastifyInstance> {
   const app = Fastify()
   await app.register(metrics, { processMetrics: false, path: false })
-  await app.register(cachePlugin, { url: TEST_REDIS_URL, keyPrefix: uniquePrefix('c'), ...options })
+  await app.register(cachePlugin, { ...testRedisConnection(), keyPrefix: uniquePrefix('c'), ...options })
   await app.ready()
   apps.push(app)
   return app

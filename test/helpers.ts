@@ -17,6 +17,21 @@ export const TEST_ADMIN_DATABASE_URL =
 export const USE_PGLITE = process.env.TEST_DATABASE === 'pglite'
 export const TEST_SECRET = 'test-secret-0123456789-abcdefghijklmnop'
 
+/** Connection options for a second client of the Redis the suites run on (a cluster under test:cluster). */
+export function testRedisConnection(): {
+  url?: string
+  clusterNodes?: Array<{ host: string; port: number }>
+} {
+  const nodes = process.env.REDIS_CLUSTER_NODES
+  if (!nodes) return { url: TEST_REDIS_URL }
+  return {
+    clusterNodes: nodes.split(',').map((node) => {
+      const [host, port] = node.split(':') as [string, string]
+      return { host, port: Number(port) }
+    }),
+  }
+}
+
 export const uniquePrefix = (label = 't') => `${label}${randomBytes(4).toString('hex')}:`
 
 export interface TestDatabase {
@@ -69,12 +84,12 @@ export async function buildTestApp(
   env: Record<string, string> = {},
   deps: GatewayDependencies & { testDatabase?: TestDatabase } = {},
 ): Promise<TestApp> {
-  const config = loadConfig({
-    NODE_ENV: 'test',
-    REDIS_URL: TEST_REDIS_URL,
-    SESSION_SECRET: TEST_SECRET,
-    ...env,
-  })
+  // Under `npm run test:cluster` the suites run on the Redis Cluster it started, unless a test brings its own Redis.
+  const redis =
+    process.env.REDIS_CLUSTER_NODES && !env.REDIS_URL
+      ? { REDIS_CLUSTER_NODES: process.env.REDIS_CLUSTER_NODES }
+      : { REDIS_URL: TEST_REDIS_URL }
+  const config = loadConfig({ NODE_ENV: 'test', ...redis, SESSION_SECRET: TEST_SECRET, ...env })
   const testDatabase = deps.testDatabase ?? (await createTestDatabase())
   const prefix = deps.keyPrefix ?? uniquePrefix()
   const app = await buildApp(config, { ...deps, database: testDatabase.db, keyPrefix: prefix })

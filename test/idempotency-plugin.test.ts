@@ -12,7 +12,7 @@ import idempotency, {
 } from '../src/plugins/idempotency/index.ts'
 import metrics from '../src/plugins/metrics.ts'
 import redisPlugin, { createRedisClient } from '../src/plugins/redis.ts'
-import { scanKeys, TEST_REDIS_URL, uniquePrefix } from './helpers.ts'
+import { scanKeys, testRedisConnection, uniquePrefix } from './helpers.ts'
 
 /** A handler that waits for the test to open it, so "in flight" needs no timing. */
 function gate() {
@@ -107,7 +107,7 @@ async function metricValue(app: FastifyInstance, line: string): Promise<number> 
 
 let shared: RedisClient
 before(async () => {
-  shared = createRedisClient({ url: TEST_REDIS_URL })
+  shared = createRedisClient(testRedisConnection())
 })
 after(() => shared.quit())
 
