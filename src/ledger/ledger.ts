@@ -32,8 +32,11 @@ export interface TransferIdempotency {
   fingerprint: string
 }
 
-/** `replayed` is set when the key's transfer already existed and nothing was moved now. */
-export type TransferResult = Transfer & { replayed?: true }
+/**
+ * `replayed` is set when the key's transfer already existed and nothing was moved now;
+ * `recipientCustomerId` (read under the lock, so no extra query) when money moved now.
+ */
+export type TransferResult = Transfer & { replayed?: true; recipientCustomerId?: number }
 
 interface AccountRow {
   id: number
@@ -216,6 +219,7 @@ async function moveMoney(
       amount,
       currency,
       createdAt: new Date(row.created_at).toISOString(),
+      recipientCustomerId: to.customer_id,
     }
   })
 }

@@ -12,11 +12,14 @@ export const accountsCacheKey = (customerId: number) => `accounts:${customerId}`
 /**
  * Called once a transfer has committed: drops both balances and both owners' account lists.
  * Never throws (the money has moved); failures are logged and counted, and the TTL bounds them.
+ * The recipient comes from the transfer's own lock query (no extra statement); a replay does not
+ * know it, and nothing moved now, so only the sender's side is dropped again.
  */
 export async function invalidateAfterTransfer(
   app: FastifyInstance,
   customerId: number,
   transfer: { fromAccountId: number; toAccountId: number },
+  recipientCustomerId?: number,
 ): Promise<void> {
   if (!app.cache.enabled) return
   const keys = [
@@ -24,11 +27,9 @@ export async function invalidateAfterTransfer(
     accountCacheKey(transfer.toAccountId),
     accountsCacheKey(customerId),
   ]
-  const recipient = await getAccountWithOwner(app.db, transfer.toAccountId).catch((err) => {
-    app.log.error({ err }, 'recipient lookup failed; their account list stays cached until its TTL')
-    return null
-  })
-  if (recipient && recipient.customerId !== customerId) keys.push(accountsCacheKey(recipient.customerId))
+  if (recipientCustomerId !== undefined && recipientCustomerId !== customerId) {
+    keys.push(accountsCacheKey(recipientCustomerId))
+  }
   await app.cache.invalidate(keys)
 }
 

@@ -48,14 +48,14 @@ const transferRoutes: FastifyPluginAsyncTypebox = async (app) => {
         )
       }
       const idempotency = request.idempotency
-      const { replayed, ...transfer } = await executeTransfer(
+      const { replayed, recipientCustomerId, ...transfer } = await executeTransfer(
         app.db,
         { ...request.body, customerId: Number(request.session!.principal) },
         idempotency ? { key: idempotency.key, fingerprint: idempotency.fingerprint } : undefined,
       )
       if (replayed) reply.header('idempotent-replayed', 'true')
       // Only after the commit: an earlier drop could be refilled with the old balance.
-      await invalidateAfterTransfer(app, Number(request.session!.principal), transfer)
+      await invalidateAfterTransfer(app, Number(request.session!.principal), transfer, recipientCustomerId)
       return reply.code(201).send(transfer)
     },
   )
