@@ -98,7 +98,14 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
           hook: 'preHandler',
           countOnlyFailures: (reply) => reply.statusCode === 401,
         },
-        { name: 'transfers', algorithm: 'fixed-window', ...limits.transfers, key: keyBy.customer },
+        // preHandler: the session is known from preParsing on (see the session plugin).
+        {
+          name: 'transfers',
+          algorithm: 'fixed-window',
+          ...limits.transfers,
+          key: keyBy.customer,
+          hook: 'preHandler',
+        },
       ],
     })
   }

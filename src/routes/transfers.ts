@@ -1,5 +1,6 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import { Type } from '@sinclair/typebox'
+import type { FastifyRequest, onSendHookHandler } from 'fastify'
 import { HttpProblem } from '../errors.ts'
 import { executeTransfer } from '../ledger/ledger.ts'
 import { invalidateAfterTransfer } from './accounts.ts'
@@ -20,6 +21,18 @@ export const TransferCreated = Type.Object({
 })
 
 const transferRoutes: FastifyPluginAsyncTypebox = async (app) => {
+  // Cache invalidation starts in the handler, after the commit, and is awaited in the last onSend
+  // hook, after the Idempotency-Key record is stored: both are in flight together (one Redis
+  // round trip instead of two), and the client still sees its response only once both are done.
+  const invalidations = new WeakMap<FastifyRequest, Promise<void>>()
+  const awaitInvalidation: onSendHookHandler = async (request) => {
+    await invalidations.get(request)
+  }
+  // onRoute hooks of the idempotency plugin (registered earlier) run first, so this one comes last.
+  app.addHook('onRoute', (route) => {
+    route.onSend = [route.onSend ?? []].flat().concat(awaitInvalidation)
+  })
+
   app.post(
     '/transfers',
     {
@@ -55,7 +68,10 @@ const transferRoutes: FastifyPluginAsyncTypebox = async (app) => {
       )
       if (replayed) reply.header('idempotent-replayed', 'true')
       // Only after the commit: an earlier drop could be refilled with the old balance.
-      await invalidateAfterTransfer(app, Number(request.session!.principal), transfer, recipientCustomerId)
+      invalidations.set(
+        request,
+        invalidateAfterTransfer(app, Number(request.session!.principal), transfer, recipientCustomerId),
+      )
       return reply.code(201).send(transfer)
     },
   )
