@@ -1,58 +1,30 @@
 import assert from 'node:assert/strict'
-import { type ChildProcess, execFile, spawn } from 'node:child_process'
-import { mkdtempSync, rmSync } from 'node:fs'
-import { tmpdir } from 'node:os'
-import { join } from 'node:path'
 import { after, before, test } from 'node:test'
 import { setTimeout as sleep } from 'node:timers/promises'
-import { promisify } from 'node:util'
 import Fastify, { type FastifyInstance } from 'fastify'
-import { freePort, redisAnswers } from '../src/embedded/redis-server.ts'
+import { type RedisClusterProcess, startRedisCluster } from '../scripts/redis-cluster.ts'
 import cachePlugin, { type CachePluginOptions } from '../src/plugins/cache/index.ts'
 import metrics from '../src/plugins/metrics.ts'
 import { uniquePrefix } from './helpers.ts'
 
-const run = promisify(execFile)
-
-// Three masters on free ports, slots assigned by redis-cli: the cache's keys land in many slots.
-const ports: number[] = []
-const children: ChildProcess[] = []
-const dir = mkdtempSync(join(tmpdir(), 'cache-cluster-'))
+// Three masters: the cache's keys land in many slots.
+let cluster: RedisClusterProcess
 const apps: FastifyInstance[] = []
 
 before(async () => {
-  for (let i = 0; i < 3; i++) ports.push(await freePort())
-  for (const port of ports) {
-    const args = ['--port', String(port), '--bind', '127.0.0.1', '--cluster-enabled', 'yes', '--dir', dir]
-    args.push('--cluster-config-file', `nodes-${port}.conf`, '--save', '', '--appendonly', 'no')
-    children.push(spawn('redis-server', args, { stdio: 'ignore' }))
-  }
-  for (const port of ports) while (!(await redisAnswers('127.0.0.1', port))) await sleep(50)
-  const nodes = ports.map((p) => `127.0.0.1:${p}`)
-  await run('redis-cli', ['--cluster', 'create', ...nodes, '--cluster-replicas', '0', '--cluster-yes'])
-  for (const port of ports) {
-    while (
-      !(await run('redis-cli', ['-p', String(port), 'cluster', 'info'])).stdout.includes('cluster_state:ok')
-    )
-      await sleep(100)
-  }
+  cluster = await startRedisCluster()
 })
 
 after(async () => {
   await Promise.all(apps.map((app) => app.close()))
-  await Promise.all(
-    children.map((child) =>
-      child.exitCode === null ? new Promise((resolve) => child.once('exit', resolve).kill('SIGTERM')) : null,
-    ),
-  )
-  rmSync(dir, { recursive: true, force: true })
+  await cluster.stop()
 })
 
 async function clusterCache(options: CachePluginOptions): Promise<FastifyInstance> {
   const app = Fastify()
   await app.register(metrics, { processMetrics: false, path: false })
   await app.register(cachePlugin, {
-    clusterNodes: ports.map((port) => ({ host: '127.0.0.1', port })),
+    clusterNodes: cluster.nodes,
     ...options,
   })
   await app.ready()
