@@ -8,6 +8,28 @@
 --          ARGV[b+3] the window's remaining ms at the consume being refunded (op 'r' only)
 -- Reply: { allowed 0/1, delay ms (always 0), then per policy: remaining, reset ms, retry ms, reset ms }
 --        (remaining counts this request on a consume; on a peek it is the quota as it stands)
+-- The common case (one policy, consume) without tables or a second pass: same reply.
+if #KEYS == 1 and ARGV[1] == 'c' then
+  local key, limit, cost = KEYS[1], tonumber(ARGV[3]), tonumber(ARGV[5])
+  local count = redis.call('INCRBY', key, cost)
+  local ttl
+  if count == cost then
+    ttl = tonumber(ARGV[4])
+    redis.call('PEXPIRE', key, ttl)
+  else
+    ttl = redis.call('PTTL', key)
+    if ttl < 0 then
+      ttl = tonumber(ARGV[4])
+      redis.call('PEXPIRE', key, ttl)
+    end
+  end
+  if count <= limit then return { 1, 0, limit - count, ttl, 0, ttl } end
+  redis.call('DECRBY', key, cost)
+  count = count - cost
+  local remaining = limit - count
+  if remaining < 0 then remaining = 0 end
+  return { 0, 0, remaining, ttl, ttl, ttl }
+end
 local op = ARGV[1]
 local reply = { 1, 0 }
 local counts, ttls = {}, {}

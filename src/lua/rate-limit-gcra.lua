@@ -8,6 +8,25 @@
 --          ARGV[b+3] max delay ms (0: reject instead of waiting)
 -- Reply: { allowed 0/1, delay ms, then per policy: remaining, reset ms (until the TAT is now), retry ms, 0 }
 --        (remaining counts this request on a consume; on a peek it is the quota as it stands)
+-- The common case (one policy, consume, admitted) without tables; anything else falls through to
+-- the general path below, which decides afresh (nothing has been written yet).
+if #KEYS == 1 and ARGV[1] == 'c' then
+  local t = redis.call('TIME')
+  local now = t[1] * 1000 + math.floor(t[2] / 1000)
+  local limit, period, cost = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+  local interval = period / limit
+  local tat = tonumber(redis.call('GET', KEYS[1])) or now
+  if tat < now then tat = now end
+  local newTat = tat + cost * interval
+  local wait = math.ceil(newTat - now - period - 0.001)
+  if wait < 0 then wait = 0 end
+  if cost <= limit and wait <= tonumber(ARGV[6]) then
+    local ahead = math.ceil(newTat - now)
+    redis.call('SET', KEYS[1], newTat, 'PX', ahead > 0 and ahead or 1)
+    local remaining = math.floor((period - (newTat - now)) / interval + 0.000001)
+    return { 1, wait, remaining > 0 and remaining or 0, ahead, 0, 0 }
+  end
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local op = ARGV[1]

@@ -8,6 +8,28 @@
 --          ARGV[b+3] window index of the consume being refunded (op 'r' only)
 -- Reply: { allowed 0/1, delay ms (always 0), then per policy: remaining, reset ms, retry ms, window index }
 --        (remaining counts this request on a consume; on a peek it is the quota as it stands)
+-- The common case (one policy, consume, admitted) without tables; anything else falls through to
+-- the general path below, which decides afresh (nothing has been written yet).
+if #KEYS == 1 and ARGV[1] == 'c' then
+  local t = redis.call('TIME')
+  local now = t[1] * 1000 + math.floor(t[2] / 1000)
+  local limit, window, cost = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+  local idx = math.floor(now / window)
+  local elapsed = now - idx * window
+  local h = redis.call('HMGET', KEYS[1], 'w', 'c', 'p')
+  local w, c, p = tonumber(h[1]), tonumber(h[2]) or 0, tonumber(h[3]) or 0
+  if w == nil or w < idx - 1 then
+    c, p = 0, 0
+  elseif w == idx - 1 then
+    c, p = 0, c
+  end
+  local estimate = p * (window - elapsed) / window + c + cost
+  if estimate <= limit then
+    redis.call('HSET', KEYS[1], 'w', idx, 'c', c + cost, 'p', p)
+    redis.call('PEXPIRE', KEYS[1], 2 * window - elapsed)
+    return { 1, 0, math.floor(limit - estimate), window - elapsed, 0, idx }
+  end
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local op = ARGV[1]

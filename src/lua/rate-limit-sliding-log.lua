@@ -9,6 +9,36 @@
 -- per policy i, from b = 3 + (i - 1) * 4: ARGV[b] limit, ARGV[b+1] window ms, ARGV[b+2] cost, ARGV[b+3] unused
 -- Reply: { allowed 0/1, delay ms (always 0), then per policy: remaining, reset ms, retry ms, 0 }
 --        (remaining counts this request on a consume; on a peek it is the quota as it stands)
+-- The common case (one policy, consume, admitted) without tables; anything else falls through to
+-- the general path below, which decides afresh (it only finds expired entries trimmed).
+if #KEYS == 1 and ARGV[1] == 'c' then
+  local t = redis.call('TIME')
+  local now = t[1] * 1000 + math.floor(t[2] / 1000)
+  local key, limit, window, cost = KEYS[1], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+  -- Trimmed first, the set holds only the window: ZCARD counts it in O(1).
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
+  local count = redis.call('ZCARD', key)
+  if count + cost <= limit then
+    if cost == 1 then
+      redis.call('ZADD', key, now, ARGV[2] .. ':1')
+    else
+      local add = {}
+      for n = 1, cost do
+        add[#add + 1] = now
+        add[#add + 1] = ARGV[2] .. ':' .. n
+      end
+      redis.call('ZADD', key, unpack(add))
+    end
+    redis.call('PEXPIRE', key, window)
+    local reset = window
+    if count > 0 then
+      local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+      reset = tonumber(oldest[2]) + window - now
+      if reset < 1 then reset = 1 end
+    end
+    return { 1, 0, limit - count - cost, reset, 0, 0 }
+  end
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local op, nonce = ARGV[1], ARGV[2]

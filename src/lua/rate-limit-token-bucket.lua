@@ -10,6 +10,31 @@
 --          ARGV[b+2] cost, ARGV[b+3] max delay ms (0: reject instead of waiting)
 -- Reply: { allowed 0/1, delay ms, then per policy: remaining, reset ms (until full), retry ms, 0 }
 --        (remaining counts this request on a consume; on a peek it is the quota as it stands)
+-- The common case (one policy, consume, admitted) without tables; anything else falls through to
+-- the general path below, which decides afresh (nothing has been written yet).
+if #KEYS == 1 and ARGV[1] == 'c' then
+  local t = redis.call('TIME')
+  local now = t[1] * 1000 + math.floor(t[2] / 1000)
+  local cap, rate, cost = tonumber(ARGV[3]), tonumber(ARGV[4]) / 1000, tonumber(ARGV[5])
+  local h = redis.call('HMGET', KEYS[1], 't', 'ts')
+  local tokens = cap
+  if h[1] then
+    local elapsed = now - tonumber(h[2])
+    if elapsed < 0 then elapsed = 0 end
+    tokens = tonumber(h[1]) + elapsed * rate
+    if tokens > cap then tokens = cap end
+  end
+  local after = tokens - cost
+  local wait = 0
+  if after < 0 then wait = math.ceil(-after / rate) end
+  if cost <= cap and wait <= tonumber(ARGV[6]) then
+    local full = math.ceil((cap - after) / rate)
+    redis.call('HSET', KEYS[1], 't', after, 'ts', now)
+    redis.call('PEXPIRE', KEYS[1], full > 0 and full or 1)
+    local left = math.floor(after)
+    return { 1, wait, left > 0 and left or 0, full, 0, 0 }
+  end
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local op = ARGV[1]

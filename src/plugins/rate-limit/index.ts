@@ -48,8 +48,9 @@ export interface RateLimitPluginOptions {
   /** Bound on a script call when the client has no commandTimeout of its own. Default 500. */
   timeoutMs?: number
   /**
-   * Send the script calls of requests arriving in the same event-loop turn as one pipeline.
-   * Default true for a single Redis; Cluster clients always send calls one by one.
+   * Write the script calls of requests arriving in the same event-loop turn in one go (the
+   * client's socket is corked until setImmediate). Default true for a single Redis; Cluster
+   * clients always send calls one by one.
    */
   batch?: boolean
 }
