@@ -6,7 +6,7 @@
 import { randomBytes } from 'node:crypto'
 import { runScript } from '../../src/lua/index.ts'
 import { connectRedis, createRedisClient } from '../../src/plugins/redis.ts'
-import { roundTrips } from '../lib/roundtrips.ts'
+import { perRequest, roundTrips } from '../lib/roundtrips.ts'
 import {
   type Contender,
   formatTable,
@@ -79,6 +79,11 @@ const rateLimitScenario: Scenario = async ({ quick }) => {
       { name: FASTIFY, url: fastify.url, spec: spec('/limited/peer') },
       { name: FLEXIBLE, url: flexible.url, spec: spec('/limited/peer') },
     ]
+    const pids = new Map([
+      ...ALGORITHMS.map((a, i) => [a, ours[i]!.pid] as const),
+      [FASTIFY, fastify.pid],
+      [FLEXIBLE, flexible.pid],
+    ])
     const summaries = await interleave(contenders, {
       rounds: quick ? 1 : 5,
       warmupSec: quick ? 0.5 : 2,
@@ -89,7 +94,12 @@ const rateLimitScenario: Scenario = async ({ quick }) => {
     for (const c of contenders) {
       trips.set(
         c.name,
-        await roundTrips(services.redisUrl, c.url, { ...c.spec, durationSec: quick ? 0.5 : 2 }),
+        await roundTrips(
+          services.redisUrl,
+          c.url,
+          { ...c.spec, durationSec: quick ? 0.5 : 2 },
+          { pid: pids.get(c.name) },
+        ),
       )
     }
     const memory = await keyMemory(services.redisUrl)
@@ -116,6 +126,8 @@ const rateLimitScenario: Scenario = async ({ quick }) => {
         cell(FLEXIBLE, target?.flexible),
         fmt(t.redisSent),
         fmt(t.redisExecuted),
+        perRequest(t.serverCpuMicros, 1),
+        fmt(t.redisCpuMicros, 1),
       ]
     })
     const markdown = [
@@ -128,11 +140,13 @@ const rateLimitScenario: Scenario = async ({ quick }) => {
           `ratio vs ${FLEXIBLE}`,
           'Redis round trips / req',
           'Redis commands executed / req',
+          'server CPU µs / req',
+          'Redis CPU µs / req',
         ],
         rows,
       ),
       '',
-      `${quick ? 'Quick run: 1 round of 1 s' : '5 interleaved rounds of 5 s'}, 50 connections, one client IP, limit 10^9 per 10 s (nothing rejected; non-2xx/errors in the throughput runs: ${failures}). Ratios are medians with the worst and best pairing; round trips are commands the server sent (MONITOR), commands executed include those the scripts call.`,
+      `${quick ? 'Quick run: 1 round of 1 s' : '5 interleaved rounds of 5 s'}, 50 connections, one client IP, limit 10^9 per 10 s (nothing rejected; non-2xx/errors in the throughput runs: ${failures}). Ratios are medians with the worst and best pairing; round trips are commands the server sent (MONITOR), commands executed include those the scripts call; CPU per request is the server process's (all threads) and redis-server's over a separate 2 s run.`,
       '',
       formatTable(
         ['algorithm', 'MEMORY USAGE of one key after 100 requests at limit 100 (bytes)'],
