@@ -122,7 +122,7 @@ export class RateLimitEngine {
         const left = cached.until - now
         outcome.rejected = { ...cached.decision, resetMs: left, retryMs: left }
         outcome.decisions.push(outcome.rejected)
-        metrics.decisions.inc({ policy: cached.decision.policy.name, outcome: 'rejected_cached' })
+        metrics.decision(cached.decision.policy.name, 'rejected_cached')
         return
       }
       this.overLimit.delete(cacheKey(group))
@@ -172,10 +172,7 @@ export class RateLimitEngine {
       outcome.decisions.push(decision)
       if (!allowed && decision.retryMs > 0 && !outcome.rejected) outcome.rejected = decision
       if (op === 'c') {
-        metrics.decisions.inc({
-          policy: policy.name,
-          outcome: allowed ? (delayed ? 'delayed' : 'allowed') : 'rejected',
-        })
+        metrics.decision(policy.name, allowed ? (delayed ? 'delayed' : 'allowed') : 'rejected')
       }
       if (allowed && op === 'c' && policy.isFailure) {
         outcome.refunds.push({
@@ -211,7 +208,7 @@ export class RateLimitEngine {
     const closed = group.policies.find((p) => p.onRedisError === 'closed')
     if (closed) {
       outcome.unavailable = closed
-      for (const p of group.policies) metrics.decisions.inc({ policy: p.name, outcome: 'degraded_closed' })
+      for (const p of group.policies) metrics.decision(p.name, 'degraded_closed')
       return
     }
     const now = Date.now()
@@ -230,7 +227,7 @@ export class RateLimitEngine {
           retryMs: 0,
           header: policy.header,
         })
-        if (op === 'c') metrics.decisions.inc({ policy: policy.name, outcome: 'degraded_open' })
+        if (op === 'c') metrics.decision(policy.name, 'degraded_open')
         return
       }
       const v =
@@ -246,10 +243,7 @@ export class RateLimitEngine {
       outcome.decisions.push(decision)
       if (!allowed && !v.allowed && !outcome.rejected) outcome.rejected = decision
       if (op === 'c')
-        metrics.decisions.inc({
-          policy: policy.name,
-          outcome: allowed ? 'degraded_local_allowed' : 'degraded_local_rejected',
-        })
+        metrics.decision(policy.name, allowed ? 'degraded_local_allowed' : 'degraded_local_rejected')
     })
   }
 

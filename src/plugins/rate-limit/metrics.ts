@@ -1,8 +1,39 @@
 import { Counter, Histogram, type Registry } from 'prom-client'
 
 export interface RateLimitMetrics {
-  decisions: Counter<'policy' | 'outcome'>
+  /** Counts one decision; cheap enough for every request (see `tallies`). */
+  decision(policy: string, outcome: string): void
   scriptSeconds: Histogram<'algorithm'>
+}
+
+type Tallies = Map<string, Map<string, { labels: { policy: string; outcome: string }; n: number }>>
+
+/**
+ * Decisions are tallied in plain numbers and handed to prom-client when it collects (a scrape):
+ * `inc({ labels })` hashes its labels on every call, which was a measurable share of a request's
+ * CPU. One tally per counter object, so two plugin instances sharing the counter share it too.
+ */
+const tallies = new WeakMap<Counter<'policy' | 'outcome'>, Tallies>()
+
+function decisionsCounter(registry: Registry | undefined): Counter<'policy' | 'outcome'> {
+  const existing = registry?.getSingleMetric('rate_limit_decisions_total')
+  if (existing) return existing as Counter<'policy' | 'outcome'>
+  const counter: Counter<'policy' | 'outcome'> = new Counter({
+    name: 'rate_limit_decisions_total',
+    help: 'Rate limit decisions by policy and outcome (allowed, delayed, rejected, rejected_cached, degraded_*)',
+    labelNames: ['policy', 'outcome'] as const,
+    registers: registry ? [registry] : [],
+    collect() {
+      for (const outcomes of tallies.get(counter)!.values()) {
+        for (const cell of outcomes.values()) {
+          if (cell.n > 0) counter.inc(cell.labels, cell.n)
+          cell.n = 0
+        }
+      }
+    },
+  })
+  tallies.set(counter, new Map())
+  return counter
 }
 
 /**
@@ -10,25 +41,26 @@ export interface RateLimitMetrics {
  * instance registers in the same app); otherwise counted in metrics that nothing exports.
  */
 export function createMetrics(registry: Registry | undefined): RateLimitMetrics {
-  const registers = registry ? [registry] : []
-  const existing = (name: string) => registry?.getSingleMetric(name)
+  const byPolicy = tallies.get(decisionsCounter(registry))!
   return {
-    decisions:
-      (existing('rate_limit_decisions_total') as Counter<'policy' | 'outcome'>) ??
-      new Counter({
-        name: 'rate_limit_decisions_total',
-        help: 'Rate limit decisions by policy and outcome (allowed, delayed, rejected, rejected_cached, degraded_*)',
-        labelNames: ['policy', 'outcome'] as const,
-        registers,
-      }),
+    decision(policy, outcome) {
+      let outcomes = byPolicy.get(policy)
+      if (!outcomes) {
+        outcomes = new Map()
+        byPolicy.set(policy, outcomes)
+      }
+      const cell = outcomes.get(outcome)
+      if (cell) cell.n++
+      else outcomes.set(outcome, { labels: { policy, outcome }, n: 1 })
+    },
     scriptSeconds:
-      (existing('rate_limit_script_duration_seconds') as Histogram<'algorithm'>) ??
+      (registry?.getSingleMetric('rate_limit_script_duration_seconds') as Histogram<'algorithm'>) ??
       new Histogram({
         name: 'rate_limit_script_duration_seconds',
         help: 'Round trip of one rate limit script call, by algorithm',
         labelNames: ['algorithm'] as const,
         buckets: [0.0002, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5],
-        registers,
+        registers: registry ? [registry] : [],
       }),
   }
 }
