@@ -4,8 +4,13 @@ import { type LoadSpec, measure, redisCommandCount } from './runner.ts'
 
 export interface RoundTrips {
   requests: number
-  /** Commands the server under test sent to Redis per request: its round trips (MONITOR, scripts' inner calls excluded). */
+  /** Commands the server under test sent to Redis per request (MONITOR, scripts' inner calls excluded). */
   redisSent: number
+  /**
+   * Sequential Redis round trips per request (commands in flight together count once), from a run
+   * with one connection, when the server reports them (load/servers/chain.ts does).
+   */
+  redisRoundTrips?: number
   /** Commands Redis executed per request, including those scripts call (INFO commandstats delta). */
   redisExecuted: number
   /** CPU time of redis-server per request, in microseconds (INFO cpu delta): the Redis cost of a request. */
@@ -23,6 +28,9 @@ export interface RoundTrips {
 interface BenchCounters {
   dbQueries: number
   dbTransactions?: number
+  redisRoundTrips?: number
+  /** Requests the server received: the divisor when present (autocannon's count misses those it cut off). */
+  requests?: number
 }
 
 /** Bench servers answer GET /__bench/counters with their database counters; others have none. */
@@ -87,16 +95,32 @@ export async function roundTrips(
     if (serverCpuBefore !== undefined && serverCpuAfter !== undefined) {
       result.serverCpuMicros = per((serverCpuAfter - serverCpuBefore) / 1000)
     }
+    const sequential = await roundTripsPerRequest(url, run)
+    if (sequential !== undefined) result.redisRoundTrips = sequential
     if (countersBefore && countersAfter) {
-      result.dbQueries = per(countersAfter.dbQueries - countersBefore.dbQueries)
+      const served =
+        countersBefore.requests !== undefined
+          ? countersAfter.requests! - countersBefore.requests
+          : sample.requests
+      result.dbQueries = (countersAfter.dbQueries - countersBefore.dbQueries) / served
       if (countersBefore.dbTransactions !== undefined && countersAfter.dbTransactions !== undefined) {
-        result.dbTransactions = per(countersAfter.dbTransactions - countersBefore.dbTransactions)
+        result.dbTransactions = (countersAfter.dbTransactions - countersBefore.dbTransactions) / served
       }
     }
     return result
   } finally {
     stats.disconnect()
   }
+}
+
+/** One connection, so the server's round-trip counter sees one request at a time. */
+async function roundTripsPerRequest(url: string, spec: LoadSpec): Promise<number | undefined> {
+  const before = await readCounters(url)
+  if (before?.redisRoundTrips === undefined) return undefined
+  const sample = await measure(url, { ...spec, connections: 1 })
+  const after = await readCounters(url)
+  const served = before.requests !== undefined ? after!.requests! - before.requests : sample.requests
+  return (after!.redisRoundTrips! - before.redisRoundTrips) / served
 }
 
 async function sentPerRequest(stats: Redis, url: string, spec: LoadSpec): Promise<number> {

@@ -150,7 +150,7 @@ const chain: Scenario = async ({ quick }) => {
     const countTrips = async (label: string, url: string, spec: LoadSpec) => {
       const counted = await roundTrips(services.redisUrl, url, spec, { pid: pids.get(url) })
       console.error(
-        `chain round trips, ${label}: ${perRequest(counted.redisSent)} Redis, ${perRequest(counted.dbQueries)} SQL per request over ${counted.requests} requests`,
+        `chain work, ${label}: ${perRequest(counted.redisRoundTrips)} Redis round trips, ${perRequest(counted.redisSent)} commands sent, ${perRequest(counted.dbQueries)} SQL per request over ${counted.requests} requests`,
       )
       trips.push({ label, trips: counted })
     }
@@ -160,11 +160,12 @@ const chain: Scenario = async ({ quick }) => {
     await countTrips('transfer, gateway chain (unique keys)', gateway.url, transferSpec)
     const balanceTrips = trips[0]!
     balanceTrips.target = '<= 2 round trips'
-    balanceTrips.met = balanceTrips.trips.redisSent <= 2.05
+    balanceTrips.met = (balanceTrips.trips.redisRoundTrips ?? Number.POSITIVE_INFINITY) <= 2.05
     const transferTrips = trips[trips.length - 1]!
     transferTrips.target = '<= 4 round trips, 1 transaction'
     transferTrips.met =
-      transferTrips.trips.redisSent <= 4.05 && (transferTrips.trips.dbTransactions ?? 2) <= 1.01
+      (transferTrips.trips.redisRoundTrips ?? Number.POSITIVE_INFINITY) <= 4.05 &&
+      (transferTrips.trips.dbTransactions ?? 2) <= 1.01
 
     const ratios: RatioBar[] = [
       { label: 'gateway chain / peer stack', ...ratio(ours, theirs), target: 1.3 },
@@ -199,7 +200,8 @@ const chain: Scenario = async ({ quick }) => {
     const tripTable = formatTable(
       [
         'request',
-        'Redis round trips/req',
+        'Redis round trips/req (1 connection)',
+        'Redis commands sent/req',
         'Redis commands executed/req',
         'Redis CPU µs/req',
         'server CPU µs/req',
@@ -210,6 +212,7 @@ const chain: Scenario = async ({ quick }) => {
       ],
       trips.map((t) => [
         t.label,
+        perRequest(t.trips.redisRoundTrips),
         perRequest(t.trips.redisSent),
         perRequest(t.trips.redisExecuted),
         perRequest(t.trips.redisCpuMicros, 0),
@@ -230,10 +233,12 @@ const chain: Scenario = async ({ quick }) => {
       '',
       tripTable,
       '',
-      'Round trips: commands the server sent (Redis MONITOR, commands run inside scripts excluded); ' +
+      'Round trips: sequential waits on Redis per request (commands in flight together count once), counted ' +
+        'by the server over a run with one connection (the peer and bare servers do not report them); ' +
+        'sent: commands the server sent (Redis MONITOR, commands run inside scripts excluded); ' +
         'executed: everything Redis ran, script-internal calls included (INFO commandstats); ' +
         'CPU: redis-server (INFO cpu) and the server process (/proc) per request, steadier than req/s on a shared machine. ' +
-        `From separate ${quick ? 1 : 2} s runs at 10 connections (round trips in a run of their own, under MONITOR).`,
+        `From separate ${quick ? 1 : 2} s runs at 10 connections (MONITOR and the one-connection run each on their own).`,
     ]
       .filter((line, i, all) => line !== '' || all[i - 1] !== '')
       .join('\n')

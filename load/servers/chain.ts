@@ -1,16 +1,38 @@
 // The demo gateway with its whole chain (rate limit, session, cache, idempotency), configured by the
 // environment like `npm start`, plus GET /__bench/counters: the database statement and transaction
-// counts, so a scenario can report Postgres work per request. Seeds the demo customers.
+// counts and the Redis round trips, so a scenario can report work per request. Seeds the demo customers.
+import { Redis } from 'ioredis'
 import { buildApp } from '../../src/app.ts'
 import { loadConfig } from '../../src/config.ts'
 import { seedDemo } from '../../src/ledger/ledger.ts'
 
+// A Redis round trip starts whenever a command leaves while none is in flight, on any client of the
+// process (main and cache). Only a run with one connection attributes them to single requests.
+let redisRoundTrips = 0
+let inFlight = 0
+type SendCommand = (this: Redis, command: { promise: Promise<unknown> }, ...rest: unknown[]) => unknown
+const send = Redis.prototype.sendCommand as unknown as SendCommand
+;(Redis.prototype as unknown as { sendCommand: SendCommand }).sendCommand = function (command, ...rest) {
+  if (inFlight++ === 0) redisRoundTrips++
+  const settled = () => void inFlight--
+  command.promise.then(settled, settled)
+  return send.call(this, command, ...rest)
+}
+
 const app = await buildApp(loadConfig({ ...process.env, PORT: '0' }))
 let transactions = 0
+// Requests received, counted here: autocannon drops the connections still waiting when its run
+// ends, yet those requests did their work, and per-request figures must divide by what ran.
+let requests = 0
+app.addHook('onRequest', async (request) => {
+  if (request.url !== '/__bench/counters') requests++
+})
 app.db.observe?.({ transaction: () => void transactions++ })
 app.get('/__bench/counters', { schema: { hide: true } }, async () => ({
   dbQueries: app.db.queryCount,
   dbTransactions: transactions,
+  redisRoundTrips,
+  requests,
 }))
 await seedDemo(app.db)
 const url = await app.listen({ port: 0, host: '127.0.0.1' })
