@@ -104,6 +104,10 @@ export function normalizePolicy(raw: RateLimitPolicy, defaults: Partial<RateLimi
   } else {
     if (!positiveInt(p.windowMs)) fail('`windowMs` must be a positive integer (milliseconds)')
     if (p.refillPerSecond !== undefined) fail('`refillPerSecond` applies to the token bucket only')
+    // The arrival time is a double in ms since the epoch (resolution about 0.25 µs): an interval
+    // under 10 µs per unit would stop advancing it, and the policy would never reject.
+    if (p.algorithm === 'gcra' && p.limit > p.windowMs! * 100)
+      fail('`limit` of a gcra policy may be at most 100 per millisecond of `windowMs`')
   }
   const cost = p.cost ?? 1
   if (typeof cost !== 'function' && (!positiveInt(cost) || cost > p.limit)) {
