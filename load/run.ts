@@ -3,6 +3,7 @@
 // one summary of all of them: <date>-summary.md (every table and the chart), <date>.json and
 // <date>-ratios.svg. A scenario that fails is reported in the summary and the others still run.
 import { readdirSync } from 'node:fs'
+import { pinLoadGenerator, placement } from './lib/cpus.ts'
 import { stopAllServers, writeResults } from './lib/runner.ts'
 import type { Scenario } from './lib/scenario.ts'
 import { type ScenarioOutcome, writeSummary } from './lib/summary.ts'
@@ -25,6 +26,8 @@ process.once('SIGINT', () => {
   stopAllServers().finally(() => process.exit(130))
 })
 
+pinLoadGenerator()
+console.error(`CPU placement: ${placement}`)
 const startedAt = new Date().toISOString()
 const outcomes: ScenarioOutcome[] = []
 for (const name of names.length ? names : available) {
@@ -49,7 +52,7 @@ for (const name of names.length ? names : available) {
 }
 
 const command = `npm run ${quick ? 'bench:quick' : 'bench'}${names.length ? ` -- ${names.join(' ')}` : ''}`
-const summary = writeSummary(outcomes, { quick, command, startedAt })
+const summary = writeSummary(outcomes, { quick, command, startedAt, placement })
 const total = outcomes.reduce((sum, o) => sum + o.seconds, 0)
 console.log(`\nSummary: ${summary.md}\nChart:   ${summary.svg}\nData:    ${summary.json}`)
 console.log(`${outcomes.length} scenario(s) in ${total.toFixed(0)} s`)

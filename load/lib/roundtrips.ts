@@ -126,6 +126,9 @@ async function roundTripsPerRequest(url: string, spec: LoadSpec): Promise<number
 async function sentPerRequest(stats: Redis, url: string, spec: LoadSpec): Promise<number> {
   // monitor() opens a connection of its own.
   const monitor = await stats.monitor()
+  // Lines still arriving while the connection closes make ioredis emit 'error' (no command queued
+  // for them); they come after the count is read, so they are dropped, not allowed to crash the run.
+  monitor.on('error', () => {})
   let sent = 0
   monitor.on('monitor', (_time: string, args: string[], source: string) => {
     if (source !== 'lua' && args[0]?.toLowerCase() !== 'info') sent++

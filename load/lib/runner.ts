@@ -2,6 +2,7 @@ import { type ChildProcess, spawn } from 'node:child_process'
 import { mkdirSync, writeFileSync } from 'node:fs'
 import autocannon from 'autocannon'
 import { Redis } from 'ioredis'
+import { pinUnderTest } from './cpus.ts'
 
 /** A server under test, in its own process so that it and autocannon each get a core. */
 export interface ServerHandle {
@@ -31,11 +32,14 @@ export async function stopAllServers(): Promise<void> {
  * Its stderr is passed through, so a crash is visible in the benchmark output.
  */
 export function startServer(entry: string, env: Record<string, string> = {}): Promise<ServerHandle> {
-  const child: ChildProcess = spawn(process.execPath, ['--import', 'tsx', entry], {
+  // BENCH_NODE_ARGS='--cpu-prof --cpu-prof-dir=prof' profiles every server under test.
+  const nodeArgs = (process.env.BENCH_NODE_ARGS ?? '').split(/\s+/).filter(Boolean)
+  const child: ChildProcess = spawn(process.execPath, [...nodeArgs, '--import', 'tsx', entry], {
     env: { ...process.env, NODE_ENV: 'production', LOG_LEVEL: 'warn', ...env },
     stdio: ['ignore', 'pipe', 'inherit'],
   })
   running.add(child)
+  if (child.pid !== undefined) pinUnderTest(child.pid)
   const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()))
   child.once('exit', () => running.delete(child))
   return new Promise((resolve, reject) => {

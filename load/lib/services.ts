@@ -1,6 +1,8 @@
 import { randomBytes } from 'node:crypto'
+import { Redis } from 'ioredis'
 import pg from 'pg'
 import { startRedisServer } from '../../src/embedded/redis-server.ts'
+import { pinUnderTest } from './cpus.ts'
 
 export const ADMIN_DATABASE_URL =
   process.env.BENCH_DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres'
@@ -17,6 +19,9 @@ export interface BenchServices {
  */
 export async function startBenchServices(): Promise<BenchServices> {
   const redis = await startRedisServer()
+  const info = new Redis(redis.url)
+  pinUnderTest(Number(/process_id:(\d+)/.exec(await info.info('server'))?.[1]))
+  info.disconnect()
   const name = `gw_bench_${randomBytes(4).toString('hex')}`
   const admin = new pg.Client({ connectionString: ADMIN_DATABASE_URL })
   await admin.connect()

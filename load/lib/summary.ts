@@ -53,7 +53,7 @@ export function ratiosOf(outcome: ScenarioOutcome): RatioBar[] {
  */
 export function writeSummary(
   outcomes: ScenarioOutcome[],
-  meta: { quick: boolean; command: string; startedAt: string },
+  meta: { quick: boolean; command: string; startedAt: string; placement: string },
 ): { json: string; md: string; svg: string } {
   const dir = new URL('../results/', import.meta.url)
   mkdirSync(dir, { recursive: true })
@@ -71,7 +71,8 @@ export function writeSummary(
     `# Benchmark summary, ${meta.startedAt}`,
     '',
     `Made by \`${meta.command}\`${meta.quick ? ' (quick: short runs, fewer rounds; for a smoke test, not for claims)' : ''}. ` +
-      'Every comparison is interleaved in one run; ratios are medians with the worst and best pairing.',
+      'Every comparison is interleaved in one run; ratios are medians with the worst and best pairing. ' +
+      `CPU placement: ${meta.placement}.`,
     '',
     `![Throughput ratios](${svgName})`,
     '',
