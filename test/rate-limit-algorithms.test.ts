@@ -423,7 +423,11 @@ describe('options are checked at registration', () => {
       { overLimitCacheKeys: -1 },
       'rate-limit plugin: `overLimitCacheKeys` must be a non-negative integer',
     ],
-    ['batch', { batch: 'yes' as never }, 'rate-limit plugin: `batch` must be a boolean'],
+    [
+      'legacyHeaders',
+      { legacyHeaders: 'yes' as never },
+      'rate-limit plugin: `legacyHeaders` must be a boolean',
+    ],
   ]
   for (const [label, options, message] of cases) {
     test(label, async () => {

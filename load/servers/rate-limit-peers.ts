@@ -1,5 +1,5 @@
 // The peers as benchmark targets, each used as its README shows, on the same ioredis client options
-// as ours: PEER=fastify-rate-limit (@fastify/rate-limit, global, Redis store) or
+// as ours but without our write batching (a plain ioredis client, as their users have): PEER=fastify-rate-limit (@fastify/rate-limit, global, Redis store) or
 // PEER=rate-limiter-flexible (RateLimiterRedis consumed in an onRequest hook, keyed by IP).
 // Same route shape, key and limit as load/servers/rate-limit-ours.ts. Env: REDIS_URL, PEER.
 import fastifyRateLimit from '@fastify/rate-limit'
@@ -10,7 +10,7 @@ import { connectRedis, createRedisClient } from '../../src/plugins/redis.ts'
 const LIMIT = 1_000_000_000
 const WINDOW_MS = 10_000
 
-const redis = createRedisClient({ url: process.env.REDIS_URL })
+const redis = createRedisClient({ url: process.env.REDIS_URL, batchWrites: false })
 await connectRedis(redis)
 const app = Fastify({ logger: false })
 if (process.env.PEER === 'fastify-rate-limit') {

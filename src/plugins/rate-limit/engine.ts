@@ -1,7 +1,6 @@
 import { randomBytes } from 'node:crypto'
 import type { FastifyBaseLogger, FastifyRequest } from 'fastify'
 import { type RedisClient, runScript } from '../../lua/index.ts'
-import { ScriptBatcher } from './batch.ts'
 import { identityTag } from './keys.ts'
 import { LocalLimiter } from './local.ts'
 import type { RateLimitMetrics } from './metrics.ts'
@@ -48,7 +47,6 @@ const cacheKey = (group: Group) => group.id + group.policies.map((p) => p.name).
 
 export interface EngineOptions {
   keyPrefix: string
-  batch: boolean
   overLimitCacheKeys: number
   retryRedisAfterMs: number
   timeoutMs: number
@@ -69,7 +67,6 @@ export class RateLimitEngine {
   private redisDownUntil = 0
   private sequence = 0
   private readonly tags = new Map<string, string>()
-  private readonly batcher: ScriptBatcher
 
   constructor(redis: RedisClient, options: EngineOptions) {
     this.redis = redis
@@ -77,7 +74,6 @@ export class RateLimitEngine {
     const o = redis.options as { commandTimeout?: number; redisOptions?: { commandTimeout?: number } }
     // Without a command timeout on the client, a stalled Redis would hold requests: bound it here.
     this.ownTimeout = !(o.commandTimeout ?? o.redisOptions?.commandTimeout)
-    this.batcher = new ScriptBatcher(redis, options.batch)
   }
 
   keyOf(tag: string, policy: Policy): string {
@@ -142,7 +138,7 @@ export class RateLimitEngine {
     let reply: number[]
     const started = performance.now()
     try {
-      const call = this.batcher.call(script, group.keys, argv)
+      const call = runScript<number[]>(this.redis, script, group.keys, argv)
       reply = await (this.ownTimeout ? withTimeout(call, this.options.timeoutMs) : call)
     } catch (err) {
       this.redisDownUntil = Date.now() + this.options.retryRedisAfterMs

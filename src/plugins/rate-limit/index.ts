@@ -47,12 +47,6 @@ export interface RateLimitPluginOptions {
   retryRedisAfterMs?: number
   /** Bound on a script call when the client has no commandTimeout of its own. Default 500. */
   timeoutMs?: number
-  /**
-   * Write the script calls of requests arriving in the same event-loop turn in one go (the
-   * client's socket is corked until setImmediate). Default true for a single Redis; Cluster
-   * clients always send calls one by one.
-   */
-  batch?: boolean
 }
 
 export interface RateLimitDecorator {
@@ -83,9 +77,8 @@ function checkOptions(o: RateLimitPluginOptions): void {
   for (const list of ['policies', 'namedPolicies'] as const) {
     if (o[list] !== undefined && !Array.isArray(o[list])) fail(`\`${list}\` must be an array of policies`)
   }
-  for (const flag of ['legacyHeaders', 'batch'] as const) {
-    if (o[flag] !== undefined && typeof o[flag] !== 'boolean') fail(`\`${flag}\` must be a boolean`)
-  }
+  if (o.legacyHeaders !== undefined && typeof o.legacyHeaders !== 'boolean')
+    fail('`legacyHeaders` must be a boolean')
   if (o.overLimitCacheKeys !== undefined && !nonNegativeInt(o.overLimitCacheKeys))
     fail('`overLimitCacheKeys` must be a non-negative integer')
   for (const name of ['retryRedisAfterMs', 'timeoutMs'] as const) {
@@ -165,7 +158,6 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
   const legacy = options.legacyHeaders ?? false
   const engine = new RateLimitEngine(redis, {
     keyPrefix: options.keyPrefix ?? 'rl:',
-    batch: (options.batch ?? true) && !('nodes' in redis),
     overLimitCacheKeys: options.overLimitCacheKeys ?? 10_000,
     retryRedisAfterMs: options.retryRedisAfterMs ?? 1000,
     timeoutMs: options.timeoutMs ?? 500,
