@@ -199,6 +199,15 @@ describe('secret rotation', () => {
       const renewed = cookieHeader(res.headers['set-cookie'])
       assert.equal(sessionIdOf(renewed), sessionIdOf(oldCookie), 'same session, new signature')
       assert.notEqual(renewed, oldCookie)
+      // Verified signatures are remembered per process: a second presentation is re-signed too,
+      // and a cookie one character away from a remembered one is still refused.
+      const again = await rotated.app.inject({ url: '/session', headers: { cookie: oldCookie } })
+      assert.equal(cookieHeader(again.headers['set-cookie']), renewed)
+      const flipped = oldCookie.slice(0, -1) + (oldCookie.endsWith('A') ? 'B' : 'A')
+      assert.equal(
+        (await rotated.app.inject({ url: '/session', headers: { cookie: flipped } })).statusCode,
+        401,
+      )
       assert.equal(
         (await newOnly.app.inject({ url: '/session', headers: { cookie: renewed } })).statusCode,
         200,
