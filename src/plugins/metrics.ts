@@ -5,6 +5,7 @@ import type { Command } from 'ioredis'
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom-client'
 import type { Database } from '../db/database.ts'
 import { type RedisClient, scriptSources } from '../lua/index.ts'
+import { type HistogramSeries, TalliedHistogram } from './tallied-histogram.ts'
 
 export interface MetricsPluginOptions {
   /** Serve the registry at this path (default `/metrics`); false to serve nothing. */
@@ -57,8 +58,10 @@ function errorReason(err: unknown): string {
 
 type CommandSink = (label: string, seconds: number, error: unknown) => void
 const SINKS = Symbol('metricsSinks')
+/** Set on a command when it is first sent: a cluster redirect sends it again, timed once. */
+const SENT_AT = Symbol('sentAt')
 type Observed = RedisClient & { [SINKS]?: Set<CommandSink> }
-const TIMED = new WeakSet<Command>()
+type TimedCommand = Command & { [SENT_AT]?: number }
 
 /**
  * Wraps the client's sendCommand once (every command, script and pipelined command goes through
@@ -71,21 +74,19 @@ function addCommandSink(client: Observed, sink: CommandSink): () => void {
     sinks = own
     client[SINKS] = own
     const send = client.sendCommand
-    client.sendCommand = function (this: RedisClient, command: Command, ...rest: unknown[]) {
+    const report = (command: TimedCommand, error: unknown) => {
+      const seconds = (performance.now() - command[SENT_AT]!) / 1000
+      const label = commandLabel(command)
+      for (const s of own) s(label, seconds, error)
+    }
+    client.sendCommand = function (this: RedisClient, command: TimedCommand, ...rest: unknown[]) {
       const result = (send as (...args: unknown[]) => unknown).call(this, command, ...rest)
-      // A cluster redirect sends the same command again: time it once, from the first send.
-      if (TIMED.has(command)) return result
-      TIMED.add(command)
-      const start = performance.now()
-      const done = (error: unknown) => {
-        const seconds = (performance.now() - start) / 1000
-        const label = commandLabel(command)
-        for (const s of own) s(label, seconds, error)
-      }
+      if (command[SENT_AT] !== undefined) return result
+      command[SENT_AT] = performance.now()
       // A second listener on the command's promise; the caller's own handling is unaffected.
       command.promise?.then(
-        () => done(undefined),
-        (error: unknown) => done(error ?? new Error('rejected')),
+        () => report(command, undefined),
+        (error: unknown) => report(command, error ?? new Error('rejected')),
       )
       return result
     } as typeof client.sendCommand
@@ -106,20 +107,18 @@ async function metricsPlugin(app: FastifyInstance, options: MetricsPluginOptions
   const registry = new Registry()
   const registers = [registry]
   if (options.processMetrics !== false) collectDefaultMetrics({ register: registry })
-  const httpDuration = new Histogram({
-    name: 'http_request_duration_seconds',
-    help: 'HTTP request duration by method, route and status',
-    labelNames: ['method', 'route', 'status'] as const,
-    buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
-    registers,
-  })
-  const redisDuration = new Histogram({
-    name: 'redis_command_duration_seconds',
-    help: 'Redis command latency seen by the client (send to reply), by client and command; scripts as script:<name>',
-    labelNames: ['client', 'command'] as const,
-    buckets: FAST_BUCKETS,
-    registers,
-  })
+  const httpDuration = new TalliedHistogram(
+    'http_request_duration_seconds',
+    'HTTP request duration by method, route and status',
+    [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
+    registry,
+  )
+  const redisDuration = new TalliedHistogram(
+    'redis_command_duration_seconds',
+    'Redis command latency seen by the client (send to reply), by client and command; scripts as script:<name>',
+    FAST_BUCKETS,
+    registry,
+  )
   const redisErrors = new Counter({
     name: 'redis_command_errors_total',
     help: 'Redis commands that failed, by client, command and reason (timeout, connection, noscript, reply)',
@@ -173,12 +172,12 @@ async function metricsPlugin(app: FastifyInstance, options: MetricsPluginOptions
     observeRedis(client, name) {
       if (observedClients.has(client)) return
       observedClients.add(client)
-      const timers = new Map<string, Histogram.Internal<'client' | 'command'>>()
+      const timers = new Map<string, HistogramSeries>()
       cleanups.push(
         addCommandSink(client, (command, seconds, error) => {
           let timer = timers.get(command)
           if (!timer) {
-            timer = redisDuration.labels({ client: name, command })
+            timer = redisDuration.series({ client: name, command })
             timers.set(command, timer)
           }
           timer.observe(seconds)
@@ -209,13 +208,19 @@ async function metricsPlugin(app: FastifyInstance, options: MetricsPluginOptions
     for (const cleanup of cleanups.splice(0)) cleanup()
   })
 
-  app.addHook('onResponse', async (request, reply) => {
+  const httpSeries = new Map<string, HistogramSeries>()
+  app.addHook('onResponse', (request, reply, done) => {
     // The route pattern, never the raw URL: client-chosen paths must not create label values.
     const route = request.routeOptions.url ?? 'unmatched'
-    httpDuration.observe(
-      { method: request.method, route, status: String(reply.statusCode) },
-      reply.elapsedTime / 1000,
-    )
+    const status = String(reply.statusCode)
+    const id = `${request.method} ${status} ${route}`
+    let series = httpSeries.get(id)
+    if (!series) {
+      series = httpDuration.series({ method: request.method, route, status })
+      httpSeries.set(id, series)
+    }
+    series.observe(reply.elapsedTime / 1000)
+    done()
   })
 
   const path = options.path ?? '/metrics'

@@ -148,10 +148,7 @@ export class RateLimitEngine {
       )
       return this.degraded(group, op, outcome)
     }
-    metrics.scriptSeconds.observe(
-      { algorithm: group.policies[0]!.algorithm },
-      (performance.now() - started) / 1000,
-    )
+    metrics.scriptSeconds(group.policies[0]!.algorithm).observe((performance.now() - started) / 1000)
     const allowed = reply[0] === 1
     const delayed = allowed && reply[1]! > 0
     if (delayed) outcome.delayMs = Math.max(outcome.delayMs, reply[1]!)

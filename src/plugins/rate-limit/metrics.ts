@@ -1,9 +1,11 @@
-import { Counter, Histogram, type Registry } from 'prom-client'
+import { Counter, type Registry } from 'prom-client'
+import { type HistogramSeries, TalliedHistogram } from '../tallied-histogram.ts'
 
 export interface RateLimitMetrics {
   /** Counts one decision; cheap enough for every request (see `tallies`). */
   decision(policy: string, outcome: string): void
-  scriptSeconds: Histogram<'algorithm'>
+  /** The script round-trip histogram of one algorithm (keep it; observe per call). */
+  scriptSeconds(algorithm: string): HistogramSeries
 }
 
 type Tallies = Map<string, Map<string, { labels: { policy: string; outcome: string }; n: number }>>
@@ -42,6 +44,15 @@ function decisionsCounter(registry: Registry | undefined): Counter<'policy' | 'o
  */
 export function createMetrics(registry: Registry | undefined): RateLimitMetrics {
   const byPolicy = tallies.get(decisionsCounter(registry))!
+  const scriptHistogram =
+    (registry?.getSingleMetric('rate_limit_script_duration_seconds') as unknown as TalliedHistogram) ??
+    new TalliedHistogram(
+      'rate_limit_script_duration_seconds',
+      'Round trip of one rate limit script call, by algorithm',
+      [0.0002, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5],
+      registry,
+    )
+  const scriptSeries = new Map<string, HistogramSeries>()
   return {
     decision(policy, outcome) {
       let outcomes = byPolicy.get(policy)
@@ -53,14 +64,13 @@ export function createMetrics(registry: Registry | undefined): RateLimitMetrics 
       if (cell) cell.n++
       else outcomes.set(outcome, { labels: { policy, outcome }, n: 1 })
     },
-    scriptSeconds:
-      (registry?.getSingleMetric('rate_limit_script_duration_seconds') as Histogram<'algorithm'>) ??
-      new Histogram({
-        name: 'rate_limit_script_duration_seconds',
-        help: 'Round trip of one rate limit script call, by algorithm',
-        labelNames: ['algorithm'] as const,
-        buckets: [0.0002, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5],
-        registers: registry ? [registry] : [],
-      }),
+    scriptSeconds(algorithm) {
+      let series = scriptSeries.get(algorithm)
+      if (!series) {
+        series = scriptHistogram.series({ algorithm })
+        scriptSeries.set(algorithm, series)
+      }
+      return series
+    },
   }
 }
