@@ -3,9 +3,11 @@
 // one summary of all of them: <date>-summary.md (every table and the chart), <date>.json and
 // <date>-ratios.svg. A scenario that fails is reported in the summary and the others still run.
 import { readdirSync } from 'node:fs'
-import { pinLoadGenerator, placement } from './lib/cpus.ts'
+import pg from 'pg'
+import { pinLoadGenerator, pinPostgres, placement } from './lib/cpus.ts'
 import { stopAllServers, writeResults } from './lib/runner.ts'
 import type { Scenario } from './lib/scenario.ts'
+import { ADMIN_DATABASE_URL } from './lib/services.ts'
 import { type ScenarioOutcome, writeSummary } from './lib/summary.ts'
 
 const args = process.argv.slice(2)
@@ -21,13 +23,20 @@ if (unknown.length) {
   process.exit(2)
 }
 
+pinLoadGenerator()
+const admin = new pg.Client({ connectionString: ADMIN_DATABASE_URL })
+await admin.connect()
+const unpinPostgres = await pinPostgres(admin)
+await admin.end()
+// Whatever ends the run (a crash included), Postgres gets its CPUs back.
+process.on('exit', unpinPostgres)
+console.error(`CPU placement: ${placement()}`)
+
 process.once('SIGINT', () => {
   console.error('\ninterrupted: stopping the servers under test')
   stopAllServers().finally(() => process.exit(130))
 })
 
-pinLoadGenerator()
-console.error(`CPU placement: ${placement}`)
 const startedAt = new Date().toISOString()
 const outcomes: ScenarioOutcome[] = []
 for (const name of names.length ? names : available) {
@@ -38,8 +47,8 @@ for (const name of names.length ? names : available) {
     const result = await scenario({ quick })
     const paths = writeResults(
       name,
-      { scenario: name, quick, at: new Date().toISOString(), ...result },
-      `## ${result.title}\n\n${result.markdown}`,
+      { scenario: name, quick, at: new Date().toISOString(), placement: placement(), ...result },
+      `## ${result.title}\n\n${result.markdown}\n\nCPU placement: ${placement()}.`,
     )
     const seconds = (performance.now() - started) / 1000
     outcomes.push({ name, result, seconds })
@@ -52,7 +61,7 @@ for (const name of names.length ? names : available) {
 }
 
 const command = `npm run ${quick ? 'bench:quick' : 'bench'}${names.length ? ` -- ${names.join(' ')}` : ''}`
-const summary = writeSummary(outcomes, { quick, command, startedAt, placement })
+const summary = writeSummary(outcomes, { quick, command, startedAt, placement: placement() })
 const total = outcomes.reduce((sum, o) => sum + o.seconds, 0)
 console.log(`\nSummary: ${summary.md}\nChart:   ${summary.svg}\nData:    ${summary.json}`)
 console.log(`${outcomes.length} scenario(s) in ${total.toFixed(0)} s`)

@@ -3,8 +3,10 @@
 // CPU from the server under test, so a leaner server buys its rival more load-generator time and the
 // ratios shrink towards 1. Pinned, the load generator has CPU 0 and everything under test (server
 // processes, their redis-server) the other CPUs, and a contender's throughput is what its own work
-// per request allows. Postgres is the machine's service and stays unpinned. BENCH_PIN=off turns this off.
+// per request allows. Postgres, the machine's service, is pinned with the servers for the run and
+// given its CPUs back at the end. BENCH_PIN=off turns all of this off.
 import { execFileSync } from 'node:child_process'
+import { readdirSync, readFileSync } from 'node:fs'
 import { availableParallelism } from 'node:os'
 
 function tasksetWorks(): boolean {
@@ -22,10 +24,13 @@ export const pinned = process.env.BENCH_PIN !== 'off' && cpus >= 2 && tasksetWor
 const LOAD_GENERATOR_CPUS = '0'
 const UNDER_TEST_CPUS = cpus === 2 ? '1' : `1-${cpus - 1}`
 
+let postgresPinned = false
+
 /** One line for the results: where things ran. */
-export const placement = pinned
-  ? `load generator (autocannon) pinned to CPU ${LOAD_GENERATOR_CPUS}, servers under test and their redis-server to CPU ${UNDER_TEST_CPUS}, Postgres unpinned`
-  : 'unpinned: load generator and servers share every CPU'
+export const placement = () =>
+  pinned
+    ? `load generator (autocannon) pinned to CPU ${LOAD_GENERATOR_CPUS}; servers under test, their redis-server${postgresPinned ? ' and Postgres' : ''} to CPU ${UNDER_TEST_CPUS}${postgresPinned ? '' : ' (Postgres unpinned: not on this machine, or not allowed)'}`
+    : 'unpinned: load generator and servers share every CPU'
 
 /** Pins this process, all of its threads, to the load generator's CPU. */
 export function pinLoadGenerator(): void {
@@ -36,4 +41,57 @@ export function pinLoadGenerator(): void {
 /** Pins a running process under test, all of its threads, to the CPUs under test. */
 export function pinUnderTest(pid: number): void {
   if (pinned) execFileSync('taskset', ['-a', '-p', '-c', UNDER_TEST_CPUS, String(pid)], { stdio: 'ignore' })
+}
+
+/** Child pids of `pid` (Linux /proc). */
+function childrenOf(pid: number): number[] {
+  return readdirSync('/proc')
+    .filter((entry) => /^\d+$/.test(entry))
+    .filter((entry) => {
+      try {
+        // Field 4 of /proc/<pid>/stat is the parent pid; the name (field 2) may hold spaces.
+        const stat = readFileSync(`/proc/${entry}/stat`, 'utf8')
+        return Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]) === pid
+      } catch {
+        return false
+      }
+    })
+    .map(Number)
+}
+
+/**
+ * Pins the machine's Postgres (the postmaster, found as the parent of this connection's backend,
+ * and every process it has started; new backends inherit) to the CPUs under test, and returns how
+ * to give it back its former CPUs (synchronous, so that it can run on 'exit'). Postgres must then be on this machine; when it is not, or the
+ * pinning is refused, it stays where it is and `placement` says so.
+ */
+export async function pinPostgres(db: { query(sql: string): Promise<{ rows: Array<{ pid: number }> }> }) {
+  if (!pinned) return () => {}
+  try {
+    const { rows } = await db.query('SELECT pg_backend_pid() AS pid')
+    const stat = readFileSync(`/proc/${rows[0]!.pid}/stat`, 'utf8')
+    const postmaster = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1])
+    const before = execFileSync('taskset', ['-p', '-c', String(postmaster)])
+      .toString()
+      .split(': ')[1]!
+      .trim()
+    const pin = (cpus: string) => {
+      for (const pid of [postmaster, ...childrenOf(postmaster)]) {
+        try {
+          execFileSync('taskset', ['-p', '-c', cpus, String(pid)], { stdio: 'ignore' })
+        } catch {
+          // A backend that exited meanwhile.
+        }
+      }
+    }
+    pin(UNDER_TEST_CPUS)
+    postgresPinned = true
+    return () => {
+      if (!postgresPinned) return
+      pin(before)
+      postgresPinned = false
+    }
+  } catch {
+    return () => {}
+  }
 }
