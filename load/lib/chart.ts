@@ -1,4 +1,4 @@
-/** One throughput ratio for the chart: A's median req/s over B's, with the worst and best pairing. */
+/** One throughput ratio for the chart: the median over rounds of A's req/s over B's, with the lowest and highest round. */
 export interface RatioBar {
   label: string
   median: number

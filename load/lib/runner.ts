@@ -163,13 +163,14 @@ export async function interleave(
   })
 }
 
-/** Ratio of medians, with the worst and best pairing for an honest range. */
+/**
+ * The issue's "medians of pairs": each round's ratio of two contenders measured seconds apart, then
+ * the median over rounds, with the lowest and highest round. On a shared machine the load drifts
+ * between rounds; a ratio of two overall medians would mix rounds run under different loads.
+ */
 export function ratio(a: Summary, b: Summary) {
-  return {
-    median: a.rps.median / b.rps.median,
-    min: a.rps.min / b.rps.max,
-    max: a.rps.max / b.rps.min,
-  }
+  const ratios = a.samples.map((sample, i) => sample.rps / b.samples[i]!.rps)
+  return { median: median(ratios), min: Math.min(...ratios), max: Math.max(...ratios), ratios }
 }
 
 /** Total commands Redis has executed (INFO commandstats), to count commands per request by delta. */

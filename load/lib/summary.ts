@@ -71,7 +71,7 @@ export function writeSummary(
     `# Benchmark summary, ${meta.startedAt}`,
     '',
     `Made by \`${meta.command}\`${meta.quick ? ' (quick: short runs, fewer rounds; for a smoke test, not for claims)' : ''}. ` +
-      'Every comparison is interleaved in one run; ratios are medians with the worst and best pairing. ' +
+      "Every comparison is interleaved in one run; ratios are the median over rounds of each round's ratio, with the lowest and highest round. " +
       `CPU placement: ${meta.placement}.`,
     '',
     `![Throughput ratios](${svgName})`,

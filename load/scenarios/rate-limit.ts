@@ -11,9 +11,8 @@ import {
   type Contender,
   formatTable,
   interleave,
-  median,
+  ratio,
   type ServerHandle,
-  type Summary,
   startServer,
 } from '../lib/runner.ts'
 import type { Scenario } from '../lib/scenario.ts'
@@ -56,16 +55,6 @@ async function keyMemory(redisUrl: string): Promise<Record<string, number>> {
 }
 
 const fmt = (n: number, digits = 2) => n.toFixed(digits)
-
-/**
- * The issue asks for medians of pairs: each round's ratio of two contenders measured seconds apart,
- * then the median over rounds. On a shared machine the load drifts between rounds; a ratio of two
- * overall medians mixes rounds run under different loads, a per-round ratio does not.
- */
-function pairedRatio(a: Summary, b: Summary) {
-  const ratios = a.samples.map((sample, i) => sample.rps / b.samples[i]!.rps)
-  return { median: median(ratios), min: Math.min(...ratios), max: Math.max(...ratios), ratios }
-}
 
 const rateLimitScenario: Scenario = async ({ quick }) => {
   const services = await startBenchServices()
@@ -122,7 +111,7 @@ const rateLimitScenario: Scenario = async ({ quick }) => {
     )
     const rows = summaries.map((s) => {
       const target = TARGETS[s.name as keyof typeof TARGETS]
-      const vs = (peer: string) => pairedRatio(s, byName.get(peer)!)
+      const vs = (peer: string) => ratio(s, byName.get(peer)!)
       const cell = (peer: string, min?: number) => {
         if (!target) return '–'
         const r = vs(peer)
