@@ -411,6 +411,27 @@ describe('options are checked at registration', () => {
       "rate-limit plugin: policy 'a b': `name` must be 1-64 characters of A-Z a-z 0-9 _ . -",
     ],
     [
+      'session key in onRequest',
+      { policies: [{ name: 'a', algorithm: 'gcra', limit: 2, windowMs: 1000, key: keyBy.customer }] },
+      "rate-limit plugin: policy 'a': `key` reads the session or the body, which onRequest does not have yet: set hook: 'preHandler'",
+    ],
+    [
+      'body key in onRequest',
+      {
+        policies: [
+          {
+            name: 'a',
+            algorithm: 'gcra',
+            limit: 2,
+            windowMs: 1000,
+            key: keyBy.bodyField('username'),
+            hook: 'onRequest',
+          },
+        ],
+      },
+      "rate-limit plugin: policy 'a': `key` reads the session or the body, which onRequest does not have yet: set hook: 'preHandler'",
+    ],
+    [
       'twice',
       {
         policies: [{ name: 'a', algorithm: 'gcra', limit: 2, windowMs: 1000 }],

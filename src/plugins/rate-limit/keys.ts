@@ -17,21 +17,31 @@ export function identityTag(identity: string): string {
   return createHash('sha256').update(input).digest('base64url').slice(0, 22)
 }
 
+/**
+ * Key functions that read what exists only from preHandler on (the session, set in preParsing; the
+ * parsed body). In an onRequest policy they would return null on every request and the policy
+ * would silently limit nothing, so such a policy is refused at boot.
+ */
+export const needsPreHandler = new WeakSet<KeyFunction>()
+const late = <F extends KeyFunction>(key: F): F => {
+  needsPreHandler.add(key)
+  return key
+}
+
 /** Ready-made key functions; each prefixes its kind so 'ip:1' and 'customer:1' never share a quota. */
 export const keyBy = {
   ip: (request: FastifyRequest): string => `ip:${request.ip}`,
-  /** The principal of the session loaded by the session plugin; no session, no limit. */
-  customer: (request: FastifyRequest): string | null => {
+  /** The principal of the session loaded by the session plugin (needs hook 'preHandler'); no session, no limit. */
+  customer: late((request: FastifyRequest): string | null => {
     const session = (request as { session?: { principal: string } | null }).session
     return session ? `customer:${session.principal}` : null
-  },
-  /** A string field of the parsed body; use with hook 'preHandler' so the body is validated. */
-  bodyField:
-    (field: string) =>
-    (request: FastifyRequest): string | null => {
+  }),
+  /** A string field of the parsed, validated body: needs hook 'preHandler'. */
+  bodyField: (field: string) =>
+    late((request: FastifyRequest): string | null => {
       const value = (request.body as Record<string, unknown> | undefined)?.[field]
       return typeof value === 'string' && value.length > 0 ? `${field}:${value}` : null
-    },
+    }),
   header:
     (name: string) =>
     (request: FastifyRequest): string | null => {

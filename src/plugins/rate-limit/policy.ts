@@ -1,5 +1,5 @@
 import type { FastifyReply, FastifyRequest } from 'fastify'
-import { type KeyFunction, keyBy } from './keys.ts'
+import { type KeyFunction, keyBy, needsPreHandler } from './keys.ts'
 
 export type Algorithm = 'fixed-window' | 'sliding-log' | 'sliding-counter' | 'token-bucket' | 'gcra'
 /** What a policy does while Redis cannot answer: allow, answer 503, or limit in this process. */
@@ -117,6 +117,8 @@ export function normalizePolicy(raw: RateLimitPolicy, defaults: Partial<RateLimi
   if (typeof key !== 'function') fail("`key` must be 'ip' or a function of the request")
   const hook = p.hook ?? 'onRequest'
   if (hook !== 'onRequest' && hook !== 'preHandler') fail("`hook` must be 'onRequest' or 'preHandler'")
+  if (hook === 'onRequest' && needsPreHandler.has(key))
+    fail("`key` reads the session or the body, which onRequest does not have yet: set hook: 'preHandler'")
   const onRedisError = p.onRedisError ?? 'open'
   if (!['open', 'closed', 'local'].includes(onRedisError))
     fail("`onRedisError` must be 'open', 'closed' or 'local'")
