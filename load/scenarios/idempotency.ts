@@ -4,6 +4,7 @@
 import { randomUUID } from 'node:crypto'
 import { createPgDatabase } from '../../src/db/database.ts'
 import { hashPassword } from '../../src/ledger/passwords.ts'
+import { perRequest, roundTrips } from '../lib/roundtrips.ts'
 import {
   type Contender,
   commandsPerRequest,
@@ -182,13 +183,22 @@ const idempotency: Scenario = async ({ quick }) => {
       return ((await dbQueries(c.url)) - before) / 20
     }
     const sqlPerTransfer = [await perTransfer(contenders[0]!), await perTransfer(contenders[1]!)]
-    const redisPerTransfer = [
-      await commandsPerRequest(services.redisUrl, withPlugin.url, { ...contenders[0]!.spec, durationSec: 1 }),
-      await commandsPerRequest(services.redisUrl, withoutPlugin.url, {
-        ...contenders[1]!.spec,
-        durationSec: 1,
-      }),
+    // Redis commands executed and CPU per transfer (server process and redis-server), each server alone.
+    const work = [
+      await roundTrips(
+        services.redisUrl,
+        withPlugin.url,
+        { ...contenders[0]!.spec, durationSec: quick ? 1 : 2 },
+        { pid: withPlugin.pid },
+      ),
+      await roundTrips(
+        services.redisUrl,
+        withoutPlugin.url,
+        { ...contenders[1]!.spec, durationSec: quick ? 1 : 2 },
+        { pid: withoutPlugin.pid },
+      ),
     ]
+    const redisPerTransfer = work.map((w) => w.redisExecuted)
 
     const cell = (s: { median: number; min: number; max: number }, digits = 0) =>
       `${s.median.toFixed(digits)} (${s.min.toFixed(digits)}-${s.max.toFixed(digits)})`
@@ -201,6 +211,8 @@ const idempotency: Scenario = async ({ quick }) => {
           'p99 ms median (min-max)',
           'SQL statements/req',
           'Redis commands executed/req',
+          'server CPU µs/req',
+          'Redis CPU µs/req',
           'non-2xx or errors',
         ],
         [ours!, bare!].map((s, i) => [
@@ -209,6 +221,8 @@ const idempotency: Scenario = async ({ quick }) => {
           cell(s.p99, 1),
           sqlPerTransfer[i]!.toFixed(2),
           redisPerTransfer[i]!.toFixed(2),
+          perRequest(work[i]!.serverCpuMicros, 0),
+          work[i]!.redisCpuMicros.toFixed(0),
           bad(s),
         ]),
       ),
