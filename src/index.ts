@@ -23,6 +23,7 @@ export {
   type RouteRateLimit,
 } from './plugins/rate-limit/index.ts'
 export {
+  batchWrites,
   createRedisClient,
   default as redisPlugin,
   type RedisClient,

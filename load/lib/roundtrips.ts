@@ -34,10 +34,27 @@ interface BenchCounters {
 }
 
 /** Bench servers answer GET /__bench/counters with their database counters; others have none. */
-async function readCounters(url: string): Promise<BenchCounters | undefined> {
+async function fetchCounters(url: string): Promise<BenchCounters | undefined> {
   const response = await fetch(`${url}/__bench/counters`).catch(() => undefined)
   if (!response?.ok) return undefined
   return (await response.json()) as BenchCounters
+}
+
+/**
+ * The counters once the server is idle. autocannon stops sending at the end of a run but the
+ * requests already in flight still run (a transfer commits after the client has gone); read
+ * mid-flight, their work would be charged to the next window. Waits until two reads 100 ms apart
+ * agree (at most 3 s).
+ */
+async function readCounters(url: string): Promise<BenchCounters | undefined> {
+  let last = await fetchCounters(url)
+  for (let waited = 0; last && waited < 3000; waited += 100) {
+    await new Promise((resolve) => setTimeout(resolve, 100))
+    const now = await fetchCounters(url)
+    if (JSON.stringify(now) === JSON.stringify(last)) return now
+    last = now
+  }
+  return last
 }
 
 async function redisCpuSeconds(redis: Redis): Promise<number> {
