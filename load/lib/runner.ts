@@ -12,6 +12,10 @@ export interface ServerHandle {
 }
 
 const running = new Set<ChildProcess>()
+// However the suite ends (a crash included), no server under test outlives it.
+process.on('exit', () => {
+  for (const child of running) child.kill('SIGKILL')
+})
 
 /** Stops every server still running (a scenario that threw, or Ctrl-C): none outlives the suite. */
 export async function stopAllServers(): Promise<void> {

@@ -19,6 +19,9 @@ export interface BenchServices {
  */
 export async function startBenchServices(): Promise<BenchServices> {
   const redis = await startRedisServer()
+  // A crashed run must not leave its redis-server behind (kill() signals synchronously).
+  const killOnExit = () => void redis.kill()
+  process.on('exit', killOnExit)
   const info = new Redis(redis.url)
   pinUnderTest(Number(/process_id:(\d+)/.exec(await info.info('server'))?.[1]))
   info.disconnect()
@@ -33,6 +36,7 @@ export async function startBenchServices(): Promise<BenchServices> {
     redisUrl: redis.url,
     databaseUrl: url.toString(),
     async stop() {
+      process.off('exit', killOnExit)
       await redis.stop()
       const client = new pg.Client({ connectionString: ADMIN_DATABASE_URL })
       await client.connect()
