@@ -67,7 +67,7 @@ export function createRedisClient(options: RedisConnectionOptions): RedisClient 
  * the commands of all the requests that arrived together go out in one writev, and Redis reads
  * them in one read, instead of a write syscall per command on each side. Each command keeps its
  * own reply, in order, and nothing waits beyond the current turn. A loopback write costs more CPU
- * than a cached read's other work (README, "Write batching"). Cluster clients route each command
+ * than a cached read's other work (README, "One write per event-loop turn"). Cluster clients route each command
  * to its node's socket and are left as they are.
  */
 export function batchWrites(client: Redis): void {
