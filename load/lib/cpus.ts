@@ -43,15 +43,19 @@ export function pinUnderTest(pid: number): void {
   if (pinned) execFileSync('taskset', ['-a', '-p', '-c', UNDER_TEST_CPUS, String(pid)], { stdio: 'ignore' })
 }
 
+/** The parent pid of a process: field 4 of /proc/<pid>/stat (the name, field 2, may hold spaces). */
+function parentOf(pid: number | string): number {
+  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')
+  return Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1])
+}
+
 /** Child pids of `pid` (Linux /proc). */
 function childrenOf(pid: number): number[] {
   return readdirSync('/proc')
     .filter((entry) => /^\d+$/.test(entry))
     .filter((entry) => {
       try {
-        // Field 4 of /proc/<pid>/stat is the parent pid; the name (field 2) may hold spaces.
-        const stat = readFileSync(`/proc/${entry}/stat`, 'utf8')
-        return Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]) === pid
+        return parentOf(entry) === pid
       } catch {
         return false
       }
@@ -62,15 +66,15 @@ function childrenOf(pid: number): number[] {
 /**
  * Pins the machine's Postgres (the postmaster, found as the parent of this connection's backend,
  * and every process it has started; new backends inherit) to the CPUs under test, and returns how
- * to give it back its former CPUs (synchronous, so that it can run on 'exit'). Postgres must then be on this machine; when it is not, or the
- * pinning is refused, it stays where it is and `placement` says so.
+ * to give it back its former CPUs (synchronous, so that it can run on 'exit'). Postgres must be on
+ * this machine; when it is not, or the pinning is refused, it stays where it is and `placement`
+ * says so.
  */
 export async function pinPostgres(db: { query(sql: string): Promise<{ rows: Array<{ pid: number }> }> }) {
   if (!pinned) return () => {}
   try {
     const { rows } = await db.query('SELECT pg_backend_pid() AS pid')
-    const stat = readFileSync(`/proc/${rows[0]!.pid}/stat`, 'utf8')
-    const postmaster = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1])
+    const postmaster = parentOf(rows[0]!.pid)
     const before = execFileSync('taskset', ['-p', '-c', String(postmaster)])
       .toString()
       .split(': ')[1]!
