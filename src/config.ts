@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto'
-import { type Static, Type } from '@sinclair/typebox'
-import { Value } from '@sinclair/typebox/value'
+import { type Static, Type } from 'typebox'
+import { Value } from 'typebox/value'
 
 // Every environment variable the gateway reads, as raw strings; parsed into Config below.
 const EnvSchema = Type.Object({
@@ -102,10 +102,10 @@ export function loadConfig(env: Record<string, string | undefined> = process.env
   const raw = Object.fromEntries(
     Object.keys(EnvSchema.properties).map((name) => [name, env[name] || undefined]),
   )
-  const error = Value.Errors(EnvSchema, raw).First()
+  const error = Value.Errors(EnvSchema, raw)[0]
   if (error) {
-    const name = error.path.replace(/^\//, '')
-    const got = name === 'SESSION_SECRET' ? '(hidden)' : `'${String(error.value)}'`
+    const name = error.instancePath.replace(/^\//, '')
+    const got = name === 'SESSION_SECRET' ? '(hidden)' : `'${String(raw[name])}'`
     throw new ConfigError(
       `Invalid environment variable ${name}: expected ${HINTS[name] ?? error.message}, got ${got}`,
     )

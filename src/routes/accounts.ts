@@ -1,6 +1,6 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
-import { Type } from '@sinclair/typebox'
 import type { FastifyInstance } from 'fastify'
+import { Type } from 'typebox'
 import { accountNotFound, getAccountWithOwner, listAccounts } from '../ledger/ledger.ts'
 import { Account, IdParam, problems } from './schemas.ts'
 

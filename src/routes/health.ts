@@ -1,5 +1,5 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
-import { Type } from '@sinclair/typebox'
+import { Type } from 'typebox'
 import { PROBLEM_CONTENT_TYPE, Problem } from '../errors.ts'
 
 const Check = Type.Union([Type.Literal('ok'), Type.Literal('down')])
@@ -41,7 +41,7 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
         summary: 'Readiness: 200 when Redis and Postgres answer, else 503 naming the failed one',
         response: {
           200: Type.Object({ status: Type.Literal('ready'), ...Checks }),
-          503: Type.Composite([Problem, Type.Object(Checks)]),
+          503: Type.Evaluate(Type.Intersect([Problem, Type.Object(Checks)])),
         },
       },
     },

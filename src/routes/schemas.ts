@@ -1,4 +1,4 @@
-import { type TSchema, Type } from '@sinclair/typebox'
+import { type TSchema, Type } from 'typebox'
 import { Problem } from '../errors.ts'
 
 /** Postgres `integer` ids: anything larger is rejected at the edge instead of failing in SQL. */

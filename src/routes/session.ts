@@ -1,5 +1,5 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
-import { Type } from '@sinclair/typebox'
+import { Type } from 'typebox'
 import { HttpProblem } from '../errors.ts'
 import { findCustomerByUsername } from '../ledger/ledger.ts'
 import { verifyPassword } from '../ledger/passwords.ts'

@@ -1,6 +1,6 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
-import { Type } from '@sinclair/typebox'
 import type { FastifyRequest, onSendHookHandler } from 'fastify'
+import { Type } from 'typebox'
 import { HttpProblem } from '../errors.ts'
 import { executeTransfer } from '../ledger/ledger.ts'
 import { invalidateAfterTransfer } from './accounts.ts'
@@ -40,7 +40,7 @@ const transferRoutes: FastifyPluginAsyncTypebox = async (app) => {
       // unique (customer, key) of its row in Postgres.
       config: {
         session: 'required',
-        idempotency: { required: true, whenStoreUnavailable: 'proceed' },
+        idempotency: { required: true, onRedisError: 'open' },
         rateLimits: 'transfers',
       },
       schema: {
