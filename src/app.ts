@@ -4,14 +4,19 @@ import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
 import Fastify, { type FastifyInstance } from 'fastify'
 import type { Config } from './config.ts'
 import type { Database } from './db/database.ts'
+import postgres from './db/plugin.ts'
 import { registerProblemHandlers } from './errors.ts'
-import cache from './plugins/cache/index.ts'
-import idempotency from './plugins/idempotency/index.ts'
-import metrics from './plugins/metrics.ts'
-import postgres from './plugins/postgres.ts'
-import rateLimit, { keyBy } from './plugins/rate-limit/index.ts'
-import redis, { type RedisClient } from './plugins/redis.ts'
-import session from './plugins/session/index.ts'
+import {
+  cache,
+  createRedisClient,
+  idempotency,
+  keyBy,
+  metrics,
+  type RedisClient,
+  rateLimit,
+  redis,
+  session,
+} from './index.ts'
 import accountRoutes from './routes/accounts.ts'
 import healthRoutes from './routes/health.ts'
 import sessionRoutes from './routes/session.ts'
@@ -45,13 +50,20 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
 
   registerProblemHandlers(app)
   await app.register(metrics)
-  await app.register(redis, { client: deps.redis, ...config.redis })
+  await app.register(redis, { redis: deps.redis, ...config.redis })
   await app.register(postgres, { database: deps.database, connectionString: config.databaseUrl })
   // The cache's own connection: by default to the main Redis, else to CACHE_REDIS_URL (an evicting instance).
+  const cacheRedis = config.cache.enabled
+    ? createRedisClient({
+        ...config.redis,
+        ...(config.cacheRedisUrl ? { url: config.cacheRedisUrl, clusterNodes: undefined } : {}),
+      })
+    : undefined
+  if (cacheRedis)
+    app.addHook('onClose', async () => void (await cacheRedis.quit().catch(() => cacheRedis.disconnect())))
   await app.register(cache, {
     enabled: config.cache.enabled,
-    ...config.redis,
-    ...(config.cacheRedisUrl ? { url: config.cacheRedisUrl, clusterNodes: undefined } : {}),
+    redis: cacheRedis,
     sharedWithDurableData: !config.cacheRedisUrl,
     // An in-memory PGlite is new on every start: entries an earlier start left in Redis are wrong.
     keyPrefix: `${prefix}cache:${deps.database || config.databaseUrl ? '' : `${Date.now().toString(36)}:`}`,

@@ -1,7 +1,10 @@
-import { type Static, Type } from '@sinclair/typebox'
-import type { FastifyError, FastifyInstance, FastifyReply } from 'fastify'
+import type { FastifyError, FastifyInstance } from 'fastify'
+import { type Static, Type } from 'typebox'
+import { HttpProblem, PROBLEM_CONTENT_TYPE, sendProblem } from './index.ts'
 
-/** RFC 9457 problem details; `type` is a relative URI under /problems/ documented in the README. */
+export { HttpProblem, PROBLEM_CONTENT_TYPE }
+
+/** RFC 9457 problem details; `type` is a relative URI under /problems/ documented in docs/http-api.md. */
 export const Problem = Type.Object(
   {
     type: Type.String(),
@@ -14,40 +17,6 @@ export const Problem = Type.Object(
   { description: 'RFC 9457 problem details' },
 )
 export type Problem = Static<typeof Problem>
-
-export const PROBLEM_CONTENT_TYPE = 'application/problem+json; charset=utf-8'
-
-/** An error that the error handler turns into a problem+json response as it is. */
-export class HttpProblem extends Error {
-  readonly status: number
-  readonly type: string
-  readonly title: string
-  readonly headers: Record<string, string>
-  readonly extra: Record<string, string>
-
-  constructor(
-    status: number,
-    slug: string,
-    title: string,
-    detail: string,
-    options: { headers?: Record<string, string>; extra?: Record<string, string> } = {},
-  ) {
-    super(detail)
-    this.status = status
-    this.type = `/problems/${slug}`
-    this.title = title
-    this.headers = options.headers ?? {}
-    this.extra = options.extra ?? {}
-  }
-
-  toJSON(): Problem {
-    return { type: this.type, title: this.title, status: this.status, detail: this.message, ...this.extra }
-  }
-}
-
-export function sendProblem(reply: FastifyReply, problem: HttpProblem): FastifyReply {
-  return reply.code(problem.status).headers(problem.headers).type(PROBLEM_CONTENT_TYPE).send(problem.toJSON())
-}
 
 const GENERIC: Record<number, [string, string]> = {
   400: ['bad-request', 'Bad request'],

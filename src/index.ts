@@ -1,23 +1,28 @@
-// The public entry: every plugin usable on its own in any Fastify 5 app, with its option types.
-export type { Database, Queryable } from './db/database.ts'
-export { HttpProblem } from './errors.ts'
+// The package root: every plugin by name, its option types, and the helpers a Fastify app needs.
+// Each plugin is also the default export of its own subpath (`fastify-redis-gateway/rate-limit`, ...).
 export {
   type CacheApi,
   type CachePluginOptions,
-  default as cachePlugin,
+  default as cache,
   type GetOrLoadOptions,
 } from './plugins/cache/index.ts'
 export {
-  default as idempotencyPlugin,
+  default as idempotency,
+  type IdempotencyContext,
+  type IdempotencyFailureMode,
   type IdempotencyPluginOptions,
   type IdempotencyRouteConfig,
+  idempotencyKeyMismatch,
 } from './plugins/idempotency/index.ts'
-export { default as metricsPlugin, type MetricsPluginOptions } from './plugins/metrics.ts'
-export { default as postgresPlugin, type PostgresPluginOptions } from './plugins/postgres.ts'
+export { default as metrics, type MetricsApi, type MetricsPluginOptions } from './plugins/metrics/index.ts'
 export {
   type Algorithm,
-  default as rateLimitPlugin,
+  type Decision,
+  default as rateLimit,
+  type FailureMode,
+  type KeyFunction,
   keyBy,
+  type PrincipalFunction,
   type RateLimitPluginOptions,
   type RateLimitPolicy,
   type RouteRateLimit,
@@ -25,13 +30,14 @@ export {
 export {
   batchWrites,
   createRedisClient,
-  default as redisPlugin,
+  default as redis,
   type RedisClient,
+  type RedisConnectionOptions,
   type RedisPluginOptions,
-} from './plugins/redis.ts'
+} from './plugins/redis/index.ts'
 export {
-  default as sessionPlugin,
+  default as session,
   type SessionPluginOptions,
   type SessionRecord,
-  SessionStore,
 } from './plugins/session/index.ts'
+export { HttpProblem, PROBLEM_CONTENT_TYPE, type ProblemBody, sendProblem } from './plugins/shared/problem.ts'

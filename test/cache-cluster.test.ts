@@ -4,12 +4,15 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import Fastify, { type FastifyInstance } from 'fastify'
 import { type RedisClusterProcess, startRedisCluster } from '../scripts/redis-cluster.ts'
 import cachePlugin, { type CachePluginOptions } from '../src/plugins/cache/index.ts'
-import metrics from '../src/plugins/metrics.ts'
+import metrics from '../src/plugins/metrics/index.ts'
+import { createRedisClient, type RedisClient } from '../src/plugins/redis/index.ts'
 import { uniquePrefix } from './helpers.ts'
 
 // Three masters: the cache's keys land in many slots.
 let cluster: RedisClusterProcess
 const apps: FastifyInstance[] = []
+// The cache never closes the client it is given: each app's is closed after the apps.
+const clients: RedisClient[] = []
 
 before(async () => {
   cluster = await startRedisCluster()
@@ -17,16 +20,16 @@ before(async () => {
 
 after(async () => {
   await Promise.all(apps.map((app) => app.close()))
+  for (const client of clients) client.disconnect()
   await cluster.stop()
 })
 
 async function clusterCache(options: CachePluginOptions): Promise<FastifyInstance> {
   const app = Fastify()
   await app.register(metrics, { processMetrics: false, path: false })
-  await app.register(cachePlugin, {
-    clusterNodes: cluster.nodes,
-    ...options,
-  })
+  const redis = createRedisClient({ clusterNodes: cluster.nodes })
+  clients.push(redis)
+  await app.register(cachePlugin, { redis, ...options })
   await app.ready()
   apps.push(app)
   return app

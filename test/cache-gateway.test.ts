@@ -6,7 +6,8 @@ import Fastify, { type FastifyInstance } from 'fastify'
 import { createPgDatabase } from '../src/db/database.ts'
 import { getAccountWithOwner } from '../src/ledger/ledger.ts'
 import cachePlugin from '../src/plugins/cache/index.ts'
-import metrics from '../src/plugins/metrics.ts'
+import metrics from '../src/plugins/metrics/index.ts'
+import { createRedisClient } from '../src/plugins/redis/index.ts'
 import {
   buildTestApp,
   createCustomer,
@@ -105,9 +106,12 @@ describe('the stale-set race with a real transfer', () => {
   async function race(fence: boolean) {
     const [gateway] = await twoInstances()
     const reader = Fastify()
+    // The reader's own connection, closed after the reader (closers run in reverse): the plugin never closes it.
+    const readerRedis = createRedisClient(testRedisConnection())
+    closers.push(async () => readerRedis.disconnect())
     await reader.register(metrics, { processMetrics: false, path: false })
     await reader.register(cachePlugin, {
-      ...testRedisConnection(),
+      redis: readerRedis,
       keyPrefix: `${gateway.prefix}cache:`,
       fence,
     })

@@ -6,7 +6,8 @@ import Fastify, { type FastifyInstance } from 'fastify'
 import { Redis } from 'ioredis'
 import { freePort, type RedisServerProcess, startRedisServer } from '../src/embedded/redis-server.ts'
 import cachePlugin from '../src/plugins/cache/index.ts'
-import metrics from '../src/plugins/metrics.ts'
+import metrics from '../src/plugins/metrics/index.ts'
+import { createRedisClient, type RedisClient } from '../src/plugins/redis/index.ts'
 import {
   buildTestApp,
   createCustomer,
@@ -160,8 +161,10 @@ test('a gateway boots and serves balances while its cache Redis is unreachable',
 test('with the cache Redis down, loads run under the concurrency cap and all succeed', async () => {
   const server = await startRedisServer()
   const app = Fastify()
+  // The cache's own client: the plugin never closes it, the test does after the app.
+  const redis = createRedisClient({ url: server.url })
   await app.register(metrics, { processMetrics: false, path: false })
-  await app.register(cachePlugin, { url: server.url, keyPrefix: uniquePrefix('o'), maxConcurrentLoads: 4 })
+  await app.register(cachePlugin, { redis, keyPrefix: uniquePrefix('o'), maxConcurrentLoads: 4 })
   await app.ready()
   await server.stop()
   try {
@@ -185,29 +188,37 @@ test('with the cache Redis down, loads run under the concurrency cap and all suc
     assert.equal(await counter(app, 'cache_loads_total', 'account'), 50)
   } finally {
     await app.close()
+    redis.disconnect()
   }
 })
 
 test('refuses to share a Redis that evicts any key with sessions and idempotency records', async () => {
   const server = await startRedisServer()
   const admin = new Redis(server.url)
+  const clients: RedisClient[] = []
   try {
     // A dedicated server: changing its policy touches nothing shared.
     await admin.config('SET', 'maxmemory-policy', 'allkeys-lru')
     const app = Fastify()
+    const shared = createRedisClient({ url: server.url })
+    clients.push(shared)
     await assert.rejects(async () => {
-      await app.register(cachePlugin, { url: server.url, sharedWithDurableData: true })
+      await app.register(cachePlugin, { redis: shared, sharedWithDurableData: true })
       await app.ready()
     }, new Error(
-      'cache plugin: this Redis also holds sessions, idempotency records and rate limits, and its maxmemory-policy allkeys-lru may evict them; give the cache its own Redis (CACHE_REDIS_URL) or use noeviction or volatile-*',
+      'cache plugin: this Redis also holds sessions, idempotency records and rate limits, and its maxmemory-policy allkeys-lru may evict them; give the cache a Redis of its own (its redis option) or use noeviction or volatile-*',
     ))
     await app.close()
     // The same instance as a dedicated cache is what it is for.
     const dedicated = Fastify()
-    await dedicated.register(cachePlugin, { url: server.url, sharedWithDurableData: false })
+    const own = createRedisClient({ url: server.url })
+    clients.push(own)
+    await dedicated.register(cachePlugin, { redis: own, sharedWithDurableData: false })
     await dedicated.ready()
     await dedicated.close()
   } finally {
+    // The cache plugin never closes a client it was given.
+    for (const client of clients) client.disconnect()
     admin.disconnect()
     await server.stop()
   }

@@ -4,22 +4,27 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import Fastify, { type FastifyInstance } from 'fastify'
 import { runScript } from '../src/lua/index.ts'
 import cachePlugin, { type CachePluginOptions } from '../src/plugins/cache/index.ts'
-import metrics from '../src/plugins/metrics.ts'
-import { connectRedis, createRedisClient } from '../src/plugins/redis.ts'
+import metrics from '../src/plugins/metrics/index.ts'
+import { connectRedis, createRedisClient, type RedisClient } from '../src/plugins/redis/index.ts'
 import { scanKeys, testRedisConnection, uniquePrefix } from './helpers.ts'
 
 const apps: FastifyInstance[] = []
+// Each cache app's own connection: the plugin never closes a client it is given, so these close after the apps.
+const clients: RedisClient[] = []
 const redis = createRedisClient(testRedisConnection())
 before(() => connectRedis(redis))
 after(async () => {
   await Promise.all(apps.map((app) => app.close()))
+  for (const client of clients) client.disconnect()
   redis.disconnect()
 })
 
 async function cacheApp(options: CachePluginOptions = {}): Promise<FastifyInstance> {
   const app = Fastify()
+  const client = createRedisClient(testRedisConnection())
+  clients.push(client)
   await app.register(metrics, { processMetrics: false, path: false })
-  await app.register(cachePlugin, { ...testRedisConnection(), keyPrefix: uniquePrefix('c'), ...options })
+  await app.register(cachePlugin, { redis: client, keyPrefix: uniquePrefix('c'), ...options })
   await app.ready()
   apps.push(app)
   return app

@@ -5,7 +5,7 @@ import type { Cluster } from 'ioredis'
 import { startRedisCluster } from '../scripts/redis-cluster.ts'
 import { registerProblemHandlers } from '../src/errors.ts'
 import idempotency from '../src/plugins/idempotency/index.ts'
-import redisPlugin, { createRedisClient } from '../src/plugins/redis.ts'
+import redisPlugin, { createRedisClient } from '../src/plugins/redis/index.ts'
 import { uniquePrefix } from './helpers.ts'
 
 test('claims, replays, conflicts and mismatches work unchanged on a three-master Redis Cluster', async () => {
@@ -14,7 +14,7 @@ test('claims, replays, conflicts and mismatches work unchanged on a three-master
   const app = Fastify()
   try {
     registerProblemHandlers(app)
-    await app.register(redisPlugin, { client })
+    await app.register(redisPlugin, { redis: client })
     await app.register(idempotency, { keyPrefix: uniquePrefix('idem'), scope: () => 'one-principal' })
     let runs = 0
     app.post('/things', { config: { idempotency: true } }, async (request, reply) =>

@@ -10,8 +10,8 @@ import idempotency, {
   parseIdempotencyKey,
   requestFingerprint,
 } from '../src/plugins/idempotency/index.ts'
-import metrics from '../src/plugins/metrics.ts'
-import redisPlugin, { createRedisClient } from '../src/plugins/redis.ts'
+import metrics from '../src/plugins/metrics/index.ts'
+import redisPlugin, { createRedisClient } from '../src/plugins/redis/index.ts'
 import { scanKeys, testRedisConnection, uniquePrefix } from './helpers.ts'
 
 /** A handler that waits for the test to open it, so "in flight" needs no timing. */
@@ -39,7 +39,7 @@ async function pluginApp(
   const app = Fastify()
   registerProblemHandlers(app)
   await app.register(metrics, { processMetrics: false })
-  await app.register(redisPlugin, { client: redis })
+  await app.register(redisPlugin, { redis })
   await app.register(idempotency, {
     keyPrefix: prefix,
     scope: (request) => `${request.headers['x-user'] ?? 'anonymous'} ${request.routeOptions.url}`,
@@ -131,11 +131,8 @@ describe('options', () => {
       'idempotency plugin: `headerName` must be a valid HTTP header name of 1-64 characters',
     ],
     [{ maxResponseBytes: 0 }, 'idempotency plugin: `maxResponseBytes` must be an integer from 1 to 16777216'],
-    [
-      { whenStoreUnavailable: 'maybe' as 'reject' },
-      "idempotency plugin: `whenStoreUnavailable` must be 'reject' or 'proceed'",
-    ],
-    ['no-redis', 'idempotency plugin: pass `redis` or register the redis plugin first'],
+    [{ onRedisError: 'maybe' as 'closed' }, "idempotency plugin: `onRedisError` must be 'closed' or 'open'"],
+    ['no-redis', 'idempotency plugin: pass `redis` (an ioredis client) or register the redis plugin first'],
     ['route', 'idempotency plugin: POST /x: config.idempotency must be a boolean or an object'],
   ]
   for (const [options, message] of cases) {
@@ -143,7 +140,7 @@ describe('options', () => {
       const app = Fastify()
       await assert.rejects(
         async () => {
-          if (options !== 'no-redis') await app.register(redisPlugin, { client: shared })
+          if (options !== 'no-redis') await app.register(redisPlugin, { redis: shared })
           await app.register(idempotency, typeof options === 'object' ? options : {})
           if (options === 'route')
             app.post('/x', { config: { idempotency: 'yes' as unknown as boolean } }, async () => 1)
@@ -417,12 +414,12 @@ describe('when Redis fails', () => {
     }
   })
 
-  test("Redis down: 503 by default; 'proceed' runs the handler, which sees the key unclaimed", async () => {
+  test("Redis down: 503 by default; 'open' runs the handler, which sees the key unclaimed", async () => {
     const server = await startRedisServer()
     const redis = createRedisClient({ url: server.url })
     try {
       const reject = await pluginApp(redis)
-      const proceed = await pluginApp(redis, { whenStoreUnavailable: 'proceed' })
+      const proceed = await pluginApp(redis, { onRedisError: 'open' })
       await server.stop()
       const refused = await post(reject.app, '/echo', 'down-1', {})
       assert.equal(refused.statusCode, 503)

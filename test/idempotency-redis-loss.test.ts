@@ -5,7 +5,7 @@ import { Redis } from 'ioredis'
 import { buildTransferApp } from '../load/servers/idempotency-app.ts'
 import { createPgDatabase } from '../src/db/database.ts'
 import { startRedisServer } from '../src/embedded/redis-server.ts'
-import { createRedisClient } from '../src/plugins/redis.ts'
+import { connectRedis, createRedisClient } from '../src/plugins/redis/index.ts'
 import {
   buildTestApp,
   createCustomer,
@@ -121,7 +121,8 @@ test(
         )
       }
       const urls = await Promise.all(apps.map((app) => listen(app)))
-      await idempotencyRedis.connect()
+      // Connected before it stops (the plugin already connects it at boot; this waits until it is ready).
+      await connectRedis(idempotencyRedis)
       const alice = await createCustomer(database.db, 'alice', [10_000])
       const bob = await createCustomer(database.db, 'bob', [0])
       const cookie = await login(apps[0]!, alice)

@@ -1,14 +1,14 @@
 import assert from 'node:assert/strict'
 import { after, before, describe, test } from 'node:test'
 import Fastify, { type FastifyInstance } from 'fastify'
-import { runScript } from '../src/lua/index.ts'
-import metrics from '../src/plugins/metrics.ts'
+import { runScript, scriptSources } from '../src/lua/index.ts'
+import metrics from '../src/plugins/metrics/index.ts'
 import rateLimit, {
   keyBy,
   type RateLimitPluginOptions,
   type RouteRateLimit,
 } from '../src/plugins/rate-limit/index.ts'
-import { connectRedis, createRedisClient, type RedisClient } from '../src/plugins/redis.ts'
+import { connectRedis, createRedisClient, type RedisClient } from '../src/plugins/redis/index.ts'
 import { listen, scanKeys, TEST_REDIS_URL, uniquePrefix } from './helpers.ts'
 
 // REDIS_CLUSTER_NODES (set by `npm run test:cluster`) runs the same tests on a Redis Cluster.
@@ -119,27 +119,17 @@ test('same-millisecond bursts: a pipelined burst into the sliding log is counted
   })
   await app.inject('/x')
   const key = await keyOf('same-ms')
+  const { lua } = scriptSources.get('rateLimitSlidingLog')!
   const pipeline = redis.pipeline()
   // 40 calls written at once run back to back inside Redis, mostly within the same millisecond.
-  for (let i = 0; i < 40; i++) {
-    ;(pipeline as unknown as Record<string, (...a: unknown[]) => void>).rateLimitSlidingLog!(
-      1,
-      key,
-      'c',
-      `burst${i}`,
-      100,
-      60_000,
-      1,
-      0,
-    )
-  }
+  for (let i = 0; i < 40; i++) pipeline.eval(lua, 1, key, 'c', `burst${i}`, 100, 60_000, 1, 0)
   const replies = (await pipeline.exec())!.map(([err, reply]) => {
     assert.equal(err, null)
     return (reply as number[])[0]
   })
   assert.equal(replies.filter((r) => r === 1).length, 40)
   assert.equal(await redis.zcard(key), 41)
-  const scores = await redis.zrange(key, 0, -1, 'WITHSCORES')
+  const scores = await redis.zrange(key, 0, '-1', 'WITHSCORES')
   const distinct = new Set(scores.filter((_, i) => i % 2 === 1))
   assert.ok(distinct.size < 41, 'several members share a millisecond and none collapsed')
 })
@@ -466,7 +456,7 @@ describe('options are checked at registration', () => {
   test('a route naming an unknown policy fails the boot', async () => {
     const app = Fastify()
     await app.register(rateLimit, { redis })
-    await app.ready()
+    // The plugin is loaded (its onRoute hook is in place); once the app is ready no route can be added at all.
     assert.throws(() => app.get('/x', { config: { rateLimits: 'nope' } }, async () => 'ok'), {
       message: "rate-limit plugin: route GET /x names unknown policy 'nope'",
     })

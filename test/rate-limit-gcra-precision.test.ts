@@ -3,7 +3,7 @@ import { after, before, test } from 'node:test'
 import Fastify from 'fastify'
 import { runScript } from '../src/lua/index.ts'
 import rateLimit from '../src/plugins/rate-limit/index.ts'
-import { connectRedis, createRedisClient } from '../src/plugins/redis.ts'
+import { connectRedis, createRedisClient } from '../src/plugins/redis/index.ts'
 import { testRedisConnection, uniquePrefix } from './helpers.ts'
 
 const redis = createRedisClient(testRedisConnection())

@@ -2,7 +2,7 @@ import assert from 'node:assert/strict'
 import type { Writable } from 'node:stream'
 import { after, before, test } from 'node:test'
 import type { Redis } from 'ioredis'
-import { connectRedis, createRedisClient } from '../src/plugins/redis.ts'
+import { connectRedis, createRedisClient } from '../src/plugins/redis/index.ts'
 import { testRedisConnection } from './helpers.ts'
 
 const batched = createRedisClient(testRedisConnection()) as Redis

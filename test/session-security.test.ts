@@ -287,7 +287,10 @@ describe('plugin options', () => {
         'session plugin: `absoluteTimeoutMs` must be an integer no smaller than `idleTimeoutMs`',
       ],
       [{ secrets: [TEST_SECRET], sameSite: 'none' }, "session plugin: `sameSite` must be 'lax' or 'strict'"],
-      [{ secrets: [TEST_SECRET] }, 'session plugin: pass `redis` or register the redis plugin first'],
+      [
+        { secrets: [TEST_SECRET] },
+        'session plugin: pass `redis` (an ioredis client) or register the redis plugin first',
+      ],
     ]
     for (const [options, message] of cases) {
       const app = Fastify()

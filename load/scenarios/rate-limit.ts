@@ -5,7 +5,7 @@
 // sliding log at limit 100.
 import { randomBytes } from 'node:crypto'
 import { runScript } from '../../src/lua/index.ts'
-import { connectRedis, createRedisClient } from '../../src/plugins/redis.ts'
+import { connectRedis, createRedisClient } from '../../src/plugins/redis/index.ts'
 import { perRequest, roundTrips } from '../lib/roundtrips.ts'
 import {
   type Contender,

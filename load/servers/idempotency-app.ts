@@ -3,13 +3,13 @@
 // the two, and the tests use it to stop the idempotency Redis while sessions keep working.
 import Fastify, { type FastifyInstance } from 'fastify'
 import type { Database } from '../../src/db/database.ts'
+import postgres from '../../src/db/plugin.ts'
 import { registerProblemHandlers } from '../../src/errors.ts'
 import type { RedisClient } from '../../src/lua/index.ts'
 import cache from '../../src/plugins/cache/index.ts'
 import idempotency, { type IdempotencyPluginOptions } from '../../src/plugins/idempotency/index.ts'
-import metrics from '../../src/plugins/metrics.ts'
-import postgres from '../../src/plugins/postgres.ts'
-import redis from '../../src/plugins/redis.ts'
+import metrics from '../../src/plugins/metrics/index.ts'
+import redis from '../../src/plugins/redis/index.ts'
 import session from '../../src/plugins/session/index.ts'
 import sessionRoutes from '../../src/routes/session.ts'
 import transferRoutes from '../../src/routes/transfers.ts'
@@ -33,7 +33,7 @@ export async function buildTransferApp(options: TransferAppOptions): Promise<Fas
   })
   registerProblemHandlers(app)
   await app.register(metrics, { processMetrics: false })
-  await app.register(redis, { client: options.redis })
+  await app.register(redis, { redis: options.redis })
   await app.register(postgres, { database: options.database })
   await app.register(cache, { enabled: false })
   await app.register(session, { secrets: [options.sessionSecret], keyPrefix: `${options.keyPrefix}sess:` })

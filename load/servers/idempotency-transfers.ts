@@ -3,7 +3,7 @@
 // bob, and announces `LISTENING <url>`. Env: REDIS_URL, DATABASE_URL, SESSION_SECRET, IDEMPOTENCY.
 import { createPgDatabase } from '../../src/db/database.ts'
 import { seedDemo } from '../../src/ledger/ledger.ts'
-import { connectRedis, createRedisClient } from '../../src/plugins/redis.ts'
+import { connectRedis, createRedisClient } from '../../src/plugins/redis/index.ts'
 import { buildTransferApp } from './idempotency-app.ts'
 
 const env = process.env

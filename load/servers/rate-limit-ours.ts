@@ -3,7 +3,7 @@
 // every script call on its own (to measure what write batching brings).
 import Fastify from 'fastify'
 import rateLimit, { type Algorithm, type RateLimitPolicy } from '../../src/plugins/rate-limit/index.ts'
-import { connectRedis, createRedisClient } from '../../src/plugins/redis.ts'
+import { connectRedis, createRedisClient } from '../../src/plugins/redis/index.ts'
 
 const BENCH_LIMIT = 1_000_000_000
 const BENCH_WINDOW_MS = 10_000

@@ -5,7 +5,7 @@
 import fastifyRateLimit from '@fastify/rate-limit'
 import Fastify from 'fastify'
 import { RateLimiterRedis, RateLimiterRes } from 'rate-limiter-flexible'
-import { connectRedis, createRedisClient } from '../../src/plugins/redis.ts'
+import { connectRedis, createRedisClient } from '../../src/plugins/redis/index.ts'
 
 const LIMIT = 1_000_000_000
 const WINDOW_MS = 10_000

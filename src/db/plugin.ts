@@ -1,7 +1,8 @@
 import type { FastifyInstance } from 'fastify'
 import fp from 'fastify-plugin'
-import { createPgDatabase, createPgliteDatabase, type Database } from '../db/database.ts'
-import { migrate } from '../db/migrate.ts'
+import { createPgDatabase, createPgliteDatabase, type Database } from './database.ts'
+import { observeDatabase } from './metrics.ts'
+import { migrate } from './migrate.ts'
 
 export interface PostgresPluginOptions {
   /** Use this database instead of creating one; the caller then owns it and closes it. */
@@ -31,6 +32,12 @@ async function postgresPlugin(app: FastifyInstance, options: PostgresPluginOptio
     if (applied.length) app.log.info({ applied, kind: db.kind }, 'database migrated')
   }
   app.decorate('db', db)
+  // The demo's own Postgres series, in the metrics plugin's registry once the app is ready.
+  let stopObserving = () => {}
+  app.addHook('onReady', async () => {
+    if (app.hasDecorator('metrics')) stopObserving = observeDatabase(app.metrics.registry, db)
+  })
+  app.addHook('onClose', async () => stopObserving())
 }
 
 export default fp(postgresPlugin, { name: 'postgres', fastify: '5.x' })

@@ -1,6 +1,6 @@
 import { type Database, type Queryable, toSafeInteger } from '../db/database.ts'
 import { HttpProblem } from '../errors.ts'
-import { keyMismatch } from '../plugins/idempotency/problems.ts'
+import { idempotencyKeyMismatch } from '../index.ts'
 import { hashPassword } from './passwords.ts'
 
 export interface Account {
@@ -108,7 +108,7 @@ interface PreviousTransfer {
 
 /** A transfer already made with this key: same request replays its response, another is refused. */
 function replayPrevious(previous: PreviousTransfer, idempotency: TransferIdempotency): TransferResult {
-  if (previous.request_fingerprint !== idempotency.fingerprint) throw keyMismatch()
+  if (previous.request_fingerprint !== idempotency.fingerprint) throw idempotencyKeyMismatch()
   return { ...previous.response, replayed: true }
 }
 

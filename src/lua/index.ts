@@ -1,36 +1,55 @@
+import { createHash } from 'node:crypto'
 import { readdirSync, readFileSync } from 'node:fs'
 import type { Cluster, Redis } from 'ioredis'
 
+/** Any ioredis client a user created: a single node or a Cluster. */
 export type RedisClient = Redis | Cluster
 
 const dir = new URL('.', import.meta.url)
 
-/** `fixed-window.lua` is registered as the command `fixedWindow`. */
-function commandName(file: string): string {
+interface Script {
+  lua: string
+  sha: string
+}
+
+/** `rate-limit-gcra.lua` is the script `rateLimitGcra`. */
+function scriptName(file: string): string {
   return file.replace(/\.lua$/, '').replace(/-([a-z])/g, (_, c: string) => c.toUpperCase())
 }
 
-export const scriptSources: Record<string, string> = Object.fromEntries(
+const scripts = new Map<string, Script>(
   readdirSync(dir)
     .filter((file) => file.endsWith('.lua'))
-    .map((file) => [commandName(file), readFileSync(new URL(file, dir), 'utf8')]),
+    .map((file) => {
+      const lua = readFileSync(new URL(file, dir), 'utf8')
+      return [scriptName(file), { lua, sha: createHash('sha1').update(lua).digest('hex') }]
+    }),
 )
 
-/** Registers every src/lua/*.lua once; ioredis then runs them by EVALSHA and falls back to EVAL. */
-export function defineScripts(client: RedisClient): void {
-  for (const [name, lua] of Object.entries(scriptSources)) client.defineCommand(name, { lua })
-}
+/** Every script by name, with its SHA1 (the metrics plugin names EVALSHA calls by it). */
+export const scriptSources: ReadonlyMap<string, Script> = scripts
 
-type ScriptFn = (numberOfKeys: number, ...keysAndArgs: Array<string | number>) => Promise<unknown>
+type Arg = string | number | Buffer
 
-/** Runs a script registered by defineScripts; the reply type is the caller's promise, checked by its tests. */
+/**
+ * Runs a script of src/lua on any client, nothing defined on it beforehand: EVALSHA, and when the
+ * server does not know the script (first use, a restart, SCRIPT FLUSH, a failover to a node that
+ * never saw it) EVAL, which also caches it there. `buffers` returns bulk strings as Buffers, byte-exact.
+ * The reply type is the caller's, checked by its tests.
+ */
 export function runScript<T>(
   client: RedisClient,
   name: string,
   keys: readonly string[],
-  args: ReadonlyArray<string | number> = [],
+  args: readonly Arg[] = [],
+  { buffers = false } = {},
 ): Promise<T> {
-  const fn = (client as unknown as Record<string, ScriptFn | undefined>)[name]
-  if (!fn) throw new Error(`Unknown Lua script '${name}'; expected src/lua/ to hold it`)
-  return fn.call(client, keys.length, ...keys, ...args) as Promise<T>
+  const script = scripts.get(name)
+  if (!script) throw new Error(`Unknown Lua script '${name}'`)
+  const tail = [...keys, ...args]
+  const send = (buffers ? client.callBuffer : client.call) as (...args: Arg[]) => Promise<T>
+  return send.call(client, 'evalsha', script.sha, keys.length, ...tail).catch((err: Error) => {
+    if (!err?.message?.startsWith('NOSCRIPT')) throw err
+    return send.call(client, 'eval', script.lua, keys.length, ...tail)
+  })
 }

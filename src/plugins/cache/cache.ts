@@ -67,7 +67,8 @@ export class RedisCache implements CacheApi {
   private readonly flights = new Map<string, Promise<unknown>>()
   private readonly redis: RedisClient
   private readonly settings: CacheSettings
-  private readonly metrics: CacheMetrics
+  /** Replaced by the metrics plugin's adopted counters once the app is ready. */
+  metrics: CacheMetrics
   private readonly generationTtlMs: number
   private readonly retries: InvalidationRetry
 

@@ -1,20 +1,22 @@
 import type { FastifyInstance } from 'fastify'
 import fp from 'fastify-plugin'
-import { Registry } from 'prom-client'
-import type { RedisClient } from '../../lua/index.ts'
-import { connectRedis, createRedisClient, type RedisConnectionOptions } from '../redis.ts'
+import { observePluginRedis, whenMetricsReady } from '../shared/metrics.ts'
+import { awaitRedisAtBoot, pluginRedis, type RedisClient } from '../shared/redis.ts'
 import { type CacheApi, type CacheSettings, RedisCache } from './cache.ts'
 import { L1Cache } from './l1.ts'
 import { ConcurrencyLimiter } from './limiter.ts'
-import { createCacheMetrics } from './metrics.ts'
+import { adoptCacheMetrics, createCacheMetrics } from './metrics.ts'
 
 export { CACHE_KEY, type CacheApi, type GetOrLoadOptions, RedisCache } from './cache.ts'
 
-export interface CachePluginOptions extends RedisConnectionOptions {
+export interface CachePluginOptions {
   /** false: every read calls its loader and nothing touches Redis (default true). */
   enabled?: boolean
-  /** Use this client (the caller owns it); otherwise the plugin opens its own connection from `url`. */
-  client?: RedisClient
+  /**
+   * Any ioredis Redis or Cluster; defaults to the redis plugin's `app.redis`. Give the cache a
+   * Redis of its own (with an eviction policy) by passing a client connected to it. Never closed by this plugin.
+   */
+  redis?: RedisClient
   /**
    * Set when this Redis also holds sessions, idempotency records or rate limits: registration then
    * fails if the instance evicts any key (maxmemory-policy allkeys-*), since eviction would drop them.
@@ -112,30 +114,22 @@ async function cachePlugin(app: FastifyInstance, options: CachePluginOptions) {
     app.decorate('cache', disabledCache)
     return
   }
-  const owned = !options.client
-  const redis = options.client ?? createRedisClient(options)
-  const subscriber = settings.l1TtlMs > 0 ? redis.duplicate() : undefined
-  if (owned || subscriber) {
-    app.addHook('onClose', async () => {
-      subscriber?.disconnect()
-      if (owned) await redis.quit().catch(() => redis.disconnect())
-    })
-  }
+  const redis = pluginRedis(app, 'cache', options.redis)
+  // ioredis types `duplicate` per client class; both return a client of the same kind.
+  const subscriber = settings.l1TtlMs > 0 ? (redis.duplicate as () => RedisClient)() : undefined
+  if (subscriber) app.addHook('onClose', async () => subscriber.disconnect())
   // A cache that cannot connect at boot is not fatal: reads go to the source until it answers.
-  await connectRedis(redis).catch((err) => app.log.warn({ err }, 'cache Redis unreachable at boot'))
+  await awaitRedisAtBoot(app, redis, 'cache')
   if (options.sharedWithDurableData) {
     const policy = await evictionPolicy(redis)
     if (policy?.startsWith('allkeys')) {
-      if (owned) redis.disconnect()
       subscriber?.disconnect()
       throw new Error(
-        `cache plugin: this Redis also holds sessions, idempotency records and rate limits, and its maxmemory-policy ${policy} may evict them; give the cache its own Redis (CACHE_REDIS_URL) or use noeviction or volatile-*`,
+        `cache plugin: this Redis also holds sessions, idempotency records and rate limits, and its maxmemory-policy ${policy} may evict them; give the cache a Redis of its own (its redis option) or use noeviction or volatile-*`,
       )
     }
   }
 
-  const registry = app.hasDecorator('metrics') ? app.metrics.registry : new Registry()
-  if (app.hasDecorator('metrics')) app.metrics.observeRedis(redis, 'cache')
   // Invalidations published while the subscriber is away are lost: the L1 is bypassed then.
   let subscribed = false
   const l1 = subscriber
@@ -145,7 +139,7 @@ async function cachePlugin(app: FastifyInstance, options: CachePluginOptions) {
   const cache = new RedisCache({
     redis,
     settings,
-    metrics: createCacheMetrics(registry),
+    metrics: createCacheMetrics(),
     limiter: new ConcurrencyLimiter(settings.maxConcurrentLoads),
     log: app.log.child({ plugin: 'cache' }),
     l1,
@@ -165,7 +159,7 @@ async function cachePlugin(app: FastifyInstance, options: CachePluginOptions) {
         .then(() => {
           subscribed = true
         })
-        .catch((err) => app.log.warn({ err }, 'cache L1 subscribe failed'))
+        .catch((err: unknown) => app.log.warn({ err }, 'cache L1 subscribe failed'))
     })
     subscriber.on('message', (_channel: string, message: string) => {
       try {
@@ -177,8 +171,12 @@ async function cachePlugin(app: FastifyInstance, options: CachePluginOptions) {
     })
     await subscriber.connect().catch(() => {})
   }
+  whenMetricsReady(app, (metrics) => {
+    cache.metrics = adoptCacheMetrics(metrics.registry, cache.metrics)
+    observePluginRedis(app, metrics, redis, 'cache')
+  })
   app.addHook('onClose', async () => cache.close())
   app.decorate('cache', cache)
 }
 
-export default fp(cachePlugin, { name: 'cache', fastify: '5.x' })
+export default fp(cachePlugin, { name: 'fastify-redis-gateway/cache', fastify: '5.x' })

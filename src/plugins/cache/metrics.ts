@@ -1,9 +1,13 @@
 import { Counter, type Registry } from 'prom-client'
+import { adoptMetric } from '../shared/metrics.ts'
 
-/** Counters labelled by the key's namespace (`account` for `account:42`), a set fixed by the code. */
-export function createCacheMetrics(registry: Registry) {
+/**
+ * Counters labelled by the key's namespace (`account` for `account:42`), a set fixed by the code;
+ * created unregistered, exported once the metrics plugin adopts them (`adoptCacheMetrics`).
+ */
+export function createCacheMetrics() {
   const counter = (name: string, help: string) =>
-    new Counter({ name, help, labelNames: ['name'] as const, registers: [registry] })
+    new Counter({ name, help, labelNames: ['name'] as const, registers: [] })
   return {
     hits: counter('cache_hits_total', 'Reads answered by a fresh Redis entry (negative entries included)'),
     misses: counter('cache_misses_total', 'Reads that found no entry in Redis'),
@@ -27,3 +31,9 @@ export function createCacheMetrics(registry: Registry) {
 }
 
 export type CacheMetrics = ReturnType<typeof createCacheMetrics>
+
+export function adoptCacheMetrics(registry: Registry, metrics: CacheMetrics): CacheMetrics {
+  return Object.fromEntries(
+    Object.entries(metrics).map(([field, counter]) => [field, adoptMetric(registry, counter)]),
+  ) as CacheMetrics
+}

@@ -8,9 +8,14 @@ import type {
 } from 'fastify'
 import fp from 'fastify-plugin'
 import { Counter } from 'prom-client'
-import { HttpProblem, sendProblem } from '../../errors.ts'
+import { adoptMetric, observePluginRedis, whenMetricsReady } from '../shared/metrics.ts'
+import { type PrincipalFunction, resolvePrincipal } from '../shared/principal.ts'
+import { HttpProblem, sendProblem } from '../shared/problem.ts'
+import { awaitRedisAtBoot, pluginRedis } from '../shared/redis.ts'
 import { parseIdempotencyKey, requestFingerprint } from './key.ts'
 import {
+  defaultScope,
+  type IdempotencyFailureMode,
   type IdempotencyPluginOptions,
   type IdempotencyRouteConfig,
   resolveOptions,
@@ -27,8 +32,8 @@ import {
 import { IdempotencyStore, type StoredResponse } from './store.ts'
 
 export { canonicalJson, parseIdempotencyKey, requestFingerprint } from './key.ts'
-export { keyMismatch } from './problems.ts'
-export type { IdempotencyPluginOptions, IdempotencyRouteConfig }
+export { keyMismatch as idempotencyKeyMismatch } from './problems.ts'
+export type { IdempotencyFailureMode, IdempotencyPluginOptions, IdempotencyRouteConfig }
 export { IdempotencyStore, type StoredResponse }
 
 export interface IdempotencyContext {
@@ -72,27 +77,37 @@ function payloadBytes(payload: unknown): Buffer | null {
 
 async function idempotencyPlugin(app: FastifyInstance, rawOptions: IdempotencyPluginOptions) {
   const options = resolveOptions(rawOptions)
-  const redis = rawOptions.redis ?? app.redis
-  if (!redis) throw new Error('idempotency plugin: pass `redis` or register the redis plugin first')
+  const redis = pluginRedis(app, 'idempotency', rawOptions.redis)
+  await awaitRedisAtBoot(app, redis, 'idempotency')
   const store = new IdempotencyStore(redis, options)
   const headerField = options.headerName.toLowerCase()
-  const registers = app.hasDecorator('metrics') ? [app.metrics.registry] : []
-  const outcomes = new Counter({
+  let principal: PrincipalFunction = () => null
+  const scope = options.scope ?? ((request: FastifyRequest) => defaultScope(request, principal))
+  app.addHook('onReady', async () => {
+    principal = resolvePrincipal(app, rawOptions.principal)
+  })
+  let outcomes = new Counter({
     name: 'idempotency_requests_total',
     help: 'Requests on idempotent routes by outcome',
     labelNames: ['outcome'] as const,
-    registers,
+    registers: [],
   })
-  const completions = new Counter({
+  let completions = new Counter({
     name: 'idempotency_responses_total',
     help: 'What happened to the responses of claimed requests',
     labelNames: ['result'] as const,
-    registers,
+    registers: [],
   })
-  const storedBytes = new Counter({
+  let storedBytes = new Counter({
     name: 'idempotency_stored_bytes_total',
     help: 'Response body bytes written to idempotency records',
-    registers,
+    registers: [],
+  })
+  whenMetricsReady(app, (metrics) => {
+    outcomes = adoptMetric(metrics.registry, outcomes)
+    completions = adoptMetric(metrics.registry, completions)
+    storedBytes = adoptMetric(metrics.registry, storedBytes)
+    observePluginRedis(app, metrics, redis, 'idempotency')
   })
   const claims = new WeakMap<FastifyRequest, Claim>()
   // A guard behind the plugin (the transfer row's unique key) answering with the plugin's own
@@ -143,14 +158,14 @@ async function idempotencyPlugin(app: FastifyInstance, rawOptions: IdempotencyPl
       const key = parseIdempotencyKey(raw)
       if (key === null) return reject(reply, 'invalid', keyInvalid(options.headerName))
       const fingerprint = requestFingerprint(request.method, request.routeOptions.url ?? '', request.body)
-      const recordKey = store.recordKey(options.scope(request), key)
+      const recordKey = store.recordKey(scope(request), key)
       const token = randomBytes(16).toString('base64url')
       let result: Awaited<ReturnType<IdempotencyStore['claim']>>
       try {
         result = await store.claim(recordKey, fingerprint, token)
       } catch (err) {
         request.log.warn({ err }, 'idempotency store unavailable')
-        if (route.whenStoreUnavailable === 'reject') return reject(reply, 'unavailable', storeUnavailable())
+        if (route.onRedisError === 'closed') return reject(reply, 'unavailable', storeUnavailable())
         outcomes.inc({ outcome: 'unavailable' })
         request.idempotency = { key, fingerprint, claimed: false }
         return
@@ -239,4 +254,4 @@ async function idempotencyPlugin(app: FastifyInstance, rawOptions: IdempotencyPl
   })
 }
 
-export default fp(idempotencyPlugin, { name: 'idempotency', fastify: '5.x' })
+export default fp(idempotencyPlugin, { name: 'fastify-redis-gateway/idempotency', fastify: '5.x' })

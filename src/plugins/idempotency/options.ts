@@ -1,16 +1,23 @@
 import type { FastifyRequest } from 'fastify'
-import type { RedisClient } from '../../lua/index.ts'
+import type { PrincipalFunction } from '../shared/principal.ts'
+import type { RedisClient } from '../shared/redis.ts'
 
-export type WhenStoreUnavailable = 'reject' | 'proceed'
+/** When Redis cannot be asked: 'closed' answers 503; 'open' runs the handler on its own guard. */
+export type IdempotencyFailureMode = 'closed' | 'open'
 
 export interface IdempotencyPluginOptions {
-  /** Defaults to the `redis` decorator of the app. Use a Redis without eviction (noeviction or volatile-*). */
+  /**
+   * Any ioredis Redis or Cluster; defaults to the redis plugin's `app.redis`. Never closed by this
+   * plugin. Use a Redis without eviction (noeviction or volatile-*).
+   */
   redis?: RedisClient
+  /** Who the caller is; default: this suite's session plugin if registered, else nobody. */
+  principal?: PrincipalFunction
   /** Request header carrying the key. Default `Idempotency-Key`. */
   headerName?: string
   /** 400 when an opted-in route gets no key. Default true; a route may override it. */
   required?: boolean
-  /** Who may share a key; default the session principal (else the client IP) + method + route pattern. */
+  /** Who may share a key; default the principal (else the client IP) + method + route pattern. */
   scope?: (request: FastifyRequest) => string
   /** How long a completed response is kept for replays. Default 24 h. */
   retentionMs?: number
@@ -21,19 +28,22 @@ export interface IdempotencyPluginOptions {
   /** Response headers stored and replayed (case-insensitive); Set-Cookie is refused. */
   replayHeaders?: string[]
   /**
-   * When Redis fails: 'reject' answers 503 (default, safe for any handler); 'proceed' runs the
+   * When Redis fails: 'closed' answers 503 (default, safe for any handler); 'open' runs the
    * handler, for routes with their own guard such as a unique constraint in the database.
    */
-  whenStoreUnavailable?: WhenStoreUnavailable
+  onRedisError?: IdempotencyFailureMode
+  /** Prepended to every record key. Default `idem:`. */
   keyPrefix?: string
 }
 
 export interface IdempotencyRouteConfig {
   required?: boolean
-  whenStoreUnavailable?: WhenStoreUnavailable
+  onRedisError?: IdempotencyFailureMode
 }
 
-export type ResolvedOptions = Required<Omit<IdempotencyPluginOptions, 'redis'>>
+export type ResolvedOptions = Required<Omit<IdempotencyPluginOptions, 'redis' | 'principal' | 'scope'>> & {
+  scope: ((request: FastifyRequest) => string) | null
+}
 
 export const DEFAULT_REPLAY_HEADERS = [
   'content-type',
@@ -45,7 +55,7 @@ export const DEFAULT_REPLAY_HEADERS = [
 ]
 
 const HEADER_NAME = /^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$/
-const UNAVAILABLE = ['reject', 'proceed']
+const FAILURE_MODES = ['closed', 'open']
 
 const fail = (message: string): never => {
   throw new Error(`idempotency plugin: ${message}`)
@@ -54,10 +64,10 @@ const fail = (message: string): never => {
 const isInteger = (value: unknown, min: number, max: number) =>
   Number.isSafeInteger(value) && (value as number) >= min && (value as number) <= max
 
-function defaultScope(request: FastifyRequest): string {
-  const principal = (request as { session?: { principal?: string } | null }).session?.principal
-  const who = principal ? `principal:${principal}` : `ip:${request.ip}`
-  return `${who}\n${request.method}\n${request.routeOptions.url}`
+/** The principal if there is one, else the client IP; then method and route pattern. */
+export function defaultScope(request: FastifyRequest, principal: PrincipalFunction): string {
+  const who = principal(request)
+  return `${who ? `principal:${who}` : `ip:${request.ip}`}\n${request.method}\n${request.routeOptions.url}`
 }
 
 export function resolveOptions(options: IdempotencyPluginOptions): ResolvedOptions {
@@ -80,21 +90,22 @@ export function resolveOptions(options: IdempotencyPluginOptions): ResolvedOptio
     fail('`replayHeaders` must be an array of header names')
   if (replayHeaders.some((h) => h.toLowerCase() === 'set-cookie'))
     fail('`replayHeaders` must not include Set-Cookie: a cookie belongs to one response')
-  const whenStoreUnavailable = options.whenStoreUnavailable ?? 'reject'
-  if (!UNAVAILABLE.includes(whenStoreUnavailable))
-    fail("`whenStoreUnavailable` must be 'reject' or 'proceed'")
+  const onRedisError = options.onRedisError ?? 'closed'
+  if (!FAILURE_MODES.includes(onRedisError)) fail("`onRedisError` must be 'closed' or 'open'")
   if (options.scope !== undefined && typeof options.scope !== 'function') fail('`scope` must be a function')
+  if (options.principal !== undefined && typeof options.principal !== 'function')
+    fail('`principal` must be a function of the request')
   if (options.required !== undefined && typeof options.required !== 'boolean')
     fail('`required` must be a boolean')
   return {
     headerName,
     required: options.required ?? true,
-    scope: options.scope ?? defaultScope,
+    scope: options.scope ?? null,
     retentionMs,
     leaseMs,
     maxResponseBytes,
     replayHeaders: replayHeaders.map((h) => h.toLowerCase()),
-    whenStoreUnavailable,
+    onRedisError,
     keyPrefix: options.keyPrefix ?? 'idem:',
   }
 }
@@ -106,20 +117,16 @@ export function resolveRouteConfig(
   route: string,
 ): Required<IdempotencyRouteConfig> | null {
   if (config === undefined || config === false) return null
-  if (config === true)
-    return { required: defaults.required, whenStoreUnavailable: defaults.whenStoreUnavailable }
+  if (config === true) return { required: defaults.required, onRedisError: defaults.onRedisError }
   const routeConfig = config as IdempotencyRouteConfig
   if (typeof config !== 'object' || config === null)
     fail(`${route}: config.idempotency must be a boolean or an object`)
   if (routeConfig.required !== undefined && typeof routeConfig.required !== 'boolean')
     fail(`${route}: config.idempotency.required must be a boolean`)
-  if (
-    routeConfig.whenStoreUnavailable !== undefined &&
-    !UNAVAILABLE.includes(routeConfig.whenStoreUnavailable)
-  )
-    fail(`${route}: config.idempotency.whenStoreUnavailable must be 'reject' or 'proceed'`)
+  if (routeConfig.onRedisError !== undefined && !FAILURE_MODES.includes(routeConfig.onRedisError))
+    fail(`${route}: config.idempotency.onRedisError must be 'closed' or 'open'`)
   return {
     required: routeConfig.required ?? defaults.required,
-    whenStoreUnavailable: routeConfig.whenStoreUnavailable ?? defaults.whenStoreUnavailable,
+    onRedisError: routeConfig.onRedisError ?? defaults.onRedisError,
   }
 }

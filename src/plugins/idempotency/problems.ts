@@ -1,4 +1,4 @@
-import { HttpProblem } from '../../errors.ts'
+import { HttpProblem } from '../shared/problem.ts'
 
 // Each outcome has its own problem type, so clients can tell "retry later" from "never retry".
 

@@ -22,7 +22,7 @@ export interface IdempotencyStoreOptions {
 /**
  * Idempotency records, one Hash per (scope, key) under its own hash tag. Every state change is one
  * script that checks the owner token, so only the request that claimed a record completes,
- * releases or renews it. The `...Buffer` script variants keep stored bodies byte-exact.
+ * releases or renews it. Replies come back as Buffers, so stored bodies stay byte-exact.
  */
 export class IdempotencyStore {
   readonly redis: RedisClient
@@ -43,9 +43,10 @@ export class IdempotencyStore {
     const { leaseMs, retentionMs } = this.options
     const reply = await runScript<Buffer[]>(
       this.redis,
-      'idempotencyClaimBuffer',
+      'idempotencyClaim',
       [recordKey],
       [fingerprint, token, leaseMs, retentionMs],
+      { buffers: true },
     )
     const kind = reply[0]!.toString()
     if (kind === 'conflict') return { kind, retryAfterMs: Number(reply[1]) }
@@ -84,9 +85,7 @@ export class IdempotencyStore {
       response.body ? '1' : '0',
       this.options.retentionMs,
     ]
-    // ioredis sends Buffer arguments as they are; runScript's type only names strings and numbers.
-    const asSent = args as unknown as Array<string | number>
-    return (await runScript<number>(this.redis, 'idempotencyComplete', [recordKey], asSent)) === 1
+    return (await runScript<number>(this.redis, 'idempotencyComplete', [recordKey], args)) === 1
   }
 
   async release(recordKey: string, token: string): Promise<boolean> {

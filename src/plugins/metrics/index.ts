@@ -1,11 +1,13 @@
-import { createHash } from 'node:crypto'
-import type { FastifyInstance } from 'fastify'
+import type { FastifyInstance, FastifySchema } from 'fastify'
 import fp from 'fastify-plugin'
 import type { Command } from 'ioredis'
-import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom-client'
-import type { Database } from '../db/database.ts'
-import { type RedisClient, scriptSources } from '../lua/index.ts'
-import { type HistogramSeries, TalliedHistogram } from './tallied-histogram.ts'
+import { Counter, collectDefaultMetrics, Registry } from 'prom-client'
+import { type RedisClient, scriptSources } from '../../lua/index.ts'
+import type { MetricsApi } from '../shared/metrics.ts'
+import '../shared/redis.ts'
+import { type HistogramSeries, TalliedHistogram } from '../shared/tallied-histogram.ts'
+
+export type { MetricsApi }
 
 export interface MetricsPluginOptions {
   /** Serve the registry at this path (default `/metrics`); false to serve nothing. */
@@ -14,31 +16,11 @@ export interface MetricsPluginOptions {
   processMetrics?: boolean
 }
 
-export interface GatewayMetrics {
-  /** One registry per app, so several apps in one process (tests, benchmarks) never share counters. */
-  registry: Registry
-  /**
-   * Times every command `client` sends, labelled `client=<name>`. The `redis` decorator is observed
-   * as `main` when the app starts; plugins with a client of their own (the cache) pass it here.
-   */
-  observeRedis(client: RedisClient, name: string): void
-  /** Statement and transaction latency and pool usage; the `db` decorator is observed at start. */
-  observeDatabase(db: Database): void
-}
-
-declare module 'fastify' {
-  interface FastifyInstance {
-    metrics: GatewayMetrics
-  }
-}
-
 const FAST_BUCKETS = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1]
 
 /** EVALSHA carries only a digest: name the script it runs, so latency is per script, not one lump. */
-const scriptBySha = new Map(
-  Object.entries(scriptSources).map(([name, lua]) => [createHash('sha1').update(lua).digest('hex'), name]),
-)
-const scriptByLua = new Map(Object.entries(scriptSources).map(([name, lua]) => [lua, name]))
+const scriptBySha = new Map([...scriptSources].map(([name, { sha }]) => [sha, name]))
+const scriptByLua = new Map([...scriptSources].map(([name, { lua }]) => [lua, name]))
 
 function commandLabel(command: Command): string {
   if (command.name === 'evalsha') return `script:${scriptBySha.get(String(command.args[0])) ?? 'unknown'}`
@@ -95,14 +77,6 @@ function addCommandSink(client: Observed, sink: CommandSink): () => void {
   return () => void sinks.delete(sink)
 }
 
-/** First keyword of a statement the code wrote: a small fixed set of label values. */
-function statementLabel(sql: string): string {
-  const word = /^\s*([A-Za-z]+)/.exec(sql)?.[1]?.toUpperCase() ?? ''
-  return ['SELECT', 'INSERT', 'UPDATE', 'DELETE', 'WITH', 'BEGIN', 'COMMIT', 'ROLLBACK'].includes(word)
-    ? word
-    : 'OTHER'
-}
-
 async function metricsPlugin(app: FastifyInstance, options: MetricsPluginOptions) {
   const registry = new Registry()
   const registers = [registry]
@@ -125,49 +99,9 @@ async function metricsPlugin(app: FastifyInstance, options: MetricsPluginOptions
     labelNames: ['client', 'command', 'reason'] as const,
     registers,
   })
-  const dbDuration = new Histogram({
-    name: 'db_query_duration_seconds',
-    help: 'Postgres statement latency by statement keyword and outcome (ok, error)',
-    labelNames: ['statement', 'outcome'] as const,
-    buckets: FAST_BUCKETS,
-    registers,
-  })
-  const dbTransactions = new Histogram({
-    name: 'db_transaction_duration_seconds',
-    help: 'Postgres transaction latency (BEGIN to COMMIT or ROLLBACK) by outcome',
-    labelNames: ['outcome'] as const,
-    buckets: FAST_BUCKETS,
-    registers,
-  })
-  const observedDatabases = new Set<Database>()
-  new Gauge({
-    name: 'db_pool_connections',
-    help: 'Postgres pool connections by state (active, idle) and the pool maximum (max)',
-    labelNames: ['state'] as const,
-    registers,
-    collect() {
-      this.reset()
-      for (const db of observedDatabases) {
-        const stats = db.poolStats?.()
-        if (!stats) continue
-        this.inc({ state: 'active' }, stats.total - stats.idle)
-        this.inc({ state: 'idle' }, stats.idle)
-        this.inc({ state: 'max' }, stats.max)
-      }
-    },
-  })
-  new Gauge({
-    name: 'db_pool_waiting_requests',
-    help: 'Queries waiting for a free Postgres pool connection',
-    registers,
-    collect() {
-      this.set([...observedDatabases].reduce((n, db) => n + (db.poolStats?.().waiting ?? 0), 0))
-    },
-  })
-
   const cleanups: Array<() => void> = []
   const observedClients = new WeakSet<RedisClient>()
-  const metrics: GatewayMetrics = {
+  const metrics: MetricsApi = {
     registry,
     observeRedis(client, name) {
       if (observedClients.has(client)) return
@@ -185,24 +119,12 @@ async function metricsPlugin(app: FastifyInstance, options: MetricsPluginOptions
         }),
       )
     },
-    observeDatabase(db) {
-      if (observedDatabases.has(db)) return
-      observedDatabases.add(db)
-      cleanups.push(() => observedDatabases.delete(db))
-      const remove = db.observe?.({
-        query: ({ sql, seconds, error }) =>
-          dbDuration.observe({ statement: statementLabel(sql), outcome: error ? 'error' : 'ok' }, seconds),
-        transaction: ({ seconds, outcome }) => dbTransactions.observe({ outcome }, seconds),
-      })
-      if (remove) cleanups.push(remove)
-    },
   }
   app.decorate('metrics', metrics)
 
-  // The storage plugins register after this one; their decorators exist once the app is ready.
+  // The redis plugin may register after this one: its decorator exists once the app is ready.
   app.addHook('onReady', async () => {
     if (app.hasDecorator('redis') && app.redis) metrics.observeRedis(app.redis, 'main')
-    if (app.hasDecorator('db') && app.db) metrics.observeDatabase(app.db)
   })
   app.addHook('onClose', async () => {
     for (const cleanup of cleanups.splice(0)) cleanup()
@@ -225,10 +147,12 @@ async function metricsPlugin(app: FastifyInstance, options: MetricsPluginOptions
 
   const path = options.path ?? '/metrics'
   if (path) {
-    app.get(path, { schema: { hide: true } }, async (_request, reply) =>
+    // `hide` keeps the route out of an OpenAPI document (@fastify/swagger); Fastify itself ignores it.
+    const schema = { hide: true } as FastifySchema
+    app.get(path, { schema }, async (_request, reply) =>
       reply.type(registry.contentType).send(await registry.metrics()),
     )
   }
 }
 
-export default fp(metricsPlugin, { name: 'metrics', fastify: '5.x' })
+export default fp(metricsPlugin, { name: 'fastify-redis-gateway/metrics', fastify: '5.x' })

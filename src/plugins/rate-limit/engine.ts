@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto'
 import type { FastifyBaseLogger, FastifyRequest } from 'fastify'
 import { type RedisClient, runScript } from '../../lua/index.ts'
+import type { PrincipalFunction } from '../shared/principal.ts'
 import { identityTag } from './keys.ts'
 import { LocalLimiter } from './local.ts'
 import type { RateLimitMetrics } from './metrics.ts'
@@ -51,8 +52,10 @@ export interface EngineOptions {
   retryRedisAfterMs: number
   timeoutMs: number
   log: FastifyBaseLogger
-  metrics: RateLimitMetrics
 }
+
+/** Decisions taken without Redis are logged at most this often per engine (each one is counted). */
+const UNAVAILABLE_LOG_INTERVAL_MS = 10_000
 
 const PROCESS_NONCE = randomBytes(6).toString('base64url')
 
@@ -67,10 +70,15 @@ export class RateLimitEngine {
   private redisDownUntil = 0
   private sequence = 0
   private readonly tags = new Map<string, string>()
+  private lastUnavailableLog = 0
+  /** Replaced once the app is ready: the metrics plugin's registry and the resolved principal. */
+  metrics: RateLimitMetrics
+  principal: PrincipalFunction = () => null
 
-  constructor(redis: RedisClient, options: EngineOptions) {
+  constructor(redis: RedisClient, options: EngineOptions, metrics: RateLimitMetrics) {
     this.redis = redis
     this.options = options
+    this.metrics = metrics
     const o = redis.options as { commandTimeout?: number; redisOptions?: { commandTimeout?: number } }
     // Without a command timeout on the client, a stalled Redis would hold requests: bound it here.
     this.ownTimeout = !(o.commandTimeout ?? o.redisOptions?.commandTimeout)
@@ -89,7 +97,7 @@ export class RateLimitEngine {
     const groups = new Map<string, Group>()
     for (const policy of policies) {
       if (policy.allow?.(request)) continue
-      const identity = policy.key(request)
+      const identity = policy.key(request, this.principal)
       if (identity === null || identity === undefined) continue
       const tag = this.tagOf(identity)
       const id = `${policy.script}${tag}`
@@ -110,7 +118,7 @@ export class RateLimitEngine {
   }
 
   private async decideGroup(group: Group, op: 'c' | 'p', outcome: Outcome): Promise<void> {
-    const { metrics } = this.options
+    const { metrics } = this
     const cached = op === 'c' && this.overLimit.size > 0 ? this.overLimit.get(cacheKey(group)) : undefined
     if (cached) {
       const now = Date.now()
@@ -123,8 +131,14 @@ export class RateLimitEngine {
       }
       this.overLimit.delete(cacheKey(group))
     }
-    if (this.redis.status !== 'ready' || Date.now() < this.redisDownUntil)
+    if (this.redis.status !== 'ready') {
+      this.noteUnavailable(`Redis connection is ${this.redis.status}`)
       return this.degraded(group, op, outcome)
+    }
+    if (Date.now() < this.redisDownUntil) {
+      this.noteUnavailable('Redis failed within retryRedisAfterMs')
+      return this.degraded(group, op, outcome)
+    }
     const script = group.policies[0]!.script
     // Only the sliding log stores members; the other scripts ignore the nonce slot.
     const nonce =
@@ -142,10 +156,7 @@ export class RateLimitEngine {
       reply = await (this.ownTimeout ? withTimeout(call, this.options.timeoutMs) : call)
     } catch (err) {
       this.redisDownUntil = Date.now() + this.options.retryRedisAfterMs
-      this.options.log.warn(
-        { err, script },
-        'rate limit: Redis failed, policies fall back to their onRedisError',
-      )
+      this.noteUnavailable((err as Error).message, err)
       return this.degraded(group, op, outcome)
     }
     metrics.scriptSeconds(group.policies[0]!.algorithm).observe((performance.now() - started) / 1000)
@@ -196,8 +207,20 @@ export class RateLimitEngine {
     this.overLimit.set(cacheKey(group), { until: Date.now() + decision.retryMs, cost, decision })
   }
 
+  /** Fail-open is a policy, not a silence: counted every time, logged at most every 10 s. */
+  private noteUnavailable(reason: string, err?: unknown): void {
+    this.metrics.unavailable()
+    const now = Date.now()
+    if (now - this.lastUnavailableLog < UNAVAILABLE_LOG_INTERVAL_MS) return
+    this.lastUnavailableLog = now
+    this.options.log.warn(
+      { err, reason },
+      'rate limit: Redis unavailable, policies decide by their onRedisError (open, closed or local)',
+    )
+  }
+
   private degraded(group: Group, op: 'c' | 'p', outcome: Outcome): void {
-    const { metrics } = this.options
+    const { metrics } = this
     const closed = group.policies.find((p) => p.onRedisError === 'closed')
     if (closed) {
       outcome.unavailable = closed

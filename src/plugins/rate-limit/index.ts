@@ -7,8 +7,10 @@ import type {
   RouteOptions,
 } from 'fastify'
 import fp from 'fastify-plugin'
-import { HttpProblem, sendProblem } from '../../errors.ts'
-import type { RedisClient } from '../../lua/index.ts'
+import { observePluginRedis, whenMetricsReady } from '../shared/metrics.ts'
+import { checkPrincipalOption, type PrincipalFunction, resolvePrincipal } from '../shared/principal.ts'
+import { HttpProblem, sendProblem } from '../shared/problem.ts'
+import { awaitRedisAtBoot, pluginRedis, type RedisClient } from '../shared/redis.ts'
 import { type Decision, type Outcome, RateLimitEngine, type Refund } from './engine.ts'
 import { createMetrics } from './metrics.ts'
 import {
@@ -20,15 +22,19 @@ import {
   signature,
 } from './policy.ts'
 
+export type { Decision } from './engine.ts'
 export { type KeyFunction, keyBy } from './keys.ts'
 export type { Algorithm, AllowList, FailureMode, RateLimitPolicy } from './policy.ts'
+export type { PrincipalFunction }
 
 /** A route's `config.rateLimits`: policies (or names of `namedPolicies`), or false for none at all. */
 export type RouteRateLimit = false | string | RateLimitPolicy | Array<string | RateLimitPolicy>
 
 export interface RateLimitPluginOptions {
-  /** Defaults to the `redis` decorator of the app. */
+  /** Any ioredis Redis or Cluster; defaults to the redis plugin's `app.redis`. Never closed by this plugin. */
   redis?: RedisClient
+  /** Who the caller is, for `keyBy.customer`; default: this suite's session plugin if registered, else nobody. */
+  principal?: PrincipalFunction
   /** Prepended to every key (default `rl:`); keys are `<prefix>{<identity hash>}:<policy name>`. */
   keyPrefix?: string
   /** Applied to every route registered after the plugin (unless the route says `rateLimits: false`). */
@@ -74,6 +80,7 @@ function checkOptions(o: RateLimitPluginOptions): void {
     throw new Error(`rate-limit plugin: ${message}`)
   }
   if (o.keyPrefix !== undefined && typeof o.keyPrefix !== 'string') fail('`keyPrefix` must be a string')
+  checkPrincipalOption('rate-limit', o.principal)
   for (const list of ['policies', 'namedPolicies'] as const) {
     if (o[list] !== undefined && !Array.isArray(o[list])) fail(`\`${list}\` must be an array of policies`)
   }
@@ -138,8 +145,8 @@ function rejection(outcome: Outcome): HttpProblem {
 
 async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOptions) {
   checkOptions(options)
-  const redis = options.redis ?? app.redis
-  if (!redis) throw new Error('rate-limit plugin: pass `redis` or register the redis plugin first')
+  const redis = pluginRedis(app, 'rate-limit', options.redis)
+  await awaitRedisAtBoot(app, redis, 'rate-limit')
   const defaults = options.defaults ?? {}
   const known = new Map<string, { signature: string; policy: Policy }>()
   const define = (raw: RateLimitPolicy): Policy => {
@@ -156,13 +163,23 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
   const named = new Map((options.namedPolicies ?? []).map((raw) => [raw.name, define(raw)]))
   const allow = allowListPredicate(options.allowList)
   const legacy = options.legacyHeaders ?? false
-  const engine = new RateLimitEngine(redis, {
-    keyPrefix: options.keyPrefix ?? 'rl:',
-    overLimitCacheKeys: options.overLimitCacheKeys ?? 10_000,
-    retryRedisAfterMs: options.retryRedisAfterMs ?? 1000,
-    timeoutMs: options.timeoutMs ?? 500,
-    log: app.log,
-    metrics: createMetrics(app.hasDecorator('metrics') ? app.metrics.registry : undefined),
+  const engine = new RateLimitEngine(
+    redis,
+    {
+      keyPrefix: options.keyPrefix ?? 'rl:',
+      overLimitCacheKeys: options.overLimitCacheKeys ?? 10_000,
+      retryRedisAfterMs: options.retryRedisAfterMs ?? 1000,
+      timeoutMs: options.timeoutMs ?? 500,
+      log: app.log,
+    },
+    createMetrics(undefined),
+  )
+  app.addHook('onReady', async () => {
+    engine.principal = resolvePrincipal(app, options.principal)
+  })
+  whenMetricsReady(app, (metrics) => {
+    engine.metrics = createMetrics(metrics.registry)
+    observePluginRedis(app, metrics, redis, 'rate-limit')
   })
 
   const limit = (policies: Policy[]): onRequestHookHandler =>
@@ -224,4 +241,4 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
   })
 }
 
-export default fp(rateLimitPlugin, { name: 'rate-limit', fastify: '5.x' })
+export default fp(rateLimitPlugin, { name: 'fastify-redis-gateway/rate-limit', fastify: '5.x' })

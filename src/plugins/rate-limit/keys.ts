@@ -1,8 +1,12 @@
 import { createHash } from 'node:crypto'
 import type { FastifyRequest } from 'fastify'
+import type { PrincipalFunction } from '../shared/principal.ts'
 
-/** Returns the identity a request's quota belongs to; null or undefined: the policy does not apply. */
-export type KeyFunction = (request: FastifyRequest) => string | null | undefined
+/**
+ * Returns the identity a request's quota belongs to; null or undefined: the policy does not apply.
+ * `principal` is the plugin's `principal` option (or the session plugin's), for keys by caller.
+ */
+export type KeyFunction = (request: FastifyRequest, principal: PrincipalFunction) => string | null | undefined
 
 /** Longest key material hashed; longer client input is cut first so hashing cost stays bounded. */
 const MAX_KEY_INPUT = 512
@@ -31,10 +35,10 @@ const late = <F extends KeyFunction>(key: F): F => {
 /** Ready-made key functions; each prefixes its kind so 'ip:1' and 'customer:1' never share a quota. */
 export const keyBy = {
   ip: (request: FastifyRequest): string => `ip:${request.ip}`,
-  /** The principal of the session loaded by the session plugin (needs hook 'preHandler'); no session, no limit. */
-  customer: late((request: FastifyRequest): string | null => {
-    const session = (request as { session?: { principal: string } | null }).session
-    return session ? `customer:${session.principal}` : null
+  /** The caller, as the plugin's `principal` option says (needs hook 'preHandler'); anonymous: no limit. */
+  customer: late((request: FastifyRequest, principal: PrincipalFunction): string | null => {
+    const who = principal(request)
+    return who ? `customer:${who}` : null
   }),
   /** A string field of the parsed, validated body: needs hook 'preHandler'. */
   bodyField: (field: string) =>

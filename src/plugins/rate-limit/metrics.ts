@@ -1,11 +1,13 @@
 import { Counter, type Registry } from 'prom-client'
-import { type HistogramSeries, TalliedHistogram } from '../tallied-histogram.ts'
+import { type HistogramSeries, TalliedHistogram } from '../shared/tallied-histogram.ts'
 
 export interface RateLimitMetrics {
   /** Counts one decision; cheap enough for every request (see `tallies`). */
   decision(policy: string, outcome: string): void
   /** The script round-trip histogram of one algorithm (keep it; observe per call). */
   scriptSeconds(algorithm: string): HistogramSeries
+  /** Counts one group of policies decided without Redis. */
+  unavailable(): void
 }
 
 type Tallies = Map<string, Map<string, { labels: { policy: string; outcome: string }; n: number }>>
@@ -52,8 +54,16 @@ export function createMetrics(registry: Registry | undefined): RateLimitMetrics 
       [0.0002, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5],
       registry,
     )
+  const unavailable =
+    (registry?.getSingleMetric('rate_limit_redis_unavailable_total') as Counter | undefined) ??
+    new Counter({
+      name: 'rate_limit_redis_unavailable_total',
+      help: 'Rate limit checks decided without Redis (not connected, failed or timed out), by each policy onRedisError',
+      registers: registry ? [registry] : [],
+    })
   const scriptSeries = new Map<string, HistogramSeries>()
   return {
+    unavailable: () => unavailable.inc(),
     decision(policy, outcome) {
       let outcomes = byPolicy.get(policy)
       if (!outcomes) {

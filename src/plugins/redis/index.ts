@@ -2,9 +2,11 @@ import type { Writable } from 'node:stream'
 import type { FastifyInstance } from 'fastify'
 import fp from 'fastify-plugin'
 import { Cluster, type Command, Redis } from 'ioredis'
-import { defineScripts, type RedisClient } from '../lua/index.ts'
+import type { RedisClient } from '../../lua/index.ts'
+import { connectRedis } from '../shared/redis.ts'
 
 export type { RedisClient }
+export { connectRedis }
 
 export interface RedisConnectionOptions {
   url?: string
@@ -17,14 +19,8 @@ export interface RedisConnectionOptions {
 }
 
 export interface RedisPluginOptions extends RedisConnectionOptions {
-  /** Use this client instead of creating one; the caller then owns it and closes it. */
-  client?: RedisClient
-}
-
-declare module 'fastify' {
-  interface FastifyInstance {
-    redis: RedisClient
-  }
+  /** Use this client (any ioredis Redis or Cluster) instead of creating one; the caller then closes it. */
+  redis?: RedisClient
 }
 
 /**
@@ -54,7 +50,6 @@ export function createRedisClient(options: RedisConnectionOptions): RedisClient 
         ...common,
         retryStrategy: (times) => Math.min(times * 50, 1000),
       })
-  defineScripts(client)
   if (client instanceof Redis && options.batchWrites !== false) batchWrites(client)
   // Errors surface on the commands that hit them; an unhandled 'error' event would crash the process.
   client.on('error', () => {})
@@ -67,7 +62,7 @@ export function createRedisClient(options: RedisConnectionOptions): RedisClient 
  * the commands of all the requests that arrived together go out in one writev, and Redis reads
  * them in one read, instead of a write syscall per command on each side. Each command keeps its
  * own reply, in order, and nothing waits beyond the current turn. A loopback write costs more CPU
- * than a cached read's other work (README, "One write per event-loop turn"). Cluster clients route each command
+ * than a cached read's other work (docs/redis.md, "Write batching"). Cluster clients route each command
  * to its node's socket and are left as they are.
  */
 export function batchWrites(client: Redis): void {
@@ -87,24 +82,13 @@ export function batchWrites(client: Redis): void {
   } as typeof client.sendCommand
 }
 
-export async function connectRedis(client: RedisClient): Promise<void> {
-  if (client.status === 'ready') return
-  if (client.status === 'wait') await client.connect()
-  else
-    await new Promise<void>((resolve, reject) => {
-      client.once('ready', resolve)
-      client.once('end', () => reject(new Error('Redis connection ended before it was ready')))
-    })
-}
-
 async function redisPlugin(app: FastifyInstance, options: RedisPluginOptions) {
-  const owned = !options.client
-  const client = options.client ?? createRedisClient(options)
-  if (!owned) defineScripts(client)
+  const owned = !options.redis
+  const client = options.redis ?? createRedisClient(options)
   try {
     await connectRedis(client)
   } catch (err) {
-    client.disconnect()
+    if (owned) client.disconnect()
     throw new Error(
       `Redis is unreachable at ${options.url ?? 'its configured address'}: ${(err as Error).message}`,
     )
@@ -113,4 +97,4 @@ async function redisPlugin(app: FastifyInstance, options: RedisPluginOptions) {
   if (owned) app.addHook('onClose', async () => void (await client.quit().catch(() => client.disconnect())))
 }
 
-export default fp(redisPlugin, { name: 'redis', fastify: '5.x' })
+export default fp(redisPlugin, { name: 'fastify-redis-gateway/redis', fastify: '5.x' })

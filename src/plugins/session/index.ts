@@ -1,8 +1,10 @@
 import fastifyCookie from '@fastify/cookie'
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import fp from 'fastify-plugin'
-import { HttpProblem, sendProblem } from '../../errors.ts'
-import type { RedisClient } from '../../lua/index.ts'
+import { observePluginRedis, whenMetricsReady } from '../shared/metrics.ts'
+import '../shared/principal.ts'
+import { HttpProblem, sendProblem } from '../shared/problem.ts'
+import { awaitRedisAtBoot, pluginRedis, type RedisClient } from '../shared/redis.ts'
 import { type SessionRecord, SessionStore } from './store.ts'
 
 export { type SessionRecord, SessionStore }
@@ -10,7 +12,7 @@ export { type SessionRecord, SessionStore }
 export interface SessionPluginOptions {
   /** Signing secrets, each at least 32 characters; the first signs, all verify (rotation). */
   secrets: string[]
-  /** Defaults to the `redis` decorator of the app. */
+  /** Any ioredis Redis or Cluster; defaults to the redis plugin's `app.redis`. Never closed by this plugin. */
   redis?: RedisClient
   /** Cookie name; with `secure` it gets the `__Host-` prefix. Default `sid`. */
   cookieName?: string
@@ -21,6 +23,7 @@ export interface SessionPluginOptions {
   idleTimeoutMs?: number
   /** Lifetime from login regardless of activity. Default 8 hours. */
   absoluteTimeoutMs?: number
+  /** Prepended to every session and index key. Default `sess:`. */
   keyPrefix?: string
 }
 
@@ -47,6 +50,7 @@ declare module 'fastify' {
 }
 
 function validate(options: SessionPluginOptions): Required<Omit<SessionPluginOptions, 'redis'>> {
+  if (typeof options !== 'object' || options === null) throw new Error('session plugin: options are required')
   const fail = (message: string) => {
     throw new Error(`session plugin: ${message}`)
   }
@@ -82,8 +86,8 @@ const VERIFIED_COOKIES = 10_000
 
 async function sessionPlugin(app: FastifyInstance, rawOptions: SessionPluginOptions) {
   const options = validate(rawOptions)
-  const redis = rawOptions.redis ?? app.redis
-  if (!redis) throw new Error('session plugin: pass `redis` or register the redis plugin first')
+  const redis = pluginRedis(app, 'session', rawOptions.redis)
+  await awaitRedisAtBoot(app, redis, 'session')
   const store = new SessionStore(redis, options)
   const signer = fastifyCookie.signerFactory(options.secrets)
   const cookieName = options.secure ? `__Host-${options.cookieName}` : options.cookieName
@@ -97,6 +101,9 @@ async function sessionPlugin(app: FastifyInstance, rawOptions: SessionPluginOpti
 
   if (!app.hasRequestDecorator('cookies')) await app.register(fastifyCookie)
   app.decorate('sessions', store)
+  // How the rate-limit and idempotency plugins learn who the caller is, unless told otherwise.
+  app.decorate('sessionPrincipal', (request: FastifyRequest) => request.session?.principal ?? null)
+  whenMetricsReady(app, (metrics) => observePluginRedis(app, metrics, redis, 'session'))
   app.decorateRequest('session', null)
   app.decorateRequest('sessionUnavailable', false)
 
@@ -189,4 +196,4 @@ async function sessionPlugin(app: FastifyInstance, rawOptions: SessionPluginOpti
   })
 }
 
-export default fp(sessionPlugin, { name: 'session', fastify: '5.x', dependencies: [] })
+export default fp(sessionPlugin, { name: 'fastify-redis-gateway/session', fastify: '5.x' })

@@ -1,0 +1,51 @@
+import type { FastifyInstance } from 'fastify'
+import type { Registry } from 'prom-client'
+import type { RedisClient } from '../../lua/index.ts'
+import './redis.ts'
+
+/** What the metrics plugin decorates `app.metrics` with. */
+export interface MetricsApi {
+  /** One registry per app, so several apps in one process (tests, benchmarks) never share counters. */
+  registry: Registry
+  /** Times every command `client` sends, labelled `client=<name>` (the first name given wins). */
+  observeRedis(client: RedisClient, name: string): void
+}
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    metrics: MetricsApi
+  }
+}
+
+/**
+ * Runs `register` with the metrics plugin's API once the app is ready, if the metrics plugin is
+ * registered: before or after the calling plugin, either order works. Until then (and without the
+ * metrics plugin) a plugin counts in metrics that nothing exports.
+ */
+export function whenMetricsReady(app: FastifyInstance, register: (metrics: MetricsApi) => void): void {
+  app.addHook('onReady', async () => {
+    if (app.hasDecorator('metrics')) register(app.metrics)
+  })
+}
+
+/** Observes a plugin's Redis client: as `main` when it is the redis plugin's, else under the plugin's name. */
+export function observePluginRedis(
+  app: FastifyInstance,
+  metrics: MetricsApi,
+  client: RedisClient,
+  plugin: string,
+) {
+  metrics.observeRedis(client, app.hasDecorator('redis') && app.redis === client ? 'main' : plugin)
+}
+
+/**
+ * The registry's metric of this name if one exists (a second instance of a plugin in one app shares
+ * it), else `metric`, registered now. Plugins create their metrics unregistered and adopt them here.
+ */
+export function adoptMetric<T>(registry: Registry, metric: T): T {
+  // prom-client's types leave `name` off its metric classes; every instance has it.
+  const existing = registry.getSingleMetric((metric as unknown as { name: string }).name)
+  if (existing) return existing as unknown as T
+  registry.registerMetric(metric as never)
+  return metric
+}

@@ -1,0 +1,31 @@
+import type { FastifyInstance, FastifyRequest } from 'fastify'
+
+/** Who the caller is (a customer id, a user name); null or undefined for an anonymous request. */
+export type PrincipalFunction = (request: FastifyRequest) => string | null | undefined
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    /** Set by this suite's session plugin: the principal of the request's session, if any. */
+    sessionPrincipal: PrincipalFunction
+  }
+}
+
+const nobody: PrincipalFunction = () => null
+
+/**
+ * The principal function a plugin uses: its own `principal` option, else this suite's session
+ * plugin when it is registered (asked once the app is ready, so registration order does not matter),
+ * else nobody. Call it from onReady or later.
+ */
+export function resolvePrincipal(
+  app: FastifyInstance,
+  option: PrincipalFunction | undefined,
+): PrincipalFunction {
+  if (option) return option
+  return app.hasDecorator('sessionPrincipal') ? app.sessionPrincipal : nobody
+}
+
+export function checkPrincipalOption(plugin: string, option: unknown): void {
+  if (option !== undefined && typeof option !== 'function')
+    throw new Error(`${plugin} plugin: \`principal\` must be a function of the request`)
+}

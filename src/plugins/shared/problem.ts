@@ -1,0 +1,44 @@
+import type { FastifyReply } from 'fastify'
+
+export const PROBLEM_CONTENT_TYPE = 'application/problem+json; charset=utf-8'
+
+/** RFC 9457 problem details as sent: `type` is a relative URI under /problems/. */
+export interface ProblemBody {
+  type: string
+  title: string
+  status: number
+  detail: string
+  [extension: string]: string | number
+}
+
+/** An error answered as application/problem+json; plugins send it themselves, an app's error handler may too. */
+export class HttpProblem extends Error {
+  readonly status: number
+  readonly type: string
+  readonly title: string
+  readonly headers: Record<string, string>
+  readonly extra: Record<string, string>
+
+  constructor(
+    status: number,
+    slug: string,
+    title: string,
+    detail: string,
+    options: { headers?: Record<string, string>; extra?: Record<string, string> } = {},
+  ) {
+    super(detail)
+    this.status = status
+    this.type = `/problems/${slug}`
+    this.title = title
+    this.headers = options.headers ?? {}
+    this.extra = options.extra ?? {}
+  }
+
+  toJSON(): ProblemBody {
+    return { type: this.type, title: this.title, status: this.status, detail: this.message, ...this.extra }
+  }
+}
+
+export function sendProblem(reply: FastifyReply, problem: HttpProblem): FastifyReply {
+  return reply.code(problem.status).headers(problem.headers).type(PROBLEM_CONTENT_TYPE).send(problem.toJSON())
+}

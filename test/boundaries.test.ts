@@ -1,0 +1,87 @@
+import assert from 'node:assert/strict'
+import { readdirSync, readFileSync } from 'node:fs'
+import { dirname, join, relative, resolve } from 'node:path'
+import { test } from 'node:test'
+import { fileURLToPath } from 'node:url'
+
+// The library (src/index.ts, src/plugins, src/lua) stands without the demo, each plugin on its own
+// folder plus the shared ones, and the demo reaches the library only through its public entry.
+const root = resolve(dirname(fileURLToPath(import.meta.url)), '..')
+const src = join(root, 'src')
+
+function sourceFiles(dir: string): string[] {
+  return readdirSync(dir, { withFileTypes: true }).flatMap((entry) => {
+    const path = join(dir, entry.name)
+    if (entry.isDirectory()) return sourceFiles(path)
+    return entry.name.endsWith('.ts') ? [path] : []
+  })
+}
+
+/** Every relative module a file imports or re-exports, resolved to a path under src/. */
+export function relativeImports(file: string, text = readFileSync(file, 'utf8')): string[] {
+  const specifiers = [
+    ...text.matchAll(/(?:^|\s)(?:import|export)\s[^'"]*?from\s+'(\.[^']+)'|import\s+'(\.[^']+)'/g),
+  ]
+  return specifiers.map((m) => relative(src, resolve(dirname(file), (m[1] ?? m[2])!)))
+}
+
+const isLibrary = (path: string) =>
+  path === 'index.ts' || path.startsWith('plugins/') || path.startsWith('lua/')
+
+/** What `file` (relative to src/) may import, or null when it may import anything. */
+function allowed(file: string): ((target: string) => boolean) | null {
+  const plugin = /^plugins\/([^/]+)\//.exec(file)?.[1]
+  if (plugin === 'shared') return (t) => t.startsWith('plugins/shared/') || t.startsWith('lua/')
+  if (plugin)
+    return (t) =>
+      t.startsWith(`plugins/${plugin}/`) || t.startsWith('plugins/shared/') || t.startsWith('lua/')
+  if (file.startsWith('lua/')) return (t) => t.startsWith('lua/')
+  if (file === 'index.ts') return (t) => isLibrary(t)
+  // The demo: anything of its own, and of the library only the public entry.
+  return (t) => !isLibrary(t) || t === 'index.ts'
+}
+
+export function violations(files: string[]): string[] {
+  const found: string[] = []
+  for (const path of files) {
+    const file = relative(src, path)
+    const may = allowed(file)
+    for (const target of relativeImports(path)) {
+      if (target.startsWith('..')) found.push(`${file} imports ${target}, outside src/`)
+      else if (may && !may(target)) found.push(`${file} imports ${target}`)
+    }
+  }
+  return found
+}
+
+test('the library imports nothing of the demo, each plugin only its folder, shared and lua', () => {
+  assert.deepEqual(violations(sourceFiles(src)), [])
+})
+
+test('the check catches a plugin importing the demo or another plugin, and the demo reaching inside a plugin', () => {
+  const probe = (file: string, line: string) => {
+    const path = join(src, file)
+    const found: string[] = []
+    for (const target of relativeImports(path, line)) {
+      const may = allowed(file)
+      if (may && !may(target)) found.push(target)
+    }
+    return found
+  }
+  assert.deepEqual(probe('plugins/rate-limit/index.ts', "import { buildApp } from '../../app.ts'"), [
+    'app.ts',
+  ])
+  assert.deepEqual(probe('plugins/cache/index.ts', "import { x } from '../redis/index.ts'"), [
+    'plugins/redis/index.ts',
+  ])
+  assert.deepEqual(probe('plugins/shared/problem.ts', "import type { Config } from '../../config.ts'"), [
+    'config.ts',
+  ])
+  assert.deepEqual(probe('lua/index.ts', "export { y } from '../db/database.ts'"), ['db/database.ts'])
+  assert.deepEqual(
+    probe('ledger/ledger.ts', "import { keyMismatch } from '../plugins/idempotency/problems.ts'"),
+    ['plugins/idempotency/problems.ts'],
+  )
+  assert.deepEqual(probe('ledger/ledger.ts', "import { idempotencyKeyMismatch } from '../index.ts'"), [])
+  assert.deepEqual(probe('plugins/session/index.ts', "import '../shared/principal.ts'"), [])
+})
