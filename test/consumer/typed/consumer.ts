@@ -1,0 +1,51 @@
+// Type-checked against the shipped .d.ts only: what a TypeScript user of the package writes.
+import Fastify from 'fastify'
+import {
+  type CachePluginOptions,
+  cache,
+  type Decision,
+  type IdempotencyPluginOptions,
+  idempotency,
+  keyBy,
+  metrics,
+  type PrincipalFunction,
+  type RateLimitPolicy,
+  rateLimit,
+  type SessionRecord,
+  session,
+} from 'fastify-redis-gateway'
+import redisPlugin, { createRedisClient, type RedisClient } from 'fastify-redis-gateway/redis'
+import { Redis } from 'ioredis'
+
+const client: RedisClient = new Redis()
+const principal: PrincipalFunction = (request) => request.headers['x-user'] as string | undefined
+const policy: RateLimitPolicy = {
+  name: 'per-user',
+  algorithm: 'gcra',
+  limit: 10,
+  windowMs: 1000,
+  key: keyBy.customer,
+  hook: 'preHandler',
+  onRedisError: 'local',
+}
+const idem: IdempotencyPluginOptions = { redis: client, principal, onRedisError: 'open' }
+const cached: CachePluginOptions = {
+  redis: createRedisClient({ url: 'redis://127.0.0.1:6379' }),
+  ttlMs: 5000,
+}
+
+const app = Fastify()
+await app.register(redisPlugin, { redis: client })
+await app.register(rateLimit, { namedPolicies: [policy], principal })
+await app.register(idempotency, idem)
+await app.register(session, { secrets: ['x'.repeat(32)], sameSite: 'strict' })
+await app.register(cache, cached)
+await app.register(metrics, { path: '/metrics' })
+
+app.post('/pay', { config: { rateLimits: 'per-user', idempotency: { required: true } } }, async (request) => {
+  const current: SessionRecord | null = request.session
+  const balance: number | null = await app.cache.getOrLoad('balance:1', async () => 42)
+  const decisions: Decision[] = await app.rateLimiter.peek(request, 'per-user')
+  return { user: current?.principal ?? null, balance, remaining: decisions[0]?.remaining ?? null }
+})
+app.metrics.registry.contentType.toLowerCase()
