@@ -7,6 +7,8 @@
 -- ARGV[1]  op: 'c' consume, 'p' peek, 'r' refund (removes the members added under ARGV[2])
 -- ARGV[2]  request nonce
 -- per policy i, from b = 3 + (i - 1) * 4: ARGV[b] limit, ARGV[b+1] window ms, ARGV[b+2] cost, ARGV[b+3] unused
+--          (cost is a whole number >= 1: ZADD takes at least one member, and the app skips a policy
+--          for a request that costs nothing)
 -- Reply: { allowed 0/1, delay ms (always 0), then per policy: remaining, reset ms, retry ms, 0 }
 --        (remaining counts this request on a consume; on a peek it is the quota as it stands)
 -- The common case (one policy, consume, admitted) without tables; anything else falls through to

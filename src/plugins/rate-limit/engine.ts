@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto'
 import type { FastifyBaseLogger, FastifyRequest } from 'fastify'
 import { type RedisClient, runScript } from '../../lua/index.ts'
 import type { PrincipalFunction } from '../shared/principal.ts'
-import { identityTag } from './keys.ts'
+import { identityTag, MAX_KEY_INPUT } from './keys.ts'
 import { LocalLimiter } from './local.ts'
 import type { RateLimitMetrics } from './metrics.ts'
 import type { Policy } from './policy.ts'
@@ -57,18 +57,77 @@ export interface EngineOptions {
 /** Decisions taken without Redis are logged at most this often per engine (each one is counted). */
 const UNAVAILABLE_LOG_INTERVAL_MS = 10_000
 
+/**
+ * Sliding-log members are `<nonce><sequence>:<n>`. Both are per process (per copy of this module),
+ * not per engine: two plugin instances sharing a key space must never write the same member, or
+ * one request's entry overwrites another's and the log undercounts.
+ */
 const PROCESS_NONCE = randomBytes(6).toString('base64url')
+let sequence = 0
+
+/**
+ * Local limiters are per process for one quota (key prefix, policy and its settings): two plugin
+ * instances sharing a key space share one Redis counter, so in local mode they share the process's
+ * share of it too. Released when the last engine using one closes.
+ */
+const sharedLocals = new Map<string, { limiter: LocalLimiter; users: number }>()
+
+/**
+ * Redis error replies that say the server cannot serve anyone right now (loading, a busy script,
+ * a failover in progress, out of memory, refused credentials), not that this call was wrong.
+ */
+const UNAVAILABLE_REPLIES = new Set([
+  'LOADING',
+  'BUSY',
+  'MASTERDOWN',
+  'CLUSTERDOWN',
+  'TRYAGAIN',
+  'READONLY',
+  'NOREPLICAS',
+  'MISCONF',
+  'OOM',
+  'NOAUTH',
+  'NOPERM',
+])
+
+/**
+ * Connection failures and timeouts (any error that is not a Redis reply) and the replies above
+ * mean Redis is down. Any other reply (a script error, a key of another type) is about this call.
+ */
+function redisUnavailable(err: unknown): boolean {
+  if (!(err instanceof Error) || err.name !== 'ReplyError') return true
+  const space = err.message.indexOf(' ')
+  return UNAVAILABLE_REPLIES.has(space < 0 ? err.message : err.message.slice(0, space))
+}
+
+/**
+ * A policy could not be applied to one request: one of its functions threw or returned what
+ * cannot be counted, or Redis refused the script call. The route's bug, answered 500 for that
+ * request only; never taken for a Redis outage.
+ */
+export class RateLimitError extends Error {
+  readonly policies: string[]
+
+  constructor(policies: string[], message: string, cause?: unknown) {
+    super(`rate limit: policy '${policies.join("', '")}': ${message}`, { cause })
+    this.name = 'RateLimitError'
+    this.policies = policies
+  }
+}
+
+/** A returned or thrown value in an error message, without calling anything of it. */
+const shown = (value: unknown) => (typeof value === 'number' ? String(value) : `a ${typeof value}`)
 
 /** Decides requests against policies: one script call per key identity, with fallbacks. */
 export class RateLimitEngine {
   private readonly redis: RedisClient
   private readonly options: EngineOptions
   private readonly locals = new Map<string, LocalLimiter>()
+  private readonly localIds: string[] = []
   /** Groups already over their limit, answered without Redis until their retry time. */
   private readonly overLimit = new Map<string, { until: number; cost: number; decision: Decision }>()
   private readonly ownTimeout: boolean
   private redisDownUntil = 0
-  private sequence = 0
   private readonly tags = new Map<string, string>()
   private lastUnavailableLog = 0
   /** Replaced once the app is ready: the metrics plugin's registry and the resolved principal. */
@@ -96,16 +155,41 @@ export class RateLimitEngine {
   ): Promise<Outcome | null> {
     const groups = new Map<string, Group>()
     for (const policy of policies) {
-      if (policy.allow?.(request)) continue
-      const identity = policy.key(request, this.principal)
-      if (identity === null || identity === undefined) continue
+      let identity: unknown
+      let cost: unknown
+      try {
+        if (policy.allow?.(request)) continue
+        identity = policy.key(request, this.principal)
+        if (identity === null || identity === undefined) continue
+        cost = typeof policy.cost === 'number' ? policy.cost : policy.cost(request)
+      } catch (err) {
+        throw new RateLimitError(
+          [policy.name],
+          `its allowList, key or cost function threw: ${err instanceof Error ? err.message : shown(err)}`,
+          err,
+        )
+      }
+      if (typeof identity !== 'string')
+        throw new RateLimitError([policy.name], `its key function returned ${shown(identity)}, not a string`)
+      // A constant cost was checked at boot. A computed one reaches Lua only as a whole number of
+      // units: a fraction or a huge number breaks the script, a negative one would hand quota back.
+      if (typeof policy.cost !== 'number') {
+        if (!Number.isSafeInteger(cost) || (cost as number) < 0)
+          throw new RateLimitError(
+            [policy.name],
+            `its cost function returned ${shown(cost)}, not a whole number of units (0 or more)`,
+          )
+        // Costs nothing: the policy has nothing to decide for this request.
+        if (cost === 0) continue
+        // It can never pass; limit + 1 says so to every script with small, exact numbers.
+        if ((cost as number) > policy.limit) cost = policy.limit + 1
+      }
       const tag = this.tagOf(identity)
       const id = `${policy.script}${tag}`
-      const cost = typeof policy.cost === 'number' ? policy.cost : policy.cost(request)
       const group = groups.get(id) ?? { id, policies: [], costs: [], keys: [] }
       if (!groups.has(id)) groups.set(id, group)
       group.policies.push(policy)
-      group.costs.push(cost)
+      group.costs.push(cost as number)
       group.keys.push(this.keyOf(tag, policy))
     }
     if (groups.size === 0) return null
@@ -142,9 +226,7 @@ export class RateLimitEngine {
     const script = group.policies[0]!.script
     // Only the sliding log stores members; the other scripts ignore the nonce slot.
     const nonce =
-      group.policies[0]!.algorithm === 'sliding-log'
-        ? `${PROCESS_NONCE}${(++this.sequence).toString(36)}`
-        : ''
+      group.policies[0]!.algorithm === 'sliding-log' ? `${PROCESS_NONCE}${(++sequence).toString(36)}` : ''
     const argv: Array<string | number> = [op, nonce]
     group.policies.forEach((p, i) => {
       argv.push(p.args[0], p.args[1], group.costs[i]!, p.maxDelayMs)
@@ -155,6 +237,13 @@ export class RateLimitEngine {
       const call = runScript<number[]>(this.redis, script, group.keys, argv)
       reply = await (this.ownTimeout ? withTimeout(call, this.options.timeoutMs) : call)
     } catch (err) {
+      if (!redisUnavailable(err)) {
+        throw new RateLimitError(
+          group.policies.map((p) => p.name),
+          `Redis refused the script call: ${(err as Error).message}`,
+          err,
+        )
+      }
       this.redisDownUntil = Date.now() + this.options.retryRedisAfterMs
       this.noteUnavailable((err as Error).message, err)
       return this.degraded(group, op, outcome)
@@ -266,14 +355,37 @@ export class RateLimitEngine {
   private local(policy: Policy): LocalLimiter {
     let limiter = this.locals.get(policy.name)
     if (!limiter) {
-      limiter = new LocalLimiter(policy)
+      const id = `${this.options.keyPrefix}\0${policy.header}\0${policy.algorithm}\0${policy.args}\0${policy.localShare}`
+      let shared = sharedLocals.get(id)
+      if (!shared) {
+        shared = { limiter: new LocalLimiter(policy), users: 0 }
+        sharedLocals.set(id, shared)
+      }
+      shared.users++
+      limiter = shared.limiter
       this.locals.set(policy.name, limiter)
+      this.localIds.push(id)
     }
     return limiter
   }
 
-  /** Hashing is most of the per-request CPU outside Redis: recent identities keep their tag. */
+  /** Lets go of the shared local limiters this engine used (the app is closing). */
+  close(): void {
+    for (const id of this.localIds) {
+      const shared = sharedLocals.get(id)
+      if (shared && --shared.users === 0) sharedLocals.delete(id)
+    }
+    this.localIds.length = 0
+    this.locals.clear()
+  }
+
+  /**
+   * Hashing is most of the per-request CPU outside Redis: recent identities keep their tag. Only
+   * identities up to the hashed length are remembered: 10000 long client-supplied strings (a
+   * body field can be a megabyte) would otherwise be held here.
+   */
   private tagOf(identity: string): string {
+    if (identity.length > MAX_KEY_INPUT) return identityTag(identity)
     let tag = this.tags.get(identity)
     if (tag === undefined) {
       if (this.tags.size >= 10_000) this.tags.clear()

@@ -11,7 +11,7 @@ import { observePluginRedis, whenMetricsReady } from '../shared/metrics.ts'
 import { checkPrincipalOption, type PrincipalFunction, resolvePrincipal } from '../shared/principal.ts'
 import { HttpProblem, sendProblem } from '../shared/problem.ts'
 import { awaitRedisAtBoot, pluginRedis, type RedisClient } from '../shared/redis.ts'
-import { type Decision, type Outcome, RateLimitEngine, type Refund } from './engine.ts'
+import { type Decision, type Outcome, RateLimitEngine, RateLimitError, type Refund } from './engine.ts'
 import { createMetrics } from './metrics.ts'
 import {
   type AllowList,
@@ -143,6 +143,24 @@ function rejection(outcome: Outcome): HttpProblem {
   )
 }
 
+/**
+ * A request the limiter could not check because of the route's own setup (a policy function threw
+ * or returned what cannot be counted, Redis refused the script): 500 for this request only, logged
+ * with the policy, and never taken for a Redis outage that would change every other route.
+ */
+function notChecked(request: FastifyRequest, err: unknown): HttpProblem {
+  const policies = err instanceof RateLimitError ? err.policies : []
+  request.log.error({ err, policy: policies.join(', ') || undefined }, 'rate limit: request not checked')
+  const named = policies.length ? ` '${policies.join("', '")}'` : 's'
+  return new HttpProblem(
+    500,
+    'rate-limit-error',
+    'Internal server error',
+    `Rate limit${named} could not be applied to this request.`,
+    policies.length ? { extra: { policy: policies.join(', ') } } : {},
+  )
+}
+
 async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOptions) {
   checkOptions(options)
   const redis = pluginRedis(app, 'rate-limit', options.redis)
@@ -177,6 +195,7 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
   app.addHook('onReady', async () => {
     engine.principal = resolvePrincipal(app, options.principal)
   })
+  app.addHook('onClose', async () => engine.close())
   whenMetricsReady(app, (metrics) => {
     engine.metrics = createMetrics(metrics.registry)
     observePluginRedis(app, metrics, redis, 'rate-limit')
@@ -184,8 +203,15 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
 
   const limit = (policies: Policy[]): onRequestHookHandler =>
     async function rateLimitHook(request, reply) {
-      if (allow?.(request)) return
-      const outcome = await engine.evaluate(request, policies, 'c')
+      let outcome: Outcome | null
+      try {
+        if (allow?.(request)) return
+        outcome = await engine.evaluate(request, policies, 'c')
+      } catch (err) {
+        if (err instanceof RateLimitError)
+          for (const name of err.policies) engine.metrics.decision(name, 'error')
+        return sendProblem(reply, notChecked(request, err))
+      }
       if (!outcome) return
       writeHeaders(reply, outcome.decisions, legacy)
       if (outcome.refunds.length)
@@ -197,7 +223,17 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
   // In onSend, before the client sees the answer: its next attempt already finds the quota back.
   const refundSuccesses = async (request: FastifyRequest, reply: FastifyReply, payload: unknown) => {
     for (const refund of request.rateLimitRefunds ?? []) {
-      if (refund.policy.isFailure!(reply)) continue
+      let failure = true
+      try {
+        failure = refund.policy.isFailure!(reply)
+      } catch (err) {
+        // A predicate that throws must not break the response: the attempt stays counted (the safe side).
+        request.log.error(
+          { err, policy: refund.policy.name },
+          'rate limit: countOnlyFailures predicate threw',
+        )
+      }
+      if (failure) continue
       await engine.refund(refund).catch((err) => request.log.warn({ err }, 'rate limit refund failed'))
     }
     return payload

@@ -9,7 +9,7 @@ import type { PrincipalFunction } from '../shared/principal.ts'
 export type KeyFunction = (request: FastifyRequest, principal: PrincipalFunction) => string | null | undefined
 
 /** Longest key material hashed; longer client input is cut first so hashing cost stays bounded. */
-const MAX_KEY_INPUT = 512
+export const MAX_KEY_INPUT = 512
 
 /**
  * The hash tag of a key identity. Client-supplied parts (usernames, headers, forwarded IPs) never

@@ -24,7 +24,7 @@ function decisionsCounter(registry: Registry | undefined): Counter<'policy' | 'o
   if (existing) return existing as Counter<'policy' | 'outcome'>
   const counter: Counter<'policy' | 'outcome'> = new Counter({
     name: 'rate_limit_decisions_total',
-    help: 'Rate limit decisions by policy and outcome (allowed, delayed, rejected, rejected_cached, degraded_*)',
+    help: 'Rate limit decisions by policy and outcome (allowed, delayed, rejected, rejected_cached, degraded_*, error)',
     labelNames: ['policy', 'outcome'] as const,
     registers: registry ? [registry] : [],
     collect() {

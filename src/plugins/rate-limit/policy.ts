@@ -160,16 +160,49 @@ export function normalizePolicy(raw: RateLimitPolicy, defaults: Partial<RateLimi
   }
 }
 
-/** Same settings wherever a name is used: one name is one counter, shared across routes. */
+/**
+ * Every option of a policy with its value when not given. Typed so that an option added to
+ * RateLimitPolicy and not listed here fails to compile: `signature` compares all of them.
+ */
+const OPTION_DEFAULTS: { [K in keyof Omit<RateLimitPolicy, 'name'>]-?: unknown } = {
+  algorithm: undefined,
+  limit: undefined,
+  windowMs: undefined,
+  refillPerSecond: undefined,
+  key: keyBy.ip,
+  cost: 1,
+  hook: 'onRequest',
+  countOnlyFailures: false,
+  onRedisError: 'open',
+  localShare: 1,
+  maxDelayMs: 0,
+  allowList: undefined,
+}
+
+const functionIds = new WeakMap<object, number>()
+let functionCount = 0
+
+/** Functions compare by identity: each one gets a number the first time it is seen. */
+function functionId(f: object): string {
+  let id = functionIds.get(f)
+  if (id === undefined) {
+    id = ++functionCount
+    functionIds.set(f, id)
+  }
+  return `function #${id}`
+}
+
+/**
+ * Same settings wherever a name is used: one name is one counter, shared across routes. Every
+ * option counts (a default and its explicit value are the same); functions by identity.
+ */
 export function signature(raw: RateLimitPolicy, defaults: Partial<RateLimitPolicy> = {}): string {
-  const p = { ...defaults, ...raw }
-  return JSON.stringify([
-    p.algorithm,
-    p.limit,
-    p.windowMs,
-    p.refillPerSecond,
-    p.hook,
-    p.onRedisError,
-    p.localShare,
-  ])
+  const p: Record<string, unknown> = { ...defaults, ...raw }
+  const values = Object.entries(OPTION_DEFAULTS).map(([option, fallback]) => {
+    const value = option === 'key' && p.key === 'ip' ? keyBy.ip : (p[option] ?? fallback)
+    if (typeof value === 'function') return functionId(value)
+    // An allow list of IPs is a set: the order it was written in does not matter.
+    return Array.isArray(value) ? [...value].sort() : value
+  })
+  return JSON.stringify(values)
 }
