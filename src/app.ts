@@ -19,6 +19,7 @@ import {
 } from './index.ts'
 import accountRoutes from './routes/accounts.ts'
 import healthRoutes from './routes/health.ts'
+import { refuseUnstorableText } from './routes/input.ts'
 import sessionRoutes from './routes/session.ts'
 import transferRoutes from './routes/transfers.ts'
 
@@ -49,6 +50,7 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
   app.removeContentTypeParser('text/plain')
 
   registerProblemHandlers(app)
+  refuseUnstorableText(app)
   await app.register(metrics)
   await app.register(redis, { redis: deps.redis, ...config.redis })
   await app.register(postgres, { database: deps.database, connectionString: config.databaseUrl })
@@ -102,6 +104,8 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
         },
       ],
       namedPolicies: [
+        // scrypt costs ~50 ms of CPU: one IP gets this many password checks, a new username each time or not.
+        { name: 'login-ip', algorithm: 'sliding-counter', ...limits.loginIp },
         {
           name: 'login',
           algorithm: 'sliding-log',

@@ -27,6 +27,7 @@ const EnvSchema = Type.Object({
   SESSION_ABSOLUTE_TIMEOUT: Type.Optional(Type.String({ pattern: '^[0-9]+(ms|s|m|h)$' })),
   RATE_LIMIT_TRANSFERS: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*/[0-9]+(ms|s|m|h)$' })),
   RATE_LIMIT_LOGIN: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*/[0-9]+(ms|s|m|h)$' })),
+  RATE_LIMIT_LOGIN_IP: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*/[0-9]+(ms|s|m|h)$' })),
   RATE_LIMIT_IP: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*,[0-9]+(\\.[0-9]+)?$' })),
   RATE_LIMITS: Type.Optional(Type.Union([Type.Literal('on'), Type.Literal('off')])),
   SEED_DEMO: Type.Optional(Type.Union([Type.Literal('true'), Type.Literal('false')])),
@@ -48,6 +49,7 @@ const HINTS: Record<string, string> = {
   SESSION_ABSOLUTE_TIMEOUT: 'a duration like 8h',
   RATE_LIMIT_TRANSFERS: 'LIMIT/WINDOW like 10/60s',
   RATE_LIMIT_LOGIN: 'LIMIT/WINDOW like 5/60s',
+  RATE_LIMIT_LOGIN_IP: 'LIMIT/WINDOW like 20/60s',
   RATE_LIMIT_IP: 'CAPACITY,REFILL_PER_SECOND like 100,50',
   RATE_LIMITS: 'on or off',
   SEED_DEMO: 'true or false',
@@ -79,6 +81,8 @@ export interface Config {
     enabled: boolean
     transfers: WindowLimit
     login: WindowLimit
+    /** Every login attempt from one IP, whatever the username: bounds the password-hashing CPU one client gets. */
+    loginIp: WindowLimit
     ip: { capacity: number; refillPerSecond: number }
   }
   seedDemo: boolean
@@ -161,6 +165,7 @@ export function loadConfig(env: Record<string, string | undefined> = process.env
       enabled: (e.RATE_LIMITS ?? 'on') === 'on',
       transfers: parseWindowLimit(e.RATE_LIMIT_TRANSFERS ?? '10/60s'),
       login: parseWindowLimit(e.RATE_LIMIT_LOGIN ?? '5/60s'),
+      loginIp: parseWindowLimit(e.RATE_LIMIT_LOGIN_IP ?? '20/60s'),
       ip: { capacity: Number(capacity), refillPerSecond: Number(refill) },
     },
     seedDemo: e.SEED_DEMO !== 'false',

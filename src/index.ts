@@ -17,6 +17,7 @@ export {
 export { default as metrics, type MetricsApi, type MetricsPluginOptions } from './plugins/metrics/index.ts'
 export {
   type Algorithm,
+  type AllowList,
   type Decision,
   default as rateLimit,
   type FailureMode,

@@ -68,15 +68,16 @@ test('a scripted session moves every counter by exactly what it did', async () =
   assert.equal(moved('http_request_duration_seconds_count'), 8)
 
   // Rate limits: the IP bucket decides each of the seven requests (not /metrics: registered before
-  // the rate-limit plugin, it has no limit); the login
-  // policy counts failures only, so the success was refunded, the first wrong password allowed and
-  // the second rejected.
+  // the rate-limit plugin, it has no limit); the per-IP login counter allows all three attempts; the
+  // login policy counts failures only, so the success was refunded, the first wrong password allowed
+  // and the second rejected.
   const decisions = (labels: Record<string, string>) => moved('rate_limit_decisions_total', labels)
   assert.equal(decisions({ policy: 'login', outcome: 'allowed' }), 2)
   assert.equal(decisions({ policy: 'login', outcome: 'rejected' }), 1)
   assert.equal(decisions({ policy: 'ip', outcome: 'allowed' }), 7)
+  assert.equal(decisions({ policy: 'login-ip', outcome: 'allowed' }), 3)
   assert.equal(decisions({ policy: 'transfers', outcome: 'allowed' }), 2)
-  assert.equal(moved('rate_limit_decisions_total'), 12)
+  assert.equal(moved('rate_limit_decisions_total'), 15)
 
   // Idempotency: one new claim, stored once, then one replay; nothing else.
   assert.equal(moved('idempotency_requests_total', { outcome: 'new' }), 1)
@@ -111,8 +112,10 @@ test('a scripted session moves every counter by exactly what it did', async () =
   assert.equal(redis('script:idempotencyClaim'), 2)
   assert.equal(redis('script:idempotencyComplete'), 1)
   // Limits: the IP bucket once per request; the transfers window for both transfers (the replay
-  // too: limits run before idempotency); the login log for each attempt plus the success's refund.
+  // too: limits run before idempotency); the per-IP login counter for each attempt; the login log
+  // for each attempt plus the success's refund.
   assert.equal(redis('script:rateLimitTokenBucket'), 7)
+  assert.equal(redis('script:rateLimitSlidingCounter'), 3)
   assert.equal(redis('script:rateLimitFixedWindow'), 2)
   assert.equal(redis('script:rateLimitSlidingLog'), 4)
   // The cache's own client: a read per balance request, one fill after the miss, and one

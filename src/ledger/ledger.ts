@@ -93,6 +93,9 @@ export async function getAccountWithOwner(db: Queryable, accountId: number): Pro
   return row ? { ...toAccount(row), customerId: row.customer_id } : null
 }
 
+export const sameAccount = () =>
+  new HttpProblem(400, 'same-account', 'Same account', 'fromAccountId and toAccountId must differ.')
+
 export const accountNotFound = (accountId: number) =>
   new HttpProblem(
     404,
@@ -104,12 +107,23 @@ export const accountNotFound = (accountId: number) =>
 interface PreviousTransfer {
   request_fingerprint: string
   response: Transfer
+  recipient_customer_id: number
 }
 
-/** A transfer already made with this key: same request replays its response, another is refused. */
+/** The transfer a customer ($customer) already made with a key ($key), as one jsonb value or null. */
+const previousTransfer = (customer: string, key: string) =>
+  `(SELECT jsonb_build_object('request_fingerprint', t.request_fingerprint, 'response', t.response,
+     'recipient_customer_id', (SELECT a.customer_id FROM accounts a WHERE a.id = t.to_account_id))
+   FROM transfers t WHERE t.customer_id = ${customer} AND t.idempotency_key = ${key})`
+
+/**
+ * A transfer already made with this key: same request replays its response, another is refused.
+ * The recipient comes along so a replay invalidates both customers' cached accounts, as the first
+ * response did (or would have, had the process survived its commit).
+ */
 function replayPrevious(previous: PreviousTransfer, idempotency: TransferIdempotency): TransferResult {
   if (previous.request_fingerprint !== idempotency.fingerprint) throw idempotencyKeyMismatch()
-  return { ...previous.response, replayed: true }
+  return { ...previous.response, replayed: true, recipientCustomerId: previous.recipient_customer_id }
 }
 
 /**
@@ -131,13 +145,22 @@ export async function executeTransfer(
     return await moveMoney(db, input, idempotency)
   } catch (err) {
     if (!idempotency || (err as { code?: string }).code !== '23505') throw err
-    const [previous] = await db.query<PreviousTransfer>(
-      'SELECT request_fingerprint, response FROM transfers WHERE customer_id = $1 AND idempotency_key = $2',
-      [input.customerId, idempotency.key],
-    )
+    const previous = await findPrevious(db, input.customerId, idempotency.key)
     if (!previous) throw err
     return replayPrevious(previous, idempotency)
   }
+}
+
+async function findPrevious(
+  db: Queryable,
+  customerId: number,
+  key: string,
+): Promise<PreviousTransfer | null> {
+  const [row] = await db.query<{ previous: PreviousTransfer | null }>(
+    `SELECT ${previousTransfer('$1', '$2')} AS previous`,
+    [customerId, key],
+  )
+  return row?.previous ?? null
 }
 
 async function moveMoney(
@@ -148,24 +171,38 @@ async function moveMoney(
   const { customerId, fromAccountId, toAccountId, amount, currency } = input
   return db.transaction(async (tx) => {
     const rows = await tx.query<AccountRow & { previous: PreviousTransfer | null }>(
-      `SELECT id, customer_id, currency, balance,
-         (SELECT jsonb_build_object('request_fingerprint', request_fingerprint, 'response', response)
-          FROM transfers WHERE customer_id = $3 AND idempotency_key = $4) AS previous
+      `SELECT id, customer_id, currency, balance, ${previousTransfer('$3', '$4')} AS previous
        FROM accounts WHERE id IN ($1, $2) ORDER BY id FOR UPDATE`,
       [fromAccountId, toAccountId, customerId, idempotency?.key ?? null],
     )
-    const previous = rows[0]?.previous
-    if (previous && idempotency) return replayPrevious(previous, idempotency)
+    // Postgres answers for a key it holds before anything else is said about this request: a reused
+    // key with a bad body (same account, unknown accounts) is a mismatch, never a new stored error
+    // that would stand in for the original transfer's replay. Missing accounts cost one more lookup.
+    if (idempotency) {
+      const previous =
+        rows.length > 0 ? rows[0]!.previous : await findPrevious(tx, customerId, idempotency.key)
+      if (previous) return replayPrevious(previous, idempotency)
+    }
+    if (fromAccountId === toAccountId) throw sameAccount()
     const from = rows.find((r) => r.id === fromAccountId)
     const to = rows.find((r) => r.id === toAccountId)
     if (!from || from.customer_id !== customerId) throw accountNotFound(fromAccountId)
     if (!to) throw accountNotFound(toAccountId)
-    if (from.currency !== currency || to.currency !== currency) {
+    if (from.currency !== currency) {
       throw new HttpProblem(
         422,
         'currency-mismatch',
         'Currency mismatch',
-        `The transfer is in ${currency}; account ${fromAccountId} holds ${from.currency} and account ${toAccountId} holds ${to.currency}.`,
+        `The transfer is in ${currency}; account ${fromAccountId} holds ${from.currency}.`,
+      )
+    }
+    // The recipient may be another customer: its currency is not ours to disclose.
+    if (to.currency !== currency) {
+      throw new HttpProblem(
+        422,
+        'currency-mismatch',
+        'Currency mismatch',
+        `The transfer is in ${currency}; account ${toAccountId} cannot receive it.`,
       )
     }
     if (toSafeInteger(from.balance) < amount) {

@@ -12,8 +12,8 @@ export const accountsCacheKey = (customerId: number) => `accounts:${customerId}`
 /**
  * Called once a transfer has committed: drops both balances and both owners' account lists.
  * Never throws (the money has moved); failures are logged and counted, and the TTL bounds them.
- * The recipient comes from the transfer's own lock query (no extra statement); a replay does not
- * know it, and nothing moved now, so only the sender's side is dropped again.
+ * The recipient comes from the transfer's own lock query (no extra statement). A replay drops both
+ * sides again: the first attempt may have committed and died before its invalidation.
  */
 export async function invalidateAfterTransfer(
   app: FastifyInstance,

@@ -21,7 +21,7 @@ const sessionRoutes: FastifyPluginAsyncTypebox = async (app) => {
     '/session',
     {
       // Failed logins per username, when the gateway registers the rate-limit plugin (src/app.ts).
-      config: { rateLimits: 'login' },
+      config: { rateLimits: ['login-ip', 'login'] },
       schema: {
         tags: ['session'],
         summary: 'Log in: starts a new session (a new id, the presented one destroyed)',

@@ -1,7 +1,6 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import type { FastifyRequest, onSendHookHandler } from 'fastify'
 import { Type } from 'typebox'
-import { HttpProblem } from '../errors.ts'
 import { executeTransfer } from '../ledger/ledger.ts'
 import { invalidateAfterTransfer } from './accounts.ts'
 import { Amount, Currency, Id, problems, Timestamp } from './schemas.ts'
@@ -36,7 +35,7 @@ const transferRoutes: FastifyPluginAsyncTypebox = async (app) => {
   app.post(
     '/transfers',
     {
-      // Required per HTTP-API.md; when Redis cannot be asked the transfer still runs, guarded by the
+      // Required (docs/http-api.md); when Redis cannot be asked the transfer still runs, guarded by the
       // unique (customer, key) of its row in Postgres.
       config: {
         session: 'required',
@@ -51,15 +50,6 @@ const transferRoutes: FastifyPluginAsyncTypebox = async (app) => {
       },
     },
     async (request, reply) => {
-      const { fromAccountId, toAccountId } = request.body
-      if (fromAccountId === toAccountId) {
-        throw new HttpProblem(
-          400,
-          'same-account',
-          'Same account',
-          'fromAccountId and toAccountId must differ.',
-        )
-      }
       const idempotency = request.idempotency
       const { replayed, recipientCustomerId, ...transfer } = await executeTransfer(
         app.db,

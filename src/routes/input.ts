@@ -1,0 +1,38 @@
+import type { FastifyInstance } from 'fastify'
+import { HttpProblem } from '../errors.ts'
+
+// Postgres text cannot hold NUL, and a lone UTF-16 surrogate has no UTF-8 form (it would be stored
+// as U+FFFD, another string than the one sent). Both are refused before any handler runs.
+// biome-ignore lint/suspicious/noControlCharactersInRegex: NUL is one of the characters refused here
+const UNSTORABLE = /\u0000|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/
+
+/** The first string (a value or a field name) Postgres could not store as sent; no recursion. */
+function findUnstorable(value: unknown): string | null {
+  const pending: unknown[] = [value]
+  while (pending.length > 0) {
+    const next = pending.pop()
+    if (typeof next === 'string') {
+      if (UNSTORABLE.test(next)) return next
+    } else if (next !== null && typeof next === 'object') {
+      for (const [field, item] of Object.entries(next)) {
+        if (UNSTORABLE.test(field)) return field
+        pending.push(item)
+      }
+    }
+  }
+  return null
+}
+
+/** Every route: a body, query or parameter with NUL or a lone surrogate is a 400 problem. */
+export function refuseUnstorableText(app: FastifyInstance): void {
+  app.addHook('preValidation', async (request) => {
+    if (findUnstorable([request.body, request.query, request.params]) !== null) {
+      throw new HttpProblem(
+        400,
+        'validation',
+        'Invalid request',
+        'Strings must not contain NUL characters or unpaired UTF-16 surrogates.',
+      )
+    }
+  })
+}
