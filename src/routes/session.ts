@@ -85,9 +85,9 @@ const sessionRoutes: FastifyPluginAsyncTypebox = async (app) => {
       },
     },
     async (request, reply) => {
-      const principal = request.session!.principal
+      // Everywhere first: if it fails (503), this session and its cookie remain, so the client can retry.
+      if (request.query.everywhere === 'true') await app.sessions.destroyAll(request.session!.principal)
       await reply.destroySession()
-      if (request.query.everywhere === 'true') await app.sessions.destroyAll(principal)
       return reply.code(204).send(null)
     },
   )

@@ -147,16 +147,18 @@ async function cachePlugin(app: FastifyInstance, options: CachePluginOptions) {
   })
 
   if (subscriber && l1) {
-    // And it starts empty on every (re)connect, for the same reason.
+    // And it starts empty once subscribed again, for the same reason: emptied when the SUBSCRIBE is
+    // confirmed, not at connect, so a read that filled the L1 while the subscription was pending
+    // (an invalidation published then never arrives) is dropped too, and so is any read in flight.
     subscriber.on('error', () => {})
     subscriber.on('close', () => {
       subscribed = false
     })
     subscriber.on('ready', () => {
-      l1.clear()
       subscriber
         .subscribe(channel)
         .then(() => {
+          l1.clear()
           subscribed = true
         })
         .catch((err: unknown) => app.log.warn({ err }, 'cache L1 subscribe failed'))

@@ -5,7 +5,7 @@ import { observePluginRedis, whenMetricsReady } from '../shared/metrics.ts'
 import '../shared/principal.ts'
 import { HttpProblem, sendProblem } from '../shared/problem.ts'
 import { awaitRedisAtBoot, pluginRedis, type RedisClient } from '../shared/redis.ts'
-import { type SessionRecord, SessionStore } from './store.ts'
+import { type SessionRecord, SessionStore, sessionStoreUnavailable } from './store.ts'
 
 export { type SessionRecord, SessionStore }
 
@@ -38,9 +38,12 @@ declare module 'fastify' {
     sessionUnavailable: boolean
   }
   interface FastifyReply {
-    /** Starts a session for `principal` with a new id, destroying the one presented (no fixation). */
+    /**
+     * Starts a session for `principal` with a new id, destroying the one presented (no fixation).
+     * Rejects with a 503 HttpProblem (`session-store-unavailable`, Retry-After: 1) when Redis fails.
+     */
     regenerateSession(principal: string, data?: Record<string, string>): Promise<SessionRecord>
-    /** Destroys the presented session server-side and clears the cookie. */
+    /** Destroys the presented session server-side and clears the cookie; 503 HttpProblem when Redis fails. */
     destroySession(): Promise<void>
   }
   interface FastifyContextConfig {
@@ -111,9 +114,15 @@ async function sessionPlugin(app: FastifyInstance, rawOptions: SessionPluginOpti
     reply.setCookie(cookieName, signer.sign(id), cookieOptions)
 
   app.decorateReply('regenerateSession', async function (this: FastifyReply, principal, data) {
+    // A session was presented but could not be loaded: it cannot be destroyed either, and a login
+    // that left it alive would break the promise that the pre-login id is dead.
+    if (this.request.sessionUnavailable) throw sessionStoreUnavailable()
     const previous = this.request.session
     // The presented id is deleted before the new one exists: after login it is dead server-side.
-    if (previous) await store.destroy(previous.id, previous.principal)
+    if (previous) {
+      await store.destroy(previous.id, previous.principal)
+      this.request.session = null
+    }
     const created = await store.create(principal, data)
     this.request.session = created
     setCookie(this, created.id)
@@ -123,6 +132,8 @@ async function sessionPlugin(app: FastifyInstance, rawOptions: SessionPluginOpti
   })
 
   app.decorateReply('destroySession', async function (this: FastifyReply) {
+    // Clearing the cookie of a session Redis could not load would report a logout that did not happen.
+    if (this.request.sessionUnavailable) throw sessionStoreUnavailable()
     const current = this.request.session
     if (current) await store.destroy(current.id, current.principal)
     this.request.session = null
@@ -181,15 +192,7 @@ async function sessionPlugin(app: FastifyInstance, rawOptions: SessionPluginOpti
     await loading.get(request)
     if (request.routeOptions.config.session !== 'required' || request.session) return
     const problem = request.sessionUnavailable
-      ? new HttpProblem(
-          503,
-          'session-store-unavailable',
-          'Service unavailable',
-          'Sessions cannot be checked now.',
-          {
-            headers: { 'retry-after': '1' },
-          },
-        )
+      ? sessionStoreUnavailable()
       : new HttpProblem(401, 'unauthenticated', 'Authentication required', 'Log in first.')
     sendProblem(reply, problem)
     return reply
