@@ -26,12 +26,13 @@ import {
   keyInvalid,
   keyMismatch,
   keyMissing,
+  principalRequired,
   responseNotKept,
   storeUnavailable,
 } from './problems.ts'
 import { IdempotencyStore, type StoredResponse } from './store.ts'
 
-export { canonicalJson, parseIdempotencyKey, requestFingerprint } from './key.ts'
+export { canonicalJson, parseIdempotencyKey, type RequestTarget, requestFingerprint } from './key.ts'
 export { keyMismatch as idempotencyKeyMismatch } from './problems.ts'
 export type { IdempotencyFailureMode, IdempotencyPluginOptions, IdempotencyRouteConfig }
 export { IdempotencyStore, type StoredResponse }
@@ -82,9 +83,12 @@ async function idempotencyPlugin(app: FastifyInstance, rawOptions: IdempotencyPl
   const store = new IdempotencyStore(redis, options)
   const headerField = options.headerName.toLowerCase()
   let principal: PrincipalFunction = () => null
-  const scope = options.scope ?? ((request: FastifyRequest) => defaultScope(request, principal))
+  // With a notion of callers, a key without a principal would be shared by everyone behind one IP
+  // (a NAT, a proxy): such requests are refused unless the route is open to anonymous callers.
+  let principalSource = false
   app.addHook('onReady', async () => {
     principal = resolvePrincipal(app, rawOptions.principal)
+    principalSource = rawOptions.principal !== undefined || app.hasDecorator('sessionPrincipal')
   })
   let outcomes = new Counter({
     name: 'idempotency_requests_total',
@@ -148,17 +152,29 @@ async function idempotencyPlugin(app: FastifyInstance, rawOptions: IdempotencyPl
     return renewal
   }
 
-  const makePreHandler = (route: Required<IdempotencyRouteConfig>): preHandlerHookHandler =>
+  const makePreHandler = (
+    route: Required<IdempotencyRouteConfig>,
+    constraints: unknown,
+  ): preHandlerHookHandler =>
     async function idempotencyClaim(request, reply) {
       const raw = request.headers[headerField]
-      if (raw === undefined) {
-        if (route.required) return reject(reply, 'missing', keyMissing(options.headerName))
-        return
-      }
+      if (raw === undefined && !route.required) return
+      // A custom scope decides alone who shares keys; the default one needs to know the caller.
+      const who = options.scope ? null : principal(request)
+      if (!options.scope && !who && principalSource && !route.anonymous)
+        return reject(reply, 'anonymous', principalRequired())
+      if (raw === undefined) return reject(reply, 'missing', keyMissing(options.headerName))
       const key = parseIdempotencyKey(raw)
       if (key === null) return reject(reply, 'invalid', keyInvalid(options.headerName))
-      const fingerprint = requestFingerprint(request.method, request.routeOptions.url ?? '', request.body)
-      const recordKey = store.recordKey(scope(request), key)
+      // The scope stays with the route pattern, the fingerprint covers the target: the same key on
+      // another order, query or constrained route is a mismatch (422), never a replay of another's answer.
+      const fingerprint = requestFingerprint(request.method, request.routeOptions.url ?? '', request.body, {
+        params: request.params,
+        query: request.query,
+        constraints,
+      })
+      const scope = options.scope ? options.scope(request) : defaultScope(request, who)
+      const recordKey = store.recordKey(scope, key)
       const token = randomBytes(16).toString('base64url')
       let result: Awaited<ReturnType<IdempotencyStore['claim']>>
       try {
@@ -247,7 +263,7 @@ async function idempotencyPlugin(app: FastifyInstance, rawOptions: IdempotencyPl
     if (!route) return
     const append = <T>(existing: T | T[] | undefined, hook: T): T[] =>
       existing === undefined ? [hook] : Array.isArray(existing) ? [...existing, hook] : [existing, hook]
-    routeOptions.preHandler = append(routeOptions.preHandler, makePreHandler(route))
+    routeOptions.preHandler = append(routeOptions.preHandler, makePreHandler(route, routeOptions.constraints))
     routeOptions.onSend = append(routeOptions.onSend, finish)
     routeOptions.onResponse = append(routeOptions.onResponse, stopRenewal)
     routeOptions.onError = append(routeOptions.onError, noteGuardMismatch)

@@ -23,25 +23,126 @@ export function parseIdempotencyKey(raw: string | string[] | undefined): string 
   return null
 }
 
-/** JSON with object keys sorted at every depth, so `{a,b}` and `{b,a}` fingerprint alike. */
-export function canonicalJson(value: unknown): string {
-  if (Array.isArray(value)) return `[${value.map((v) => canonicalJson(v ?? null)).join(',')}]`
-  if (value !== null && typeof value === 'object' && !Buffer.isBuffer(value)) {
-    const record = value as Record<string, unknown>
-    const fields = Object.keys(record)
-      .filter((k) => record[k] !== undefined)
-      .sort()
-      .map((k) => `${JSON.stringify(k)}:${canonicalJson(record[k])}`)
-    return `{${fields.join(',')}}`
-  }
-  return JSON.stringify(value) ?? 'null'
+/** An array or object being written: its items or fields (keys sorted), and the next to write. */
+interface Frame {
+  close: ']' | '}'
+  array: unknown[] | null
+  record: Record<string, unknown>
+  keys: string[]
+  next: number
+  written: number
 }
 
-/** SHA-256 over method, route pattern and body (raw bytes for text or binary bodies, else canonical JSON). */
-export function requestFingerprint(method: string, route: string, body: unknown): string {
+/** Writes a scalar, or the opening bracket of an array or object and returns its frame. */
+function open(value: unknown, write: (text: string) => void): Frame | null {
+  if (Array.isArray(value)) {
+    write('[')
+    return { close: ']', array: value, record: {}, keys: [], next: 0, written: 0 }
+  }
+  // Values with their own JSON form (a Buffer, a Date from a custom parser) are written as such.
+  if (
+    value !== null &&
+    typeof value === 'object' &&
+    typeof (value as { toJSON?: unknown }).toJSON !== 'function'
+  ) {
+    if (value instanceof RegExp) {
+      write(JSON.stringify(String(value)))
+      return null
+    }
+    const record = value as Record<string, unknown>
+    write('{')
+    return { close: '}', array: null, record, keys: Object.keys(record).sort(), next: 0, written: 0 }
+  }
+  // JSON would write Infinity (a parsed 1e400) and NaN as null, and a BigInt not at all: keep them apart.
+  if (typeof value === 'number' && !Number.isFinite(value)) write(String(value))
+  else if (typeof value === 'bigint') write(`${value}n`)
+  else write(JSON.stringify(value) ?? 'null')
+  return null
+}
+
+/**
+ * Writes JSON with object keys sorted at every depth, in pieces. An explicit stack instead of
+ * recursion: any body the JSON parser accepted, however deeply nested, is written without
+ * exhausting the call stack.
+ */
+export function writeCanonicalJson(value: unknown, write: (text: string) => void): void {
+  const stack: Frame[] = []
+  const first = open(value, write)
+  if (first) stack.push(first)
+  while (stack.length > 0) {
+    const frame = stack[stack.length - 1]!
+    const { array, record, keys } = frame
+    if (frame.next === (array ? array.length : keys.length)) {
+      write(frame.close)
+      stack.pop()
+      continue
+    }
+    let item: unknown
+    let label = ''
+    if (array) item = array[frame.next++]
+    else {
+      const key = keys[frame.next++]!
+      item = record[key]
+      // As JSON.stringify does: a field holding undefined is left out (an array item is null).
+      if (item === undefined) continue
+      label = `${JSON.stringify(key)}:`
+    }
+    if (frame.written++ > 0) write(',')
+    if (label) write(label)
+    const child = open(item, write)
+    if (child) stack.push(child)
+  }
+}
+
+/** JSON with object keys sorted at every depth, so `{a,b}` and `{b,a}` fingerprint alike. */
+export function canonicalJson(value: unknown): string {
+  const parts: string[] = []
+  writeCanonicalJson(value, (text) => parts.push(text))
+  return parts.join('')
+}
+
+/** What a request targets besides its route pattern: path parameters, parsed query string, and the route's constraints. */
+export interface RequestTarget {
+  params?: unknown
+  query?: unknown
+  /** Routes may share a pattern and differ by constraint (host, version). */
+  constraints?: unknown
+}
+
+/**
+ * SHA-256 over method, route pattern, path parameters, query (canonical JSON: the order of
+ * query fields does not matter), the route's constraints and body (raw bytes for text or binary bodies, else canonical JSON).
+ * A key reused on another target (`/orders/2` after `/orders/1`, or with another query) is
+ * therefore a different request.
+ */
+export function requestFingerprint(
+  method: string,
+  route: string,
+  body: unknown,
+  target: RequestTarget = {},
+): string {
   const hash = createHash('sha256').update(`${method}\n${route}\n`)
-  if (Buffer.isBuffer(body)) hash.update('raw\n').update(body)
-  else if (typeof body === 'string') hash.update('raw\n').update(body)
-  else hash.update('json\n').update(canonicalJson(body ?? null))
-  return hash.digest('base64url')
+  // Pieces are gathered into chunks: one hash update per piece would cost more than the hashing.
+  let chunk = ''
+  const write = (text: string) => {
+    chunk += text
+    if (chunk.length >= 65_536) {
+      hash.update(chunk)
+      chunk = ''
+    }
+  }
+  write('params\n')
+  writeCanonicalJson(target.params ?? {}, write)
+  write('\nquery\n')
+  writeCanonicalJson(target.query ?? {}, write)
+  write('\nconstraints\n')
+  writeCanonicalJson(target.constraints ?? {}, write)
+  write('\n')
+  if (Buffer.isBuffer(body) || typeof body === 'string') {
+    hash.update(`${chunk}raw\n`).update(body)
+    return hash.digest('base64url')
+  }
+  write('json\n')
+  writeCanonicalJson(body ?? null, write)
+  return hash.update(chunk).digest('base64url')
 }

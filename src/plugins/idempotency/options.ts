@@ -11,13 +11,19 @@ export interface IdempotencyPluginOptions {
    * plugin. Use a Redis without eviction (noeviction or volatile-*).
    */
   redis?: RedisClient
-  /** Who the caller is; default: this suite's session plugin if registered, else nobody. */
+  /**
+   * Who the caller is; default: this suite's session plugin if registered, else nobody. With one of
+   * them, a key from a caller without a principal is refused (401) unless the route is `anonymous`.
+   */
   principal?: PrincipalFunction
   /** Request header carrying the key. Default `Idempotency-Key`. */
   headerName?: string
   /** 400 when an opted-in route gets no key. Default true; a route may override it. */
   required?: boolean
-  /** Who may share a key; default the principal (else the client IP) + method + route pattern. */
+  /**
+   * Who may share a key; default the principal (else the client IP) + method + route pattern. A
+   * scope of your own decides alone: no caller is refused for lacking a principal.
+   */
   scope?: (request: FastifyRequest) => string
   /** How long a completed response is kept for replays. Default 24 h. */
   retentionMs?: number
@@ -39,6 +45,12 @@ export interface IdempotencyPluginOptions {
 export interface IdempotencyRouteConfig {
   required?: boolean
   onRedisError?: IdempotencyFailureMode
+  /**
+   * Accept keys from callers without a principal, scoped by client IP (callers behind one NAT or
+   * proxy then share keys). Default false: when the app knows principals (the `principal` option or
+   * the session plugin), a key without one is refused with 401.
+   */
+  anonymous?: boolean
 }
 
 export type ResolvedOptions = Required<Omit<IdempotencyPluginOptions, 'redis' | 'principal' | 'scope'>> & {
@@ -65,8 +77,7 @@ const isInteger = (value: unknown, min: number, max: number) =>
   Number.isSafeInteger(value) && (value as number) >= min && (value as number) <= max
 
 /** The principal if there is one, else the client IP; then method and route pattern. */
-export function defaultScope(request: FastifyRequest, principal: PrincipalFunction): string {
-  const who = principal(request)
+export function defaultScope(request: FastifyRequest, who: string | null | undefined): string {
   return `${who ? `principal:${who}` : `ip:${request.ip}`}\n${request.method}\n${request.routeOptions.url}`
 }
 
@@ -117,7 +128,8 @@ export function resolveRouteConfig(
   route: string,
 ): Required<IdempotencyRouteConfig> | null {
   if (config === undefined || config === false) return null
-  if (config === true) return { required: defaults.required, onRedisError: defaults.onRedisError }
+  if (config === true)
+    return { required: defaults.required, onRedisError: defaults.onRedisError, anonymous: false }
   const routeConfig = config as IdempotencyRouteConfig
   if (typeof config !== 'object' || config === null)
     fail(`${route}: config.idempotency must be a boolean or an object`)
@@ -125,8 +137,11 @@ export function resolveRouteConfig(
     fail(`${route}: config.idempotency.required must be a boolean`)
   if (routeConfig.onRedisError !== undefined && !FAILURE_MODES.includes(routeConfig.onRedisError))
     fail(`${route}: config.idempotency.onRedisError must be 'closed' or 'open'`)
+  if (routeConfig.anonymous !== undefined && typeof routeConfig.anonymous !== 'boolean')
+    fail(`${route}: config.idempotency.anonymous must be a boolean`)
   return {
     required: routeConfig.required ?? defaults.required,
     onRedisError: routeConfig.onRedisError ?? defaults.onRedisError,
+    anonymous: routeConfig.anonymous ?? false,
   }
 }

@@ -13,6 +13,14 @@ export const keyInvalid = (header: string) =>
     `${header} must be 1 to 255 visible ASCII characters, bare or as a structured-field string.`,
   )
 
+export const principalRequired = () =>
+  new HttpProblem(
+    401,
+    'idempotency-principal-required',
+    'Authentication required',
+    'Idempotency keys are kept per caller on this route; authenticate to use one.',
+  )
+
 export const keyInFlight = (retryAfterSeconds: number) =>
   new HttpProblem(
     409,

@@ -19,7 +19,7 @@ await app.register(rateLimit, {
 await app.register(idempotency, { redis, keyPrefix: prefix('idem') })
 await app.register(cache, { redis, keyPrefix: prefix('cache') })
 await app.register(metrics, { processMetrics: false })
-app.post('/things', { config: { idempotency: true } }, async () => ({ ok: true }))
+app.post('/things', { config: { idempotency: { anonymous: true } } }, async () => ({ ok: true }))
 app.get('/cached', async () => app.cache.getOrLoad('thing:1', async () => 1))
 
 const key = { 'idempotency-key': 'k1' }
