@@ -286,7 +286,10 @@ describe('plugin options', () => {
         { secrets: [TEST_SECRET], idleTimeoutMs: 1000, absoluteTimeoutMs: 10 },
         'session plugin: `absoluteTimeoutMs` must be an integer no smaller than `idleTimeoutMs`',
       ],
-      [{ secrets: [TEST_SECRET], sameSite: 'none' }, "session plugin: `sameSite` must be 'lax' or 'strict'"],
+      [
+        { secrets: [TEST_SECRET], sameSite: 'loose' },
+        "session plugin: `sameSite` must be 'lax', 'strict' or 'none'",
+      ],
       [
         { secrets: [TEST_SECRET] },
         'session plugin: pass `redis` (an ioredis client) or register the redis plugin first',

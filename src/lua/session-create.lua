@@ -1,6 +1,7 @@
 -- Creates a session hash with its absolute and idle expiry, stamped with the Redis clock.
 -- KEYS[1] new session hash (fails if it already exists: ids are 256-bit random, so that is a bug)
--- ARGV[1] idle timeout in ms, ARGV[2] absolute lifetime in ms, ARGV[3] principal,
+-- ARGV[1] idle timeout in ms, ARGV[2] absolute lifetime in ms, ARGV[3] principal ('' for an
+-- anonymous session),
 -- ARGV[4..] field, value pairs of initial data
 -- Reply: { created_at_ms, expires_at_ms, absolute_expires_at_ms }
 local t = redis.call('TIME')

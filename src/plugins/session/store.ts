@@ -1,6 +1,20 @@
 import { randomBytes } from 'node:crypto'
 import { type RedisClient, runScript } from '../../lua/index.ts'
 import { HttpProblem } from '../shared/problem.ts'
+import {
+  type AnonymousSessionHooks,
+  checkFieldName,
+  encodeField,
+  fieldBytes,
+  isReservedField,
+  MAX_SESSION_BYTES,
+  Session,
+  type SessionRecord,
+  type SessionSaver,
+  type SessionValue,
+} from './session.ts'
+
+export type { SessionRecord, SessionValue }
 
 export interface SessionTimes {
   createdAt: number
@@ -9,16 +23,7 @@ export interface SessionTimes {
   absoluteExpiresAt: number
 }
 
-export interface SessionRecord extends SessionTimes {
-  id: string
-  principal: string
-  /** Application fields; names starting with `_` are reserved for the store. */
-  data: Record<string, string>
-}
-
 const SESSION_ID = /^[A-Za-z0-9_-]{43}$/
-const FIELD_NAME = /^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$/
-const MAX_FIELD_BYTES = 4096
 
 export interface SessionStoreOptions {
   keyPrefix: string
@@ -26,16 +31,19 @@ export interface SessionStoreOptions {
   absoluteTimeoutMs: number
 }
 
-function checkFields(fields: Record<string, string | null>): Array<string> {
-  const flat: string[] = []
-  for (const [name, value] of Object.entries(fields)) {
-    if (!FIELD_NAME.test(name)) throw new TypeError(`Invalid session field name '${name}'`)
-    if (value !== null && Buffer.byteLength(value) > MAX_FIELD_BYTES) {
-      throw new TypeError(`Session field '${name}' exceeds ${MAX_FIELD_BYTES} bytes`)
-    }
-    flat.push(name, value ?? '')
+/** Validated, JSON-encoded fields of a new session, within MAX_SESSION_BYTES. */
+function encodeFields(data: Record<string, SessionValue>): Array<[string, string]> {
+  const fields: Array<[string, string]> = []
+  let bytes = 0
+  for (const [name, value] of Object.entries(data)) {
+    checkFieldName(name)
+    if (value === undefined) continue
+    const encoded = encodeField(name, value)
+    bytes += fieldBytes(name, encoded)
+    fields.push([name, encoded])
   }
-  return flat
+  if (bytes > MAX_SESSION_BYTES) throw new RangeError(`Session fields exceed ${MAX_SESSION_BYTES} bytes`)
+  return fields
 }
 
 /** Server states that pass on their own (loading, failover, a busy script, memory full): worth a retry. */
@@ -84,7 +92,7 @@ async function guarded<T>(operation: () => Promise<T>): Promise<T> {
  * unchanged on Redis Cluster. Every method rejects with a 503 `HttpProblem`
  * (`session-store-unavailable`, Retry-After: 1) when Redis cannot be reached or does not answer in time.
  */
-export class SessionStore {
+export class SessionStore implements SessionSaver {
   readonly redis: RedisClient
   readonly options: SessionStoreOptions
 
@@ -106,7 +114,7 @@ export class SessionStore {
   }
 
   /** Loads and touches (TTL only); null for unknown, expired or malformed ids, with no write. */
-  async load(id: string): Promise<SessionRecord | null> {
+  async load(id: string): Promise<Session | null> {
     if (!SESSION_ID.test(id)) return null
     const reply = await guarded(() =>
       runScript<Array<string | number> | null>(
@@ -117,27 +125,60 @@ export class SessionStore {
       ),
     )
     if (!reply) return null
-    const [, expiresAt, ...fields] = reply
-    const all: Record<string, string> = {}
-    for (let i = 0; i < fields.length; i += 2) all[String(fields[i])] = String(fields[i + 1])
-    const data: Record<string, string> = {}
-    for (const [name, value] of Object.entries(all)) if (!name.startsWith('_')) data[name] = value
-    return {
-      id,
-      principal: all._principal ?? '',
-      createdAt: Number(all._createdAt),
-      expiresAt: Number(expiresAt),
-      absoluteExpiresAt: Number(all._absoluteExpiresAt),
-      data,
+    let principal = ''
+    let createdAt = 0
+    let absoluteExpiresAt = 0
+    let raw: Map<string, string> | null = null
+    for (let i = 2; i < reply.length; i += 2) {
+      const name = String(reply[i])
+      const value = String(reply[i + 1])
+      if (name === '_principal') principal = value
+      else if (name === '_createdAt') createdAt = Number(value)
+      else if (name === '_absoluteExpiresAt') absoluteExpiresAt = Number(value)
+      else if (!isReservedField(name)) {
+        raw ??= new Map()
+        raw.set(name, value)
+      }
     }
+    return new Session(
+      this,
+      { id, principal, createdAt, expiresAt: Number(reply[1]), absoluteExpiresAt },
+      raw,
+    )
   }
 
-  /** A new session with a fresh 256-bit id, recorded in the principal's index. */
-  async create(principal: string, data: Record<string, string> = {}): Promise<SessionRecord> {
-    if (principal.length === 0 || principal.length > 128)
+  /**
+   * A new session with a fresh 256-bit id, recorded in the principal's index. `data` holds JSON
+   * values (validated like `Session#set`).
+   */
+  async create(principal: string, data: Record<string, SessionValue> = {}): Promise<Session> {
+    if (typeof principal !== 'string' || principal.length === 0 || principal.length > 128)
       throw new TypeError('Session principal must be 1-128 chars')
+    return this.#create(principal, encodeFields(data))
+  }
+
+  /** A new anonymous session (no principal, in no index) holding `data`. */
+  createAnonymous(data: Record<string, SessionValue> = {}): Promise<Session> {
+    return this.#create('', encodeFields(data))
+  }
+
+  /** @internal How an anonymous `request.session` stores itself on its first change. */
+  createAnonymousEncoded(fields: Array<[string, string]>): Promise<Session> {
+    return this.#create('', fields)
+  }
+
+  /** @internal An anonymous session of a request, stored on its first change. */
+  unsavedAnonymous(hooks: AnonymousSessionHooks): Session {
+    return new Session(
+      this,
+      { id: '', principal: '', createdAt: 0, expiresAt: 0, absoluteExpiresAt: 0 },
+      null,
+      hooks,
+    )
+  }
+
+  async #create(principal: string, fields: Array<[string, string]>): Promise<Session> {
     const id = randomBytes(32).toString('base64url')
-    const flat = checkFields(data)
     const { idleTimeoutMs, absoluteTimeoutMs } = this.options
     // The hash first, then the index (two keys, two slots: no order between them otherwise). An id
     // in the index then always names a session that exists or existed, so neither pruneIndex nor
@@ -147,26 +188,63 @@ export class SessionStore {
         this.redis,
         'sessionCreate',
         [this.sessionKey(id)],
-        [idleTimeoutMs, absoluteTimeoutMs, principal, ...flat],
+        [idleTimeoutMs, absoluteTimeoutMs, principal, ...fields.flat()],
       )
-      await runScript<number>(
-        this.redis,
-        'sessionIndexAdd',
-        [this.indexKey(principal)],
-        [id, absoluteTimeoutMs],
-      )
+      if (principal !== '') {
+        await runScript<number>(
+          this.redis,
+          'sessionIndexAdd',
+          [this.indexKey(principal)],
+          [id, absoluteTimeoutMs],
+        )
+      }
       return created
     })
     const [createdAt, expiresAt, absoluteExpiresAt] = times.map(Number) as [number, number, number]
-    return { id, principal, createdAt, expiresAt, absoluteExpiresAt, data: { ...data } }
+    const raw = fields.length > 0 ? new Map(fields) : null
+    return new Session(this, { id, principal, createdAt, expiresAt, absoluteExpiresAt }, raw)
   }
 
-  /** Per-field write that never recreates a destroyed session; false when it is gone. */
-  async set(id: string, fields: Record<string, string | null>): Promise<boolean> {
-    const flat = checkFields(fields)
-    return (
-      (await guarded(() => runScript<number>(this.redis, 'sessionSet', [this.sessionKey(id)], flat))) === 1
+  /**
+   * Writes fields of an existing session only (JSON values; `null` or `undefined` deletes the
+   * field): it never recreates a destroyed session; false when the session is gone.
+   */
+  async set(id: string, fields: Record<string, SessionValue | undefined>): Promise<boolean> {
+    const set: Array<[string, string]> = []
+    const deleted: string[] = []
+    for (const [name, value] of Object.entries(fields)) {
+      checkFieldName(name)
+      if (value === null || value === undefined) deleted.push(name)
+      else set.push([name, encodeField(name, value)])
+    }
+    return (await this.saveFields(id, set, deleted, false)) !== null
+  }
+
+  /**
+   * Deletes `deleted`, writes `set` (JSON-encoded) and, with `touch`, slides the idle expiry, in one
+   * script that first checks the session still exists and its absolute lifetime has not passed.
+   * Resolves the expiry after a touch (0 without one), null when the session is gone.
+   */
+  async saveFields(
+    id: string,
+    set: Array<[string, string]>,
+    deleted: string[],
+    touch: boolean,
+  ): Promise<number | null> {
+    if (!SESSION_ID.test(id)) return null
+    const args: Array<string | number> = [
+      touch ? this.options.idleTimeoutMs : 0,
+      MAX_SESSION_BYTES,
+      deleted.length,
+    ]
+    for (const name of deleted) args.push(name)
+    for (const [name, value] of set) args.push(name, value)
+    const reply = Number(
+      await guarded(() => runScript<number>(this.redis, 'sessionSet', [this.sessionKey(id)], args)),
     )
+    if (reply === -1) return null
+    if (reply === -2) throw new RangeError(`Session fields would exceed ${MAX_SESSION_BYTES} bytes`)
+    return reply
   }
 
   async destroy(id: string, principal?: string): Promise<void> {
