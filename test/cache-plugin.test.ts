@@ -237,6 +237,15 @@ describe('L1', () => {
       await cacheApp({ keyPrefix, l1TtlMs: 60_000 }),
       await cacheApp({ keyPrefix, l1TtlMs: 60_000 }),
     ]
+    // The L1 is used once its SUBSCRIBE is confirmed (shortly after ready, slower on a Cluster) and
+    // emptied then: wait until each answers a probe key.
+    for (const app of [a!, b!]) {
+      for (let i = 0; i < 100 && (await counter(app, 'cache_l1_hits_total', 'probe')) === 0; i++) {
+        await app.cache.getOrLoad('probe:1', async () => 1)
+        await app.cache.getOrLoad('probe:1', async () => 1)
+        await sleep(10)
+      }
+    }
     let source = 'old'
     const load = loader(() => source)
     assert.equal(await a!.cache.getOrLoad('account:1', load), 'old')

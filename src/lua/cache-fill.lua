@@ -4,6 +4,7 @@
 -- ARGV[1] generation read before loading ('' skips the fence: only to demonstrate the race)
 -- ARGV[2] lease owner token   ARGV[3] soft TTL ms   ARGV[4] hard TTL ms (>= soft)
 -- ARGV[5] how long the load took, ms (XFetch's delta)   ARGV[6] payload   ARGV[7] generation TTL ms
+-- ARGV[8] optional: "tag=generation,..." of the entry's tags, read before loading (tagged entries)
 -- Reply: 1 stored, 0 refused because the generation moved (a stale value was fenced off)
 if redis.call('GET', KEYS[3]) == ARGV[2] then
   redis.call('DEL', KEYS[3])
@@ -14,6 +15,10 @@ end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local softAt = string.format('%.0f', now + tonumber(ARGV[3]))
-redis.call('SET', KEYS[1], softAt .. '|' .. ARGV[5] .. '|' .. ARGV[6], 'PX', ARGV[4])
+local head = ''
+if ARGV[8] and ARGV[8] ~= '' then
+  head = '#' .. ARGV[8] .. '|'
+end
+redis.call('SET', KEYS[1], head .. softAt .. '|' .. ARGV[5] .. '|' .. ARGV[6], 'PX', ARGV[4])
 redis.call('PEXPIRE', KEYS[2], ARGV[7])
 return 1

@@ -14,9 +14,52 @@ import { InvalidationRetry } from './retry.ts'
  */
 export const CACHE_KEY = /^[a-z][a-z0-9-]{0,31}:[A-Za-z0-9_.-]{1,64}$/
 
-export interface GetOrLoadOptions {
+/** Tags: a namespace (`products`) or a key-like `<namespace>:<id>` (`user:42`); same alphabet, no braces. */
+export const CACHE_TAG = /^[a-z][a-z0-9-]{0,31}(:[A-Za-z0-9_.-]{1,64})?$/
+
+/** What a read does when its loader throws while a stale copy exists: serve it, or fail. */
+export type CacheLoadErrorMode = 'serve-stale' | 'fail'
+
+/** Loader timeouts and error handling; per call, each overrides the plugin-wide option. */
+export interface LoadTimeouts {
+  /**
+   * With a stale copy (past the soft TTL, within `staleWhileRevalidateMs`) and this read refreshing
+   * it: wait this long for the refresh, then serve the stale copy while the load goes on and fills.
+   * 0 serves the stale copy at once (default).
+   */
+  softTimeoutMs?: number
+  /**
+   * With no stale copy: a read that has waited this long for a load (its own or another
+   * instance's) rejects with `CacheLoadTimeoutError`; the load goes on and still fills. 0: none (default).
+   */
+  hardTimeoutMs?: number
+  /** A refresh this read waits for throws: serve the stale copy (default) or reject with the error. */
+  onLoadError?: CacheLoadErrorMode
+}
+
+export interface GetOrLoadOptions extends LoadTimeouts {
   /** Fresh lifetime for this call (default: the plugin's `ttlMs`). */
   ttlMs?: number
+  /** Tags of the entry this call fills: `invalidateTags` with any of them drops it, on every instance. */
+  tags?: readonly string[]
+}
+
+export interface CacheSetOptions {
+  /** Fresh lifetime (default: the plugin's `ttlMs`; `negativeTtlMs` for `null`). */
+  ttlMs?: number
+  tags?: readonly string[]
+}
+
+/** A read waited `hardTimeoutMs` for a load; the load goes on in the background and still fills. */
+export class CacheLoadTimeoutError extends Error {
+  readonly code = 'CACHE_LOAD_TIMEOUT'
+  constructor(
+    readonly key: string,
+    readonly timeoutMs: number,
+  ) {
+    super(`cache: no value for '${key}' within hardTimeoutMs (${timeoutMs} ms); its load goes on`)
+    this.name = 'CacheLoadTimeoutError'
+  }
 }
 
 /** What routes use; the disabled cache implements it by calling the loader. */
@@ -25,8 +68,22 @@ export interface CacheApi {
   readonly enabled: boolean
   /** The cached value, else the loader's (stored); a loader's `null` is cached as "not found". */
   getOrLoad<T>(key: string, loader: () => Promise<T | null>, options?: GetOrLoadOptions): Promise<T | null>
+  /** The fresh cached value; `null` is a cached "not found", `undefined` no fresh entry. Never loads. */
+  get<T>(key: string): Promise<T | null | undefined>
+  /** Whether a fresh entry exists (a cached "not found" included). */
+  has(key: string): Promise<boolean>
+  /**
+   * Stores a value (after the source of truth committed it): like an invalidation it fences off
+   * fills loaded before, then writes. Never throws: false means logged, counted and invalidated
+   * in the background instead.
+   */
+  set<T>(key: string, value: T | null, options?: CacheSetOptions): Promise<boolean>
+  /** Invalidates one key: `invalidate([key])`. */
+  delete(key: string): Promise<boolean>
   /** Call after the source of truth committed; never throws: false means logged and counted. */
   invalidate(keys: readonly string[]): Promise<boolean>
+  /** Invalidates every entry carrying any of these tags, on every instance; never throws like `invalidate`. */
+  invalidateTags(tags: readonly string[]): Promise<boolean>
 }
 
 export interface CacheSettings {
@@ -39,7 +96,13 @@ export interface CacheSettings {
   leaseTtlMs: number
   leaseWaitMs: number
   fence: boolean
+  softTimeoutMs: number
+  hardTimeoutMs: number
+  onLoadError: CacheLoadErrorMode
 }
+
+/** Told to the other instances: keys, or tags, to drop from their L1 and flights. */
+export type InvalidationMessage = readonly string[] | { readonly tags: readonly string[] }
 
 export interface CacheParts {
   redis: RedisClient
@@ -48,29 +111,104 @@ export interface CacheParts {
   limiter: ConcurrencyLimiter
   log: FastifyBaseLogger
   l1?: L1Cache
-  /** Tells the other instances to drop these keys from their L1. */
-  broadcast?: (keys: readonly string[]) => Promise<unknown>
+  /** Tells the other instances to drop these keys (or every key of these tags) from their L1. */
+  broadcast?: (message: InvalidationMessage) => Promise<unknown>
 }
 
 type GetState = 'fresh' | 'early' | 'refresh' | 'stale' | 'load' | 'wait'
+/** cache-get.lua's reply; the 4th element, once checked, is what a fill records for the entry's tags. */
+type GetReply = [GetState, string, string, string?]
+type Arg = string | number
 
 const token = () => randomBytes(12).toString('base64url')
-const namespace = (key: string) => key.slice(0, key.indexOf(':'))
+const namespace = (key: string) => {
+  const colon = key.indexOf(':')
+  return colon < 0 ? key : key.slice(0, colon)
+}
+const NO_OPTIONS: GetOrLoadOptions = Object.freeze({})
+const MAX_TAGS = 16
 
 export function checkKey(key: string): void {
   if (!CACHE_KEY.test(key)) throw new TypeError(`Invalid cache key '${key.slice(0, 80)}'`)
+}
+
+/** Validated, deduplicated and sorted (a canonical order for the recorded generations); none: undefined. */
+export function checkTags(tags: readonly string[]): string[] | undefined {
+  if (!Array.isArray(tags) || tags.length > MAX_TAGS)
+    throw new TypeError(`cache: \`tags\` must be an array of at most ${MAX_TAGS} tags`)
+  for (const tag of tags)
+    if (typeof tag !== 'string' || !CACHE_TAG.test(tag))
+      throw new TypeError(`Invalid cache tag '${String(tag).slice(0, 80)}'`)
+  return tags.length ? [...new Set(tags)].sort() : undefined
+}
+
+function checkInt(name: string, value: number | undefined, min: number): void {
+  if (value !== undefined && !(Number.isSafeInteger(value) && value >= min))
+    throw new TypeError(`cache: \`${name}\` must be an integer of at least ${min}`)
+}
+
+/** Per-call options, checked only when given. */
+function checkCallOptions(options: GetOrLoadOptions): void {
+  checkInt('ttlMs', options.ttlMs, 1)
+  checkInt('softTimeoutMs', options.softTimeoutMs, 0)
+  checkInt('hardTimeoutMs', options.hardTimeoutMs, 0)
+  const { onLoadError } = options
+  if (onLoadError !== undefined && onLoadError !== 'serve-stale' && onLoadError !== 'fail')
+    throw new TypeError("cache: `onLoadError` must be 'serve-stale' or 'fail'")
+}
+
+/** The tags of "tag=generation,..." (tags and generations never contain ',' or '='). */
+const tagsOf = (recorded: string) => recorded.split(',').map((pair) => pair.slice(0, pair.indexOf('=')))
+
+/**
+ * `work`, or CacheLoadTimeoutError once `deadline` (epoch ms) has passed; `work` goes on either way,
+ * and a failure after the deadline is handed to `late`.
+ */
+export function withDeadline<T>(
+  work: Promise<T>,
+  deadline: number,
+  key: string,
+  timeoutMs: number,
+  late: (err: unknown) => void,
+  onTimeout?: () => void,
+): Promise<T> {
+  return new Promise<T>((resolve, reject) => {
+    let timedOut = false
+    const timer = setTimeout(
+      () => {
+        timedOut = true
+        onTimeout?.()
+        reject(new CacheLoadTimeoutError(key, timeoutMs))
+      },
+      Math.max(0, deadline - Date.now()),
+    )
+    work.then(
+      (value) => {
+        clearTimeout(timer)
+        resolve(value)
+      },
+      (err) => {
+        clearTimeout(timer)
+        if (timedOut) late(err)
+        else reject(err)
+      },
+    )
+  })
 }
 
 /** Redis cache-aside with a fence against stale fills, a cross-instance lease and an optional L1. */
 export class RedisCache implements CacheApi {
   readonly enabled = true
   private readonly flights = new Map<string, Promise<unknown>>()
+  /** The tags of flights that have tags (known at the call, or learned from the entry read). */
+  private readonly flightTags = new Map<string, readonly string[]>()
   private readonly redis: RedisClient
   private readonly settings: CacheSettings
   /** Replaced by the metrics plugin's adopted counters once the app is ready. */
   metrics: CacheMetrics
   private readonly generationTtlMs: number
   private readonly retries: InvalidationRetry
+  private readonly tagRetries: InvalidationRetry
 
   constructor(private readonly parts: CacheParts) {
     this.redis = parts.redis
@@ -81,11 +219,22 @@ export class RedisCache implements CacheApi {
     // Outlives any value and any load; its expiry only costs a refused fill, never a stale one.
     this.generationTtlMs = 2 * longestLifetimeMs + leaseTtlMs
     this.retries = new InvalidationRetry((keys) => this.invalidateInRedis(keys), longestLifetimeMs, parts.log)
+    this.tagRetries = new InvalidationRetry(
+      (tags) => this.invalidateTagsInRedis(tags),
+      longestLifetimeMs,
+      parts.log,
+      'tags',
+    )
   }
 
   private keys(key: string): string[] {
     const base = `${this.settings.keyPrefix}{${key}}`
     return [`${base}:v`, `${base}:g`, `${base}:l`]
+  }
+
+  /** A tag's generation, in a slot of its own (the tag is its hash tag). */
+  private tagKey(tag: string): string {
+    return `${this.settings.keyPrefix}{${tag}}:t`
   }
 
   /** Commands fail at once while disconnected (no offline queue); skipping them saves the error. */
@@ -96,9 +245,14 @@ export class RedisCache implements CacheApi {
   getOrLoad<T>(
     key: string,
     loader: () => Promise<T | null>,
-    options: GetOrLoadOptions = {},
+    options: GetOrLoadOptions = NO_OPTIONS,
   ): Promise<T | null> {
     checkKey(key)
+    let tags: string[] | undefined
+    if (options !== NO_OPTIONS) {
+      checkCallOptions(options)
+      if (options.tags !== undefined) tags = checkTags(options.tags)
+    }
     const { l1 } = this.parts
     const local = l1?.get(key)
     if (local) {
@@ -107,62 +261,224 @@ export class RedisCache implements CacheApi {
     }
     const existing = this.flights.get(key)
     if (existing) return existing as Promise<T | null>
-    const flight = this.fetch(key, loader, options).finally(() => {
-      if (this.flights.get(key) === flight) this.flights.delete(key)
+    const flight = this.fetch(key, loader, options, tags).finally(() => {
+      if (this.flights.get(key) === flight) {
+        this.flights.delete(key)
+        if (this.flightTags.size) this.flightTags.delete(key)
+      }
     })
     this.flights.set(key, flight)
+    if (tags) this.flightTags.set(key, tags)
     return flight
   }
 
-  private async fetch<T>(key: string, loader: () => Promise<T | null>, options: GetOrLoadOptions) {
+  private async fetch<T>(
+    key: string,
+    loader: () => Promise<T | null>,
+    options: GetOrLoadOptions,
+    tags: readonly string[] | undefined,
+  ) {
     const name = namespace(key)
     const keys = this.keys(key)
     const epoch = this.parts.l1?.epoch ?? 0
     const deadline = Date.now() + this.settings.leaseWaitMs
+    const hardMs = options.hardTimeoutMs ?? this.settings.hardTimeoutMs
+    // Set at the first miss when a hard timeout applies: how long this read may wait for a load.
+    let hardAt = 0
     let generation = ''
+    // The entry's tags with their current generations, once read: what a fill records.
+    let recorded: string | undefined
     let pause = 5
     for (let first = true; ; first = false) {
       const owner = token()
-      let reply: [GetState, string, string]
+      let reply: GetReply
       try {
         if (!this.redisUp()) throw new Error('cache Redis is not connected')
-        reply = await runScript(this.redis, 'cacheGet', keys, [
+        const args: Arg[] = [
           owner,
           this.settings.leaseTtlMs,
           this.settings.earlyRefreshBeta,
           1 - Math.random(),
           this.generationTtlMs,
           token(),
-        ])
+        ]
+        if (recorded !== undefined) {
+          args.push(recorded)
+          reply = await runScript<GetReply>(this.redis, 'cacheGet', keys, args)
+          reply[3] = recorded
+        } else if (tags) {
+          reply = await this.readTagged(keys, args, tags)
+        } else {
+          reply = await runScript<GetReply>(this.redis, 'cacheGet', keys, args)
+          // Only an entry with tags answers a 4th element: check its tags' generations.
+          if (reply[3] !== undefined) reply = await this.checkRecordedTags(key, keys, args, reply)
+        }
       } catch (err) {
         this.metrics.redisErrors.inc({ name })
         this.parts.log.warn({ err, key }, 'cache read failed; loading from the source')
-        return this.load(name, loader)
+        if (hardMs > 0 && !hardAt) hardAt = Date.now() + hardMs
+        return this.bounded(this.load(name, loader), key, hardAt, hardMs)
       }
       const [state, payload] = reply
       generation = reply[2]
+      if (reply[3] !== undefined) recorded = reply[3]
       if (state === 'fresh' || state === 'early') {
         this.metrics.hits.inc({ name })
         const value = JSON.parse(payload) as T | null
-        this.parts.l1?.set(key, value, epoch)
-        if (state === 'early') this.refreshInBackground(key, loader, generation, owner, options)
+        this.parts.l1?.set(key, value, epoch, recorded === undefined ? undefined : tagsOf(recorded))
+        if (state === 'early') this.refreshInBackground(key, loader, generation, owner, options, recorded)
         return value
       }
       if (state === 'stale' || state === 'refresh') {
+        const stale = JSON.parse(payload) as T | null
+        if (state === 'refresh') {
+          const softMs = options.softTimeoutMs ?? this.settings.softTimeoutMs
+          if (softMs > 0) {
+            const refresh = this.fill(key, loader, generation, owner, options, epoch, recorded)
+            // A read with a stale copy never fails on a timeout: whichever comes first serves it.
+            return this.refreshWithin(
+              key,
+              refresh,
+              stale,
+              hardMs > 0 ? Math.min(softMs, hardMs) : softMs,
+              options,
+            )
+          }
+          this.refreshInBackground(key, loader, generation, owner, options, recorded)
+        }
         this.metrics.staleServed.inc({ name })
-        if (state === 'refresh') this.refreshInBackground(key, loader, generation, owner, options)
-        return JSON.parse(payload) as T | null
+        return stale
       }
       if (first) this.metrics.misses.inc({ name })
-      if (state === 'load') return this.fill(key, loader, generation, owner, options, epoch)
+      if (hardMs > 0 && !hardAt) hardAt = Date.now() + hardMs
+      if (state === 'load')
+        return this.bounded(
+          this.fill(key, loader, generation, owner, options, epoch, recorded),
+          key,
+          hardAt,
+          hardMs,
+        )
       if (first) this.metrics.leaseWaits.inc({ name })
-      if (Date.now() + pause > deadline) break
-      await sleep(pause)
+      const now = Date.now()
+      if (hardAt && now >= hardAt) {
+        this.metrics.hardTimeouts.inc({ name })
+        throw new CacheLoadTimeoutError(key, hardMs)
+      }
+      if (now + pause > deadline) break
+      await sleep(hardAt ? Math.min(pause, hardAt - now) : pause)
       pause = Math.min(pause * 2, 50)
     }
     // The lease holder is slow or gone and there is no stale value to serve: load here, under the
     // cap, and fill without the lease (the generation still fences it).
-    return this.fill(key, loader, generation, '', options, epoch)
+    return this.bounded(this.fill(key, loader, generation, '', options, epoch, recorded), key, hardAt, hardMs)
+  }
+
+  /**
+   * The first read of a tagged call: the entry and its tags' generations at once (one call per tag,
+   * each in its own slot, concurrently with cache-get.lua), then reconciled.
+   */
+  private async readTagged(keys: string[], args: Arg[], tags: readonly string[]): Promise<GetReply> {
+    const [reply, current] = await Promise.all([
+      runScript<GetReply>(this.redis, 'cacheGet', keys, args),
+      this.tagGenerations(tags, 0),
+    ])
+    return this.reconcile(keys, args, reply, current)
+  }
+
+  /** An untagged call met a tagged entry: read its tags' generations (one more round trip) and check them. */
+  private async checkRecordedTags(key: string, keys: string[], args: Arg[], reply: GetReply) {
+    const tags = tagsOf(reply[3]!)
+    // A tag invalidation from now on drops this flight, as it would a tagged call's.
+    if (this.flights.has(key)) this.flightTags.set(key, tags)
+    return this.reconcile(keys, args, reply, await this.tagGenerations(tags, 0))
+  }
+
+  /**
+   * An entry counts only if it recorded exactly the current generations of the caller's tags;
+   * otherwise it is a miss. The reply's 4th element becomes the generations a fill records.
+   */
+  private async reconcile(keys: string[], args: Arg[], reply: GetReply, current: string): Promise<GetReply> {
+    const [state] = reply
+    if (reply[3] === current || state === 'load' || state === 'wait') {
+      reply[3] = current
+      return reply
+    }
+    // This caller took the lease to refresh it: it loads the entry anew.
+    if (state === 'refresh' || state === 'early') return ['load', '', reply[2], current]
+    // Again, telling the script the current generations: it treats the entry as absent, takes the
+    // lease or reports it held.
+    args.push(current)
+    const again = await runScript<GetReply>(this.redis, 'cacheGet', keys, args)
+    again[3] = current
+    return again
+  }
+
+  /**
+   * "tag=generation,..." for these tags (sorted), each read (or created) by cache-tags.lua in its
+   * own slot. `extendToMs` > 0 also extends each generation's TTL to at least that (before a fill).
+   */
+  private async tagGenerations(tags: readonly string[], extendToMs: number): Promise<string> {
+    const fresh = token()
+    const ttl = extendToMs || this.generationTtlMs
+    const generations = await Promise.all(
+      tags.map((tag) =>
+        runScript<string>(this.redis, 'cacheTags', [this.tagKey(tag)], [fresh, ttl, extendToMs ? '1' : '0']),
+      ),
+    )
+    return tags.map((tag, i) => `${tag}=${generations[i]}`).join(',')
+  }
+
+  /** `work` bounded by the read's hard deadline (none: `work` itself). */
+  private bounded<T>(work: Promise<T>, key: string, hardAt: number, hardMs: number): Promise<T> {
+    if (!hardAt) return work
+    return withDeadline(
+      work,
+      hardAt,
+      key,
+      hardMs,
+      (err) => this.parts.log.warn({ err, key }, 'cache load failed after its read timed out'),
+      () => this.metrics.hardTimeouts.inc({ name: namespace(key) }),
+    )
+  }
+
+  /** Waits up to `waitMs` for this read's own refresh, else (or when it throws) serves the stale copy. */
+  private refreshWithin<T>(
+    key: string,
+    refresh: Promise<T | null>,
+    stale: T | null,
+    waitMs: number,
+    options: GetOrLoadOptions,
+  ): Promise<T | null> {
+    const name = namespace(key)
+    const onLoadError = options.onLoadError ?? this.settings.onLoadError
+    return new Promise<T | null>((resolve, reject) => {
+      let served = false
+      const timer = setTimeout(() => {
+        served = true
+        this.metrics.softTimeouts.inc({ name })
+        this.metrics.staleServed.inc({ name })
+        resolve(stale)
+      }, waitMs)
+      refresh.then(
+        (value) => {
+          if (served) return
+          clearTimeout(timer)
+          resolve(value)
+        },
+        (err) => {
+          if (served) {
+            this.parts.log.warn({ err, key }, 'cache refresh failed; the entry stays until its hard TTL')
+            return
+          }
+          clearTimeout(timer)
+          if (onLoadError === 'fail') return reject(err)
+          this.parts.log.warn({ err, key }, 'cache refresh failed; serving the stale copy')
+          this.metrics.staleOnError.inc({ name })
+          this.metrics.staleServed.inc({ name })
+          resolve(stale)
+        },
+      )
+    })
   }
 
   private async load<T>(name: string, loader: () => Promise<T | null>): Promise<T | null> {
@@ -179,6 +495,7 @@ export class RedisCache implements CacheApi {
     owner: string,
     options: GetOrLoadOptions,
     epoch: number,
+    recorded: string | undefined,
   ): Promise<T | null> {
     const name = namespace(key)
     const started = performance.now()
@@ -186,13 +503,31 @@ export class RedisCache implements CacheApi {
     try {
       value = await this.load(name, loader)
     } catch (err) {
-      if (owner) runScript(this.redis, 'cacheRelease', [this.keys(key)[2]!], [owner]).catch(() => {})
+      if (owner) this.release(key, owner)
       throw err
     }
     const loadMs = Math.max(1, Math.round(performance.now() - started))
-    if (await this.store(key, value, generation, owner, loadMs, options))
-      this.parts.l1?.set(key, value, epoch)
+    if (await this.store(key, value, generation, owner, loadMs, options, recorded))
+      this.parts.l1?.set(key, value, epoch, recorded === undefined ? undefined : tagsOf(recorded))
     return value
+  }
+
+  private release(key: string, owner: string): void {
+    runScript(this.redis, 'cacheRelease', [this.keys(key)[2]!], [owner]).catch(() => {})
+  }
+
+  /** Soft and hard TTL of a new entry: jittered, and with the stale window unless it is a "not found". */
+  private lifetimes(value: unknown, ttlMs: number | undefined): [soft: number, hard: number] {
+    const { settings } = this
+    const base = value === null ? (ttlMs ?? settings.negativeTtlMs) : (ttlMs ?? settings.ttlMs)
+    // Jitter spreads expiries of keys filled together, so they do not all miss at the same moment.
+    const soft = Math.round(base * (1 + settings.jitter * Math.random()))
+    return [soft, value === null ? soft : soft + settings.staleWhileRevalidateMs]
+  }
+
+  /** How long a tag's generation must live once an entry records it: well past that entry. */
+  private tagTtl(hard: number): number {
+    return Math.max(this.generationTtlMs, 2 * hard + this.settings.leaseTtlMs)
   }
 
   private async store(
@@ -202,14 +537,12 @@ export class RedisCache implements CacheApi {
     owner: string,
     loadMs: number,
     options: GetOrLoadOptions,
+    recorded: string | undefined,
   ): Promise<boolean> {
     const { settings } = this
-    const base = value === null ? settings.negativeTtlMs : (options.ttlMs ?? settings.ttlMs)
-    // Jitter spreads expiries of keys filled together, so they do not all miss at the same moment.
-    const soft = Math.round(base * (1 + settings.jitter * Math.random()))
-    const hard = value === null ? soft : soft + settings.staleWhileRevalidateMs
+    const [soft, hard] = this.lifetimes(value, value === null ? undefined : options.ttlMs)
     try {
-      const stored = await runScript<number>(this.redis, 'cacheFill', this.keys(key), [
+      const args: Arg[] = [
         settings.fence ? generation : '',
         owner,
         soft,
@@ -217,7 +550,20 @@ export class RedisCache implements CacheApi {
         loadMs,
         JSON.stringify(value),
         this.generationTtlMs,
-      ])
+      ]
+      if (recorded) {
+        // The tag fence. The tags' generations live in other slots than the entry, so no script can
+        // check them with the fill: read them again now. Changed since the read: refused. An
+        // invalidation landing between this check and the fill still wins, because the entry
+        // records the generations read before the load and every read compares them.
+        if (settings.fence && (await this.tagGenerations(tagsOf(recorded), this.tagTtl(hard))) !== recorded) {
+          this.metrics.fenceRejections.inc({ name: namespace(key) })
+          if (owner) this.release(key, owner)
+          return false
+        }
+        args.push(recorded)
+      }
+      const stored = await runScript<number>(this.redis, 'cacheFill', this.keys(key), args)
       if (stored === 0) this.metrics.fenceRejections.inc({ name: namespace(key) })
       return stored === 1
     } catch (err) {
@@ -233,17 +579,122 @@ export class RedisCache implements CacheApi {
     generation: string,
     owner: string,
     options: GetOrLoadOptions,
+    recorded: string | undefined,
   ): void {
     const epoch = this.parts.l1?.epoch ?? 0
-    this.fill(key, loader, generation, owner, options, epoch).catch((err) =>
+    this.fill(key, loader, generation, owner, options, epoch, recorded).catch((err) =>
       this.parts.log.warn({ err, key }, 'cache refresh failed; the entry stays until its hard TTL'),
     )
   }
 
+  get<T>(key: string): Promise<T | null | undefined> {
+    checkKey(key)
+    const local = this.parts.l1?.get(key)
+    if (local) {
+      this.metrics.l1Hits.inc({ name: namespace(key) })
+      return Promise.resolve(local.value as T | null)
+    }
+    return this.peek(key).then((payload) => (payload === undefined ? undefined : (JSON.parse(payload) as T)))
+  }
+
+  has(key: string): Promise<boolean> {
+    checkKey(key)
+    if (this.parts.l1?.get(key)) {
+      this.metrics.l1Hits.inc({ name: namespace(key) })
+      return Promise.resolve(true)
+    }
+    return this.peek(key).then((payload) => payload !== undefined)
+  }
+
+  /** The payload of a fresh entry whose tags (if any) still have the generations it recorded. */
+  private async peek(key: string): Promise<string | undefined> {
+    const name = namespace(key)
+    try {
+      if (!this.redisUp()) throw new Error('cache Redis is not connected')
+      const reply = await runScript<[string, string?]>(this.redis, 'cachePeek', [this.keys(key)[0]!])
+      const [payload, recorded] = reply
+      if (
+        payload === undefined ||
+        (recorded !== undefined && (await this.tagGenerations(tagsOf(recorded), 0)) !== recorded)
+      ) {
+        this.metrics.misses.inc({ name })
+        return undefined
+      }
+      this.metrics.hits.inc({ name })
+      return payload
+    } catch (err) {
+      this.metrics.redisErrors.inc({ name })
+      this.parts.log.warn({ err, key }, 'cache read failed; answered as absent')
+      return undefined
+    }
+  }
+
+  set<T>(key: string, value: T | null, options: CacheSetOptions = NO_OPTIONS): Promise<boolean> {
+    checkKey(key)
+    if (value === undefined) throw new TypeError('cache: `set` needs a value (null caches "not found")')
+    checkInt('ttlMs', options.ttlMs, 1)
+    const tags = options.tags === undefined ? undefined : checkTags(options.tags)
+    return this.write(key, JSON.stringify(value), value === null, options.ttlMs, tags)
+  }
+
+  private async write(
+    key: string,
+    payload: string,
+    notFound: boolean,
+    ttlMs: number | undefined,
+    tags: readonly string[] | undefined,
+  ): Promise<boolean> {
+    this.dropLocal([key])
+    try {
+      if (!this.redisUp()) throw new Error('cache Redis is not connected')
+      const [soft, hard] = this.lifetimes(notFound ? null : payload, ttlMs)
+      const recorded = tags ? await this.tagGenerations(tags, this.tagTtl(hard)) : ''
+      await runScript(this.redis, 'cacheSet', this.keys(key), [
+        token(),
+        this.generationTtlMs,
+        soft,
+        hard,
+        payload,
+        recorded,
+      ])
+      await this.parts.broadcast?.([key])
+      // A read that joined or started a flight before the write reached Redis must not be shared.
+      this.dropLocal([key])
+      return true
+    } catch (err) {
+      this.metrics.invalidationFailures.inc({ name: namespace(key) })
+      this.parts.log.error(
+        { err, key },
+        "cache set failed; the key is invalidated in the background, bounded by the entries' TTL",
+      )
+      this.retries.add([key])
+      return false
+    }
+  }
+
+  delete(key: string): Promise<boolean> {
+    checkKey(key)
+    return this.invalidate([key])
+  }
+
   /** Local effects of an invalidation made anywhere: later reads here must not see the old value. */
   dropLocal(keys: readonly string[]): void {
-    for (const key of keys) this.flights.delete(key)
+    for (const key of keys) {
+      this.flights.delete(key)
+      if (this.flightTags.size) this.flightTags.delete(key)
+    }
     this.parts.l1?.drop(keys)
+  }
+
+  /** The same for tags: every flight and L1 entry carrying one of them. */
+  dropLocalTags(tags: readonly string[]): void {
+    for (const [key, own] of this.flightTags) {
+      if (own.some((tag) => tags.includes(tag))) {
+        this.flights.delete(key)
+        this.flightTags.delete(key)
+      }
+    }
+    this.parts.l1?.dropTags(tags)
   }
 
   async invalidate(keys: readonly string[]): Promise<boolean> {
@@ -273,7 +724,38 @@ export class RedisCache implements CacheApi {
     await this.parts.broadcast?.(keys)
   }
 
+  async invalidateTags(tags: readonly string[]): Promise<boolean> {
+    const checked = checkTags(tags)
+    if (!checked) return true
+    this.dropLocalTags(checked)
+    try {
+      await this.invalidateTagsInRedis(checked)
+      // Flights started between the first drop and the new generations may have read the old ones.
+      this.dropLocalTags(checked)
+      return true
+    } catch (err) {
+      for (const tag of checked) this.metrics.tagInvalidationFailures.inc({ name: namespace(tag) })
+      this.parts.log.error(
+        { err, tags: checked },
+        "cache tag invalidation failed; retried in the background, bounded by the entries' TTL",
+      )
+      this.tagRetries.add(checked)
+      return false
+    }
+  }
+
+  /** A new random generation per tag: every entry that recorded an older one now reads as a miss. */
+  private async invalidateTagsInRedis(tags: readonly string[]): Promise<void> {
+    if (!this.redisUp()) throw new Error('cache Redis is not connected')
+    const generation = token()
+    await Promise.all(
+      tags.map((tag) => this.redis.set(this.tagKey(tag), generation, 'PX', this.generationTtlMs)),
+    )
+    await this.parts.broadcast?.({ tags })
+  }
+
   close(): void {
     this.retries.close()
+    this.tagRetries.close()
   }
 }

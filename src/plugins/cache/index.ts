@@ -1,13 +1,30 @@
-import type { FastifyInstance } from 'fastify'
+import type { FastifyBaseLogger, FastifyInstance } from 'fastify'
 import fp from 'fastify-plugin'
 import { observePluginRedis, whenMetricsReady } from '../shared/metrics.ts'
 import { awaitRedisAtBoot, pluginRedis, type RedisClient } from '../shared/redis.ts'
-import { type CacheApi, type CacheSettings, RedisCache } from './cache.ts'
+import {
+  type CacheApi,
+  type CacheLoadErrorMode,
+  type CacheSettings,
+  type GetOrLoadOptions,
+  RedisCache,
+  withDeadline,
+} from './cache.ts'
 import { L1Cache } from './l1.ts'
 import { ConcurrencyLimiter } from './limiter.ts'
 import { adoptCacheMetrics, createCacheMetrics } from './metrics.ts'
 
-export { CACHE_KEY, type CacheApi, type GetOrLoadOptions, RedisCache } from './cache.ts'
+export {
+  CACHE_KEY,
+  CACHE_TAG,
+  type CacheApi,
+  type CacheLoadErrorMode,
+  CacheLoadTimeoutError,
+  type CacheSetOptions,
+  type GetOrLoadOptions,
+  type LoadTimeouts,
+  RedisCache,
+} from './cache.ts'
 
 export interface CachePluginOptions {
   /** false: every read calls its loader and nothing touches Redis (default true). */
@@ -42,6 +59,19 @@ export interface CachePluginOptions {
   /** In-process L1 lifetime; 0 turns the L1 off (default). Kept coherent through Redis pub/sub. */
   l1TtlMs?: number
   l1MaxEntries?: number
+  /**
+   * With a stale copy (past the soft TTL, within `staleWhileRevalidateMs`) and this read holding the
+   * lease to refresh it: how long it waits for the refresh before serving the stale copy (the load
+   * goes on and fills). Default 0: the stale copy at once. Per call: `getOrLoad(key, loader, { softTimeoutMs })`.
+   */
+  softTimeoutMs?: number
+  /**
+   * With no stale copy: how long a read waits for a load (its own, or another holder's) before it
+   * rejects with `CacheLoadTimeoutError`; the load goes on and still fills. Default 0: no limit.
+   */
+  hardTimeoutMs?: number
+  /** A refresh a read waits for (see `softTimeoutMs`) throws: 'serve-stale' (default) or 'fail'. */
+  onLoadError?: CacheLoadErrorMode
   /** false disables the stale-fill fence. Exists only to demonstrate the race it prevents. */
   fence?: boolean
 }
@@ -52,10 +82,24 @@ declare module 'fastify' {
   }
 }
 
-const disabledCache: CacheApi = {
-  enabled: false,
-  getOrLoad: (_key, loader) => loader(),
-  invalidate: async () => true,
+/** Every read calls its loader (bounded by `hardTimeoutMs` if set); nothing is stored. */
+function disabledCache(defaultHardTimeoutMs: number, log: FastifyBaseLogger): CacheApi {
+  return {
+    enabled: false,
+    getOrLoad<T>(key: string, loader: () => Promise<T | null>, options?: GetOrLoadOptions) {
+      const hardMs = options?.hardTimeoutMs ?? defaultHardTimeoutMs
+      if (!(hardMs > 0)) return loader()
+      return withDeadline(loader(), Date.now() + hardMs, key, hardMs, (err) =>
+        log.warn({ err, key }, 'cache load failed after its read timed out'),
+      )
+    },
+    get: async () => undefined,
+    has: async () => false,
+    set: async () => true,
+    delete: async () => true,
+    invalidate: async () => true,
+    invalidateTags: async () => true,
+  }
 }
 
 type Checked = CacheSettings & { maxConcurrentLoads: number; l1TtlMs: number; l1MaxEntries: number }
@@ -81,6 +125,9 @@ function validate(options: CachePluginOptions): Checked {
   const leaseTtlMs = int('leaseTtlMs', 5000, 10)
   const leaseWaitMs = int('leaseWaitMs', 2000, 0)
   if (leaseWaitMs > leaseTtlMs) fail('`leaseWaitMs` must not exceed `leaseTtlMs`')
+  const onLoadError = options.onLoadError ?? 'serve-stale'
+  if (onLoadError !== 'serve-stale' && onLoadError !== 'fail')
+    fail("`onLoadError` must be 'serve-stale' or 'fail'")
   return {
     keyPrefix,
     ttlMs: int('ttlMs', 60_000, 1),
@@ -91,6 +138,9 @@ function validate(options: CachePluginOptions): Checked {
     leaseTtlMs,
     leaseWaitMs,
     fence: options.fence ?? true,
+    softTimeoutMs: int('softTimeoutMs', 0, 0),
+    hardTimeoutMs: int('hardTimeoutMs', 0, 0),
+    onLoadError,
     maxConcurrentLoads: int('maxConcurrentLoads', 8, 1),
     l1TtlMs: int('l1TtlMs', 0, 0),
     l1MaxEntries: int('l1MaxEntries', 10_000, 1),
@@ -111,7 +161,7 @@ async function evictionPolicy(client: RedisClient): Promise<string | undefined> 
 async function cachePlugin(app: FastifyInstance, options: CachePluginOptions) {
   const settings = validate(options)
   if (options.enabled === false) {
-    app.decorate('cache', disabledCache)
+    app.decorate('cache', disabledCache(settings.hardTimeoutMs, app.log.child({ plugin: 'cache' })))
     return
   }
   const redis = pluginRedis(app, 'cache', options.redis)
@@ -143,7 +193,8 @@ async function cachePlugin(app: FastifyInstance, options: CachePluginOptions) {
     limiter: new ConcurrencyLimiter(settings.maxConcurrentLoads),
     log: app.log.child({ plugin: 'cache' }),
     l1,
-    broadcast: subscriber ? (keys) => redis.publish(channel, JSON.stringify(keys)) : undefined,
+    // Keys as a JSON array, tags as {"tags": [...]}.
+    broadcast: subscriber ? (message) => redis.publish(channel, JSON.stringify(message)) : undefined,
   })
 
   if (subscriber && l1) {
@@ -165,7 +216,11 @@ async function cachePlugin(app: FastifyInstance, options: CachePluginOptions) {
     })
     subscriber.on('message', (_channel: string, message: string) => {
       try {
-        cache.dropLocal(JSON.parse(message) as string[])
+        const parsed = JSON.parse(message) as unknown
+        if (Array.isArray(parsed)) cache.dropLocal(parsed as string[])
+        else if (Array.isArray((parsed as { tags?: unknown })?.tags))
+          cache.dropLocalTags((parsed as { tags: string[] }).tags)
+        else throw new Error('neither keys nor tags')
       } catch (err) {
         app.log.warn({ err }, 'malformed cache invalidation message; L1 cleared')
         l1.clear()

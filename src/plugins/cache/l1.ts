@@ -1,6 +1,15 @@
+interface Entry {
+  value: unknown
+  expiresAt: number
+  /** The entry's tags, indexed in `byTag` (undefined for an entry without tags). */
+  tags: readonly string[] | undefined
+}
+
 /** A small in-process TTL map for hot keys, bounded in entries (the oldest insertion goes first). */
 export class L1Cache {
-  private readonly entries = new Map<string, { value: unknown; expiresAt: number }>()
+  private readonly entries = new Map<string, Entry>()
+  /** Keys of the entries carrying each tag, so a tag invalidation drops them without a scan. */
+  private readonly byTag = new Map<string, Set<string>>()
   /** Bumped by every local drop, so a read that raced an invalidation does not store what it read. */
   epoch = 0
 
@@ -16,26 +25,54 @@ export class L1Cache {
     const entry = this.entries.get(key)
     if (!entry) return undefined
     if (entry.expiresAt <= Date.now()) {
-      this.entries.delete(key)
+      this.remove(key)
       return undefined
     }
     return entry
   }
 
-  set(key: string, value: unknown, epochAtRead: number): void {
+  set(key: string, value: unknown, epochAtRead: number, tags?: readonly string[]): void {
     if (epochAtRead !== this.epoch) return
+    this.remove(key)
+    if (this.entries.size >= this.maxEntries) this.remove(this.entries.keys().next().value!)
+    this.entries.set(key, { value, expiresAt: Date.now() + this.ttlMs, tags })
+    if (tags) {
+      for (const tag of tags) {
+        const keys = this.byTag.get(tag)
+        if (keys) keys.add(key)
+        else this.byTag.set(tag, new Set([key]))
+      }
+    }
+  }
+
+  private remove(key: string): void {
+    const entry = this.entries.get(key)
+    if (!entry) return
     this.entries.delete(key)
-    if (this.entries.size >= this.maxEntries) this.entries.delete(this.entries.keys().next().value!)
-    this.entries.set(key, { value, expiresAt: Date.now() + this.ttlMs })
+    if (!entry.tags) return
+    for (const tag of entry.tags) {
+      const keys = this.byTag.get(tag)
+      keys?.delete(key)
+      if (keys?.size === 0) this.byTag.delete(tag)
+    }
   }
 
   drop(keys: readonly string[]): void {
     this.epoch++
-    for (const key of keys) this.entries.delete(key)
+    for (const key of keys) this.remove(key)
+  }
+
+  dropTags(tags: readonly string[]): void {
+    this.epoch++
+    for (const tag of tags) {
+      const keys = this.byTag.get(tag)
+      if (keys) for (const key of [...keys]) this.remove(key)
+    }
   }
 
   clear(): void {
     this.epoch++
     this.entries.clear()
+    this.byTag.clear()
   }
 }

@@ -22,6 +22,22 @@ export function createCacheMetrics() {
       'cache_invalidation_failures_total',
       'Keys whose invalidation failed; they stay until their TTL',
     ),
+    tagInvalidationFailures: counter(
+      'cache_tag_invalidation_failures_total',
+      "Tags whose invalidation failed (labelled by the tag's namespace); their entries stay until their TTL",
+    ),
+    softTimeouts: counter(
+      'cache_soft_timeouts_total',
+      'Reads answered with the stale copy because their refresh outlasted softTimeoutMs',
+    ),
+    hardTimeouts: counter(
+      'cache_hard_timeouts_total',
+      'Reads rejected with CacheLoadTimeoutError after waiting hardTimeoutMs for a load',
+    ),
+    staleOnError: counter(
+      'cache_stale_on_error_total',
+      "Reads answered with the stale copy because their refresh's loader threw (onLoadError serve-stale)",
+    ),
     l1Hits: counter('cache_l1_hits_total', 'Reads answered by the in-process L1'),
     redisErrors: counter(
       'cache_redis_errors_total',

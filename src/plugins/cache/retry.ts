@@ -24,6 +24,8 @@ export class InvalidationRetry {
     private readonly invalidate: (keys: string[]) => Promise<void>,
     private readonly lifetimeMs: number,
     private readonly log: FastifyBaseLogger,
+    /** What the queued strings are, in the logs: 'keys' or 'tags'. */
+    private readonly kind: 'keys' | 'tags' = 'keys',
   ) {}
 
   add(keys: readonly string[]): void {
@@ -52,7 +54,7 @@ export class InvalidationRetry {
       if (keys.length) await this.invalidate(keys)
       for (const [key, failure] of attempt)
         if (this.pending.get(key)?.failure === failure) this.pending.delete(key)
-      if (keys.length) this.log.warn({ keys }, 'failed cache invalidations completed on retry')
+      if (keys.length) this.log.warn({ [this.kind]: keys }, 'failed cache invalidations completed on retry')
       this.delayMs = 250
     } catch {
       this.delayMs = Math.min(this.delayMs * 2, 5000)
