@@ -107,6 +107,22 @@ test('a token bucket per client IP covers every route', async () => {
   assert.equal(res.json().policy, 'ip')
 })
 
+test('requests no route matches use the same IP bucket: after the limit, a 404 becomes a 429', async () => {
+  const { app } = await gateway({ RATE_LIMIT_IP: '3,0.01' }, 'on')
+  const first = await app.inject('/no-such-route')
+  assert.equal(first.statusCode, 404)
+  assert.equal(first.json().type, '/problems/not-found')
+  assert.equal(first.headers['ratelimit-policy'], '"ip";q=3;w=300')
+  assert.equal((await app.inject('/health')).statusCode, 200, 'one bucket with the routes')
+  assert.equal((await app.inject({ method: 'DELETE', url: '/nowhere' })).statusCode, 404)
+  const limited = await app.inject('/no-such-route')
+  assert.equal(limited.statusCode, 429)
+  assert.equal(limited.json().policy, 'ip')
+  assert.equal(limited.headers['ratelimit-policy'], '"ip";q=3;w=300')
+  assert.match(String(limited.headers.ratelimit), /^"ip";r=0;t=\d+$/)
+  assert.ok(Number(limited.headers['retry-after']) >= 1)
+})
+
 test('RATE_LIMITS=off disables every limit; tests get no demo limits unless they ask', async () => {
   for (const t of [await gateway({ RATE_LIMITS: 'off', RATE_LIMIT_IP: '1,0.01' }, 'on'), await gateway({})]) {
     for (let i = 0; i < 3; i++) {

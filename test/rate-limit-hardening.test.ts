@@ -334,6 +334,10 @@ describe('a policy name is one set of settings: any other option under the same 
     ['maxDelayMs', { maxDelayMs: 0 }, { maxDelayMs: 100 }],
     ['allowList', { allowList: ['10.0.0.1'] }, { allowList: ['10.0.0.2'] }],
     ['allowList predicate', {}, { allowList: allowFn }],
+    ['blockMs', {}, { blockMs: 1000 }],
+    ['blockMs as a string', { blockMs: '1s' }, { blockMs: '2s' }],
+    ['windowMs as a string', { windowMs: '1 minute' }, { windowMs: '2 minutes' }],
+    ['limit function', { limit: () => 5 }, { limit: () => 5 }],
   ]
   for (const [option, first, second] of variants) {
     test(`different ${option}: the second route fails to register`, async () => {

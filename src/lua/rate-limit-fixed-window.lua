@@ -6,6 +6,9 @@
 -- ARGV[2]  unused here (the nonce slot, kept so every rate-limit script has the same layout)
 -- per policy i, from b = 3 + (i - 1) * 4: ARGV[b] limit, ARGV[b+1] window ms, ARGV[b+2] cost,
 --          ARGV[b+3] the window's remaining ms at the consume being refunded (op 'r' only)
+-- Blocks: a policy with blockMs adds its block key after the policy keys and (policy index, block
+--          ms) after the per-policy arguments; while a block key lives, the request is rejected
+--          (nothing counted) and that policy replies remaining 0 with the block's TTL as reset and retry.
 -- Reply: { allowed 0/1, delay ms (always 0), then per policy: remaining, reset ms, retry ms, reset ms }
 --        (remaining counts this request on a consume; on a peek it is the quota as it stands)
 -- The common case (one policy, consume) without tables or a second pass: same reply.
@@ -30,17 +33,39 @@ if #KEYS == 1 and ARGV[1] == 'c' then
   if remaining < 0 then remaining = 0 end
   return { 0, 0, remaining, ttl, ttl, ttl }
 end
-local op = ARGV[1]
+-- Blocks (policies with blockMs): after the n policy keys come one block key per such policy,
+-- KEYS[n + j], with ARGV[2 + 4n + 2j - 1] the index of its policy and ARGV[2 + 4n + 2j] its block ms.
+local n = (#ARGV - 2) / 2 - #KEYS
+local requested = ARGV[1]
+local op = requested
+local blocked, anyBlocked, over = {}, false, {}
+if op ~= 'r' then
+  for j = 1, #KEYS - n do
+    local at = 2 + 4 * n + 2 * j
+    local ttl = redis.call('PTTL', KEYS[n + j])
+    -- A block without a TTL would never end: it gets its policy's block time.
+    if ttl == -1 then
+      ttl = tonumber(ARGV[at])
+      redis.call('PEXPIRE', KEYS[n + j], ttl)
+    end
+    if ttl > 0 then
+      blocked[tonumber(ARGV[at - 1])] = ttl
+      anyBlocked = true
+    end
+  end
+  -- A blocked request is only looked at: nothing is counted while any of its policies is blocked.
+  if anyBlocked then op = 'p' end
+end
 local reply = { 1, 0 }
 local counts, ttls = {}, {}
-for i = 1, #KEYS do
+for i = 1, n do
   local b = 3 + (i - 1) * 4
   local limit, window, cost = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
   local count
   if op == 'c' then
     -- Count first and undo below if any policy is over: one write on the common path.
     count = redis.call('INCRBY', KEYS[i], cost)
-    if count > limit then reply[1] = 0 end
+    if count > limit then reply[1], over[i] = 0, true end
   else
     count = tonumber(redis.call('GET', KEYS[i]) or '0')
   end
@@ -59,12 +84,12 @@ for i = 1, #KEYS do
     -- A TTL above the one seen at the consume belongs to a newer window: nothing to give back there.
     if count >= cost and ttl <= tonumber(ARGV[b + 3]) then redis.call('DECRBY', KEYS[i], cost) end
   elseif op == 'p' and count + cost > limit then
-    reply[1] = 0
+    reply[1], over[i] = 0, true
   end
   counts[i], ttls[i] = count, ttl
 end
 if op == 'r' then return reply end
-for i = 1, #KEYS do
+for i = 1, n do
   local b = 3 + (i - 1) * 4
   local limit, cost = tonumber(ARGV[b]), tonumber(ARGV[b + 2])
   local count, retry = counts[i], 0
@@ -77,5 +102,24 @@ for i = 1, #KEYS do
   reply[#reply + 1] = ttls[i]
   reply[#reply + 1] = retry
   reply[#reply + 1] = ttls[i]
+end
+-- A policy that went over its limit on a consume starts its block; a blocked policy reports it.
+if #KEYS > n then
+  for j = 1, #KEYS - n do
+    local at = 2 + 4 * n + 2 * j
+    local i = tonumber(ARGV[at - 1])
+    local ttl = blocked[i]
+    if not ttl and requested == 'c' and not anyBlocked and over[i] then
+      ttl = tonumber(ARGV[at])
+      redis.call('SET', KEYS[n + j], 1, 'PX', ttl)
+    end
+    if ttl then
+      local r = 2 + (i - 1) * 4
+      reply[r + 1] = 0
+      if ttl > reply[r + 2] then reply[r + 2] = ttl end
+      if ttl > reply[r + 3] then reply[r + 3] = ttl end
+    end
+  end
+  if anyBlocked then reply[1], reply[2] = 0, 0 end
 end
 return reply

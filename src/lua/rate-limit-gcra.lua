@@ -6,6 +6,9 @@
 -- ARGV[2]  unused here (nonce slot)
 -- per policy i, from b = 3 + (i - 1) * 4: ARGV[b] limit, ARGV[b+1] period ms, ARGV[b+2] cost,
 --          ARGV[b+3] max delay ms (0: reject instead of waiting)
+-- Blocks: a policy with blockMs adds its block key after the policy keys and (policy index, block
+--          ms) after the per-policy arguments; while a block key lives, the request is rejected
+--          (nothing counted) and that policy replies remaining 0 with the block's TTL as reset and retry.
 -- Reply: { allowed 0/1, delay ms, then per policy: remaining, reset ms (until the TAT is now), retry ms, 0 }
 --        (remaining counts this request on a consume; on a peek it is the quota as it stands)
 -- The common case (one policy, consume, admitted) without tables; anything else falls through to
@@ -29,10 +32,32 @@ if #KEYS == 1 and ARGV[1] == 'c' then
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local op = ARGV[1]
+-- Blocks (policies with blockMs): after the n policy keys come one block key per such policy,
+-- KEYS[n + j], with ARGV[2 + 4n + 2j - 1] the index of its policy and ARGV[2 + 4n + 2j] its block ms.
+local n = (#ARGV - 2) / 2 - #KEYS
+local requested = ARGV[1]
+local op = requested
+local blocked, anyBlocked, over = {}, false, {}
+if op ~= 'r' then
+  for j = 1, #KEYS - n do
+    local at = 2 + 4 * n + 2 * j
+    local ttl = redis.call('PTTL', KEYS[n + j])
+    -- A block without a TTL would never end: it gets its policy's block time.
+    if ttl == -1 then
+      ttl = tonumber(ARGV[at])
+      redis.call('PEXPIRE', KEYS[n + j], ttl)
+    end
+    if ttl > 0 then
+      blocked[tonumber(ARGV[at - 1])] = ttl
+      anyBlocked = true
+    end
+  end
+  -- A blocked request is only looked at: nothing is counted while any of its policies is blocked.
+  if anyBlocked then op = 'p' end
+end
 local reply = { 1, 0 }
 local state = {}
-for i = 1, #KEYS do
+for i = 1, n do
   local b = 3 + (i - 1) * 4
   local limit, period = tonumber(ARGV[b]), tonumber(ARGV[b + 1])
   local cost, maxDelay = tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
@@ -50,7 +75,7 @@ for i = 1, #KEYS do
     local wait = math.max(0, math.ceil(newTat - now - period - 0.001))
     state[i] = { tat, newTat, wait, interval }
     if cost > limit or wait > maxDelay then
-      reply[1] = 0
+      reply[1], over[i] = 0, true
     elseif wait > reply[2] then
       reply[2] = wait
     end
@@ -58,7 +83,7 @@ for i = 1, #KEYS do
 end
 if op == 'r' then return reply end
 if reply[1] == 0 then reply[2] = 0 end
-for i = 1, #KEYS do
+for i = 1, n do
   local b = 3 + (i - 1) * 4
   local period = tonumber(ARGV[b + 1])
   local tat, newTat, wait, interval = unpack(state[i])
@@ -78,5 +103,24 @@ for i = 1, #KEYS do
   reply[#reply + 1] = math.ceil(tat - now)
   reply[#reply + 1] = retry
   reply[#reply + 1] = 0
+end
+-- A policy that went over its limit on a consume starts its block; a blocked policy reports it.
+if #KEYS > n then
+  for j = 1, #KEYS - n do
+    local at = 2 + 4 * n + 2 * j
+    local i = tonumber(ARGV[at - 1])
+    local ttl = blocked[i]
+    if not ttl and requested == 'c' and not anyBlocked and over[i] then
+      ttl = tonumber(ARGV[at])
+      redis.call('SET', KEYS[n + j], 1, 'PX', ttl)
+    end
+    if ttl then
+      local r = 2 + (i - 1) * 4
+      reply[r + 1] = 0
+      if ttl > reply[r + 2] then reply[r + 2] = ttl end
+      if ttl > reply[r + 3] then reply[r + 3] = ttl end
+    end
+  end
+  if anyBlocked then reply[1], reply[2] = 0, 0 end
 end
 return reply

@@ -6,6 +6,9 @@
 -- ARGV[2]  unused here (nonce slot)
 -- per policy i, from b = 3 + (i - 1) * 4: ARGV[b] limit, ARGV[b+1] window ms, ARGV[b+2] cost,
 --          ARGV[b+3] window index of the consume being refunded (op 'r' only)
+-- Blocks: a policy with blockMs adds its block key after the policy keys and (policy index, block
+--          ms) after the per-policy arguments; while a block key lives, the request is rejected
+--          (nothing counted) and that policy replies remaining 0 with the block's TTL as reset and retry.
 -- Reply: { allowed 0/1, delay ms (always 0), then per policy: remaining, reset ms, retry ms, window index }
 --        (remaining counts this request on a consume; on a peek it is the quota as it stands)
 -- The common case (one policy, consume, admitted) without tables; anything else falls through to
@@ -32,10 +35,32 @@ if #KEYS == 1 and ARGV[1] == 'c' then
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local op = ARGV[1]
+-- Blocks (policies with blockMs): after the n policy keys come one block key per such policy,
+-- KEYS[n + j], with ARGV[2 + 4n + 2j - 1] the index of its policy and ARGV[2 + 4n + 2j] its block ms.
+local n = (#ARGV - 2) / 2 - #KEYS
+local requested = ARGV[1]
+local op = requested
+local blocked, anyBlocked, over = {}, false, {}
+if op ~= 'r' then
+  for j = 1, #KEYS - n do
+    local at = 2 + 4 * n + 2 * j
+    local ttl = redis.call('PTTL', KEYS[n + j])
+    -- A block without a TTL would never end: it gets its policy's block time.
+    if ttl == -1 then
+      ttl = tonumber(ARGV[at])
+      redis.call('PEXPIRE', KEYS[n + j], ttl)
+    end
+    if ttl > 0 then
+      blocked[tonumber(ARGV[at - 1])] = ttl
+      anyBlocked = true
+    end
+  end
+  -- A blocked request is only looked at: nothing is counted while any of its policies is blocked.
+  if anyBlocked then op = 'p' end
+end
 local reply = { 1, 0 }
 local state = {}
-for i = 1, #KEYS do
+for i = 1, n do
   local b = 3 + (i - 1) * 4
   local limit, window, cost = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
   local idx = math.floor(now / window)
@@ -52,11 +77,11 @@ for i = 1, #KEYS do
   else
     local estimate = p * (window - elapsed) / window + c
     state[i] = { idx, elapsed, c, p, estimate, w }
-    if estimate + cost > limit then reply[1] = 0 end
+    if estimate + cost > limit then reply[1], over[i] = 0, true end
   end
 end
 if op == 'r' then return reply end
-for i = 1, #KEYS do
+for i = 1, n do
   local b = 3 + (i - 1) * 4
   local limit, window, cost = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
   local idx, elapsed, c, p, estimate, w = unpack(state[i])
@@ -85,5 +110,24 @@ for i = 1, #KEYS do
   reply[#reply + 1] = window - elapsed
   reply[#reply + 1] = retry
   reply[#reply + 1] = idx
+end
+-- A policy that went over its limit on a consume starts its block; a blocked policy reports it.
+if #KEYS > n then
+  for j = 1, #KEYS - n do
+    local at = 2 + 4 * n + 2 * j
+    local i = tonumber(ARGV[at - 1])
+    local ttl = blocked[i]
+    if not ttl and requested == 'c' and not anyBlocked and over[i] then
+      ttl = tonumber(ARGV[at])
+      redis.call('SET', KEYS[n + j], 1, 'PX', ttl)
+    end
+    if ttl then
+      local r = 2 + (i - 1) * 4
+      reply[r + 1] = 0
+      if ttl > reply[r + 2] then reply[r + 2] = ttl end
+      if ttl > reply[r + 3] then reply[r + 3] = ttl end
+    end
+  end
+  if anyBlocked then reply[1], reply[2] = 0, 0 end
 end
 return reply

@@ -9,6 +9,9 @@
 -- per policy i, from b = 3 + (i - 1) * 4: ARGV[b] limit, ARGV[b+1] window ms, ARGV[b+2] cost, ARGV[b+3] unused
 --          (cost is a whole number >= 1: ZADD takes at least one member, and the app skips a policy
 --          for a request that costs nothing)
+-- Blocks: a policy with blockMs adds its block key after the policy keys and (policy index, block
+--          ms) after the per-policy arguments; while a block key lives, the request is rejected
+--          (nothing counted) and that policy replies remaining 0 with the block's TTL as reset and retry.
 -- Reply: { allowed 0/1, delay ms (always 0), then per policy: remaining, reset ms, retry ms, 0 }
 --        (remaining counts this request on a consume; on a peek it is the quota as it stands)
 -- The common case (one policy, consume, admitted) without tables; anything else falls through to
@@ -43,21 +46,44 @@ if #KEYS == 1 and ARGV[1] == 'c' then
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local op, nonce = ARGV[1], ARGV[2]
+-- Blocks (policies with blockMs): after the n policy keys come one block key per such policy,
+-- KEYS[n + j], with ARGV[2 + 4n + 2j - 1] the index of its policy and ARGV[2 + 4n + 2j] its block ms.
+local n = (#ARGV - 2) / 2 - #KEYS
+local requested = ARGV[1]
+local op = requested
+local blocked, anyBlocked, over = {}, false, {}
+if op ~= 'r' then
+  for j = 1, #KEYS - n do
+    local at = 2 + 4 * n + 2 * j
+    local ttl = redis.call('PTTL', KEYS[n + j])
+    -- A block without a TTL would never end: it gets its policy's block time.
+    if ttl == -1 then
+      ttl = tonumber(ARGV[at])
+      redis.call('PEXPIRE', KEYS[n + j], ttl)
+    end
+    if ttl > 0 then
+      blocked[tonumber(ARGV[at - 1])] = ttl
+      anyBlocked = true
+    end
+  end
+  -- A blocked request is only looked at: nothing is counted while any of its policies is blocked.
+  if anyBlocked then op = 'p' end
+end
+local nonce = ARGV[2]
 local reply = { 1, 0 }
 local counts = {}
-for i = 1, #KEYS do
+for i = 1, n do
   local b = 3 + (i - 1) * 4
   local window, cost = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
   if op == 'r' then
-    for n = 1, cost do redis.call('ZREM', KEYS[i], nonce .. ':' .. n) end
+    for k = 1, cost do redis.call('ZREM', KEYS[i], nonce .. ':' .. k) end
   else
     counts[i] = redis.call('ZCOUNT', KEYS[i], now - window + 1, '+inf')
-    if counts[i] + cost > tonumber(ARGV[b]) then reply[1] = 0 end
+    if counts[i] + cost > tonumber(ARGV[b]) then reply[1], over[i] = 0, true end
   end
 end
 if op == 'r' then return reply end
-for i = 1, #KEYS do
+for i = 1, n do
   local b = 3 + (i - 1) * 4
   local limit, window, cost = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
   local count = counts[i]
@@ -67,9 +93,9 @@ for i = 1, #KEYS do
   if reply[1] == 1 and op == 'c' then
     redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now - window)
     local add = {}
-    for n = 1, cost do
+    for k = 1, cost do
       add[#add + 1] = now
-      add[#add + 1] = nonce .. ':' .. n
+      add[#add + 1] = nonce .. ':' .. k
     end
     redis.call('ZADD', KEYS[i], unpack(add))
     redis.call('PEXPIRE', KEYS[i], window)
@@ -88,5 +114,24 @@ for i = 1, #KEYS do
   reply[#reply + 1] = reset
   reply[#reply + 1] = retry
   reply[#reply + 1] = 0
+end
+-- A policy that went over its limit on a consume starts its block; a blocked policy reports it.
+if #KEYS > n then
+  for j = 1, #KEYS - n do
+    local at = 2 + 4 * n + 2 * j
+    local i = tonumber(ARGV[at - 1])
+    local ttl = blocked[i]
+    if not ttl and requested == 'c' and not anyBlocked and over[i] then
+      ttl = tonumber(ARGV[at])
+      redis.call('SET', KEYS[n + j], 1, 'PX', ttl)
+    end
+    if ttl then
+      local r = 2 + (i - 1) * 4
+      reply[r + 1] = 0
+      if ttl > reply[r + 2] then reply[r + 2] = ttl end
+      if ttl > reply[r + 3] then reply[r + 3] = ttl end
+    end
+  end
+  if anyBlocked then reply[1], reply[2] = 0, 0 end
 end
 return reply

@@ -3,9 +3,9 @@ import type { FastifyBaseLogger, FastifyRequest } from 'fastify'
 import { type RedisClient, runScript } from '../../lua/index.ts'
 import type { PrincipalFunction } from '../shared/principal.ts'
 import { identityTag, MAX_KEY_INPUT } from './keys.ts'
-import { LocalLimiter } from './local.ts'
+import { MemoryStore } from './memory.ts'
 import type { RateLimitMetrics } from './metrics.ts'
-import type { Policy } from './policy.ts'
+import { type Policy, type Resolved, resolve, resolveDynamic, shown } from './policy.ts'
 
 export interface Decision {
   policy: Policy
@@ -14,6 +14,8 @@ export interface Decision {
   remaining: number | null
   resetMs: number
   retryMs: number
+  /** The limit applied to this request (per-request limits; the local share when decided locally). */
+  limit: number
   /** The RateLimit-Policy item actually enforced (a local limiter advertises its share). */
   header: string
 }
@@ -25,6 +27,7 @@ export interface Refund {
   cost: number
   tag: number
   nonce: string
+  args: readonly [number, number]
 }
 
 export interface Outcome {
@@ -35,13 +38,41 @@ export interface Outcome {
   unavailable: Policy | null
   delayMs: number
   refunds: Refund[]
+  /** Decided without Redis (by the policies' onRedisError). */
+  degraded: boolean
+}
+
+/**
+ * What `app.rateLimiter.consume` answers: the decision for one key under one policy.
+ * `remaining` is null when nothing true can be said (Redis down: onRedisError 'open' or 'closed').
+ */
+export interface RateLimitResult {
+  /** The call's cost was within the quota and has been consumed (false: nothing was consumed). */
+  allowed: boolean
+  /** Units left after this call; null when decided without Redis by an 'open' or 'closed' policy. */
+  remaining: number | null
+  /** When not allowed: ms until a call of this cost can pass (a block's end, at least); 0 when allowed. */
+  retryAfterMs: number
+  /** The limit applied (the local share when decided in process while Redis is down). */
+  limit: number
+  /** ms until more quota is available, as the RateLimit header's `t` (0 when unknown). */
+  resetMs: number
+  /** Token bucket and GCRA with maxDelayMs: wait this long before going ahead (the slot is reserved). */
+  delayMs: number
+  /** Decided without Redis, by the policy's onRedisError. */
+  degraded: boolean
 }
 
 interface Group {
   id: string
+  tag: string
   policies: Policy[]
   costs: number[]
   keys: string[]
+  /** Per-request limits and windows, by policy index; null when every policy is static. */
+  resolved: Array<Resolved | undefined> | null
+  /** Some policy has blockMs: its block key goes with the call. */
+  blocks: boolean
 }
 
 const cacheKey = (group: Group) => group.id + group.policies.map((p) => p.name).join(',')
@@ -52,10 +83,15 @@ export interface EngineOptions {
   retryRedisAfterMs: number
   timeoutMs: number
   log: FastifyBaseLogger
+  /** `store: 'memory'`: every decision in this process, with at most this many keys. */
+  memoryMaxKeys?: number
 }
 
 /** Decisions taken without Redis are logged at most this often per engine (each one is counted). */
 const UNAVAILABLE_LOG_INTERVAL_MS = 10_000
+
+/** Keys of the in-process limiter that stands in while Redis is down. */
+const FALLBACK_MAX_KEYS = 10_000
 
 /**
  * Sliding-log members are `<nonce><sequence>:<n>`. Both are per process (per copy of this module),
@@ -66,11 +102,35 @@ const PROCESS_NONCE = randomBytes(6).toString('base64url')
 let sequence = 0
 
 /**
- * Local limiters are per process for one quota (key prefix, policy and its settings): two plugin
- * instances sharing a key space share one Redis counter, so in local mode they share the process's
- * share of it too. Released when the last engine using one closes.
+ * In-process stores are per process for one key space (kind and key prefix): two plugin instances
+ * sharing a key prefix share one Redis counter, so they share the in-process one too (the memory
+ * store, and the local fallback's share). Released when the last engine using one closes.
  */
-const sharedLocals = new Map<string, { limiter: LocalLimiter; users: number }>()
+const sharedStores = new Map<string, { store: MemoryStore; users: number }>()
+
+function acquireStore(id: string, maxKeys: number): MemoryStore {
+  let shared = sharedStores.get(id)
+  if (!shared) {
+    shared = { store: new MemoryStore(maxKeys), users: 0 }
+    sharedStores.set(id, shared)
+  }
+  shared.users++
+  shared.store.maxKeys = Math.max(shared.store.maxKeys, maxKeys)
+  return shared.store
+}
+
+/** The memory store of a key prefix while an engine uses it (tests look into it as into Redis). */
+export function memoryStoreOf(keyPrefix: string): MemoryStore | undefined {
+  return sharedStores.get(`memory\0${keyPrefix}`)?.store
+}
+
+function releaseStore(id: string): void {
+  const shared = sharedStores.get(id)
+  if (shared && --shared.users === 0) {
+    shared.store.close()
+    sharedStores.delete(id)
+  }
+}
 
 /**
  * Redis error replies that say the server cannot serve anyone right now (loading, a busy script,
@@ -115,15 +175,18 @@ export class RateLimitError extends Error {
   }
 }
 
-/** A returned or thrown value in an error message, without calling anything of it. */
-const shown = (value: unknown) => (typeof value === 'number' ? String(value) : `a ${typeof value}`)
+type Arg = string | number
 
 /** Decides requests against policies: one script call per key identity, with fallbacks. */
 export class RateLimitEngine {
-  private readonly redis: RedisClient
+  private readonly redis: RedisClient | null
   private readonly options: EngineOptions
-  private readonly locals = new Map<string, LocalLimiter>()
-  private readonly localIds: string[] = []
+  /** `store: 'memory'`: the store every decision is made in. */
+  private readonly memory: MemoryStore | null
+  private readonly memoryId: string
+  /** The local fallback (onRedisError 'local'), acquired on first use. */
+  private fallback: MemoryStore | null = null
+  private readonly fallbackId: string
   /** Groups already over their limit, answered without Redis until their retry time. */
   private readonly overLimit = new Map<string, { until: number; cost: number; decision: Decision }>()
   private readonly ownTimeout: boolean
@@ -134,17 +197,29 @@ export class RateLimitEngine {
   metrics: RateLimitMetrics
   principal: PrincipalFunction = () => null
 
-  constructor(redis: RedisClient, options: EngineOptions, metrics: RateLimitMetrics) {
+  constructor(redis: RedisClient | null, options: EngineOptions, metrics: RateLimitMetrics) {
     this.redis = redis
     this.options = options
     this.metrics = metrics
-    const o = redis.options as { commandTimeout?: number; redisOptions?: { commandTimeout?: number } }
+    this.memoryId = `memory\0${options.keyPrefix}`
+    this.fallbackId = `local\0${options.keyPrefix}`
+    this.memory = redis ? null : acquireStore(this.memoryId, options.memoryMaxKeys ?? FALLBACK_MAX_KEYS)
+    const o = (redis?.options ?? {}) as {
+      commandTimeout?: number
+      redisOptions?: { commandTimeout?: number }
+    }
     // Without a command timeout on the client, a stalled Redis would hold requests: bound it here.
     this.ownTimeout = !(o.commandTimeout ?? o.redisOptions?.commandTimeout)
   }
 
   keyOf(tag: string, policy: Policy): string {
     return `${this.options.keyPrefix}{${tag}}:${policy.name}`
+  }
+
+  /** The counter key: a per-request window is part of it (one counter per window length). */
+  private counterKey(tag: string, policy: Policy, resolved: Resolved | undefined): string {
+    const key = this.keyOf(tag, policy)
+    return policy.windowFn ? `${key}:${resolved!.windowMs}` : key
   }
 
   /** Consumes ('c') or only checks ('p') every applicable policy; null when none applies. */
@@ -157,20 +232,23 @@ export class RateLimitEngine {
     for (const policy of policies) {
       let identity: unknown
       let cost: unknown
+      let resolved: Resolved | string | undefined
       try {
         if (policy.allow?.(request)) continue
         identity = policy.key(request, this.principal)
         if (identity === null || identity === undefined) continue
         cost = typeof policy.cost === 'number' ? policy.cost : policy.cost(request)
+        if (policy.dynamic) resolved = resolveDynamic(policy, request, false)
       } catch (err) {
         throw new RateLimitError(
           [policy.name],
-          `its allowList, key or cost function threw: ${err instanceof Error ? err.message : shown(err)}`,
+          `its allowList, key, cost, limit or windowMs function threw: ${err instanceof Error ? err.message : shown(err)}`,
           err,
         )
       }
       if (typeof identity !== 'string')
         throw new RateLimitError([policy.name], `its key function returned ${shown(identity)}, not a string`)
+      if (typeof resolved === 'string') throw new RateLimitError([policy.name], resolved)
       // A constant cost was checked at boot. A computed one reaches Lua only as a whole number of
       // units: a fraction or a huge number breaks the script, a negative one would hand quota back.
       if (typeof policy.cost !== 'number') {
@@ -181,24 +259,94 @@ export class RateLimitEngine {
           )
         // Costs nothing: the policy has nothing to decide for this request.
         if (cost === 0) continue
-        // It can never pass; limit + 1 says so to every script with small, exact numbers.
-        if ((cost as number) > policy.limit) cost = policy.limit + 1
       }
-      const tag = this.tagOf(identity)
-      const id = `${policy.script}${tag}`
-      const group = groups.get(id) ?? { id, policies: [], costs: [], keys: [] }
-      if (!groups.has(id)) groups.set(id, group)
-      group.policies.push(policy)
-      group.costs.push(cost as number)
-      group.keys.push(this.keyOf(tag, policy))
+      // It can never pass; limit + 1 says so to every script with small, exact numbers.
+      const limit = resolved ? resolved.limit : policy.limit
+      if ((cost as number) > limit) cost = limit + 1
+      this.addToGroup(groups, this.tagOf(identity), policy, cost as number, resolved)
     }
     if (groups.size === 0) return null
-    const outcome: Outcome = { decisions: [], rejected: null, unavailable: null, delayMs: 0, refunds: [] }
+    const outcome: Outcome = {
+      decisions: [],
+      rejected: null,
+      unavailable: null,
+      delayMs: 0,
+      refunds: [],
+      degraded: false,
+    }
     for (const group of groups.values()) {
       await this.decideGroup(group, op, outcome)
       if (outcome.rejected || outcome.unavailable) break
     }
     return outcome
+  }
+
+  private addToGroup(
+    groups: Map<string, Group>,
+    tag: string,
+    policy: Policy,
+    cost: number,
+    resolved: Resolved | undefined,
+  ): void {
+    const id = `${policy.script}${tag}`
+    let group = groups.get(id)
+    if (!group) {
+      group = { id, tag, policies: [], costs: [], keys: [], resolved: null, blocks: false }
+      groups.set(id, group)
+    }
+    if (resolved) {
+      group.resolved ??= []
+      group.resolved[group.policies.length] = resolved
+    }
+    if (policy.blockMs > 0) group.blocks = true
+    group.policies.push(policy)
+    group.costs.push(cost)
+    group.keys.push(this.counterKey(tag, policy, resolved))
+  }
+
+  /**
+   * KEYS and ARGV of a script call for the policies of a group (`only`: those indexes, for the
+   * local fallback), with block keys and their (index, ms) pairs after the policies' own.
+   */
+  private call(
+    group: Group,
+    op: string,
+    nonce: string,
+    local: boolean,
+    only: number[] | null,
+  ): { keys: readonly string[]; argv: Arg[] } {
+    const argv: Arg[] = [op, nonce]
+    const indexes = only ?? group.policies.map((_, i) => i)
+    for (const i of indexes) {
+      const p = group.policies[i]!
+      const r = group.resolved?.[i]
+      const args = r
+        ? local
+          ? resolve(p, r.limit, r.windowMs, true).args
+          : r.args
+        : local
+          ? p.localArgs
+          : p.args
+      argv.push(args[0], args[1], group.costs[i]!, p.maxDelayMs)
+    }
+    if (!group.blocks && !only) return { keys: group.keys, argv }
+    const keys = indexes.map((i) => group.keys[i]!)
+    indexes.forEach((i, position) => {
+      const p = group.policies[i]!
+      if (p.blockMs === 0) return
+      keys.push(`${this.keyOf(group.tag, p)}:block`)
+      argv.push(position + 1, p.blockMs)
+    })
+    return { keys, argv }
+  }
+
+  /** The common case, without the general builder: static policies, no blocks. */
+  private simpleArgv(group: Group, op: string, nonce: string): Arg[] {
+    const argv: Arg[] = [op, nonce]
+    group.policies.forEach((p, i) => {
+      argv.push(p.args[0], p.args[1], group.costs[i]!, p.maxDelayMs)
+    })
+    return argv
   }
 
   private async decideGroup(group: Group, op: 'c' | 'p', outcome: Outcome): Promise<void> {
@@ -215,26 +363,39 @@ export class RateLimitEngine {
       }
       this.overLimit.delete(cacheKey(group))
     }
-    if (this.redis.status !== 'ready') {
-      this.noteUnavailable(`Redis connection is ${this.redis.status}`)
+    const algorithm = group.policies[0]!.algorithm
+    // Only the sliding log stores members; the other scripts ignore the nonce slot.
+    const nonce = algorithm === 'sliding-log' ? `${PROCESS_NONCE}${(++sequence).toString(36)}` : ''
+    let keys: readonly string[] = group.keys
+    let argv: Arg[]
+    if (!group.blocks && group.resolved === null) argv = this.simpleArgv(group, op, nonce)
+    else ({ keys, argv } = this.call(group, op, nonce, false, null))
+    if (this.memory) {
+      let reply: number[]
+      try {
+        reply = this.memory.run(algorithm, keys, argv)
+      } catch (err) {
+        throw new RateLimitError(
+          group.policies.map((p) => p.name),
+          `the memory store refused the call: ${(err as Error).message}`,
+          err,
+        )
+      }
+      return this.apply(group, op, outcome, reply, nonce)
+    }
+    const redis = this.redis!
+    if (redis.status !== 'ready') {
+      this.noteUnavailable(`Redis connection is ${redis.status}`)
       return this.degraded(group, op, outcome)
     }
     if (Date.now() < this.redisDownUntil) {
       this.noteUnavailable('Redis failed within retryRedisAfterMs')
       return this.degraded(group, op, outcome)
     }
-    const script = group.policies[0]!.script
-    // Only the sliding log stores members; the other scripts ignore the nonce slot.
-    const nonce =
-      group.policies[0]!.algorithm === 'sliding-log' ? `${PROCESS_NONCE}${(++sequence).toString(36)}` : ''
-    const argv: Array<string | number> = [op, nonce]
-    group.policies.forEach((p, i) => {
-      argv.push(p.args[0], p.args[1], group.costs[i]!, p.maxDelayMs)
-    })
     let reply: number[]
     const started = performance.now()
     try {
-      const call = runScript<number[]>(this.redis, script, group.keys, argv)
+      const call = runScript<number[]>(redis, group.policies[0]!.script, keys, argv)
       reply = await (this.ownTimeout ? withTimeout(call, this.options.timeoutMs) : call)
     } catch (err) {
       if (!redisUnavailable(err)) {
@@ -248,19 +409,27 @@ export class RateLimitEngine {
       this.noteUnavailable((err as Error).message, err)
       return this.degraded(group, op, outcome)
     }
-    metrics.scriptSeconds(group.policies[0]!.algorithm).observe((performance.now() - started) / 1000)
+    metrics.scriptSeconds(algorithm).observe((performance.now() - started) / 1000)
+    this.apply(group, op, outcome, reply, nonce)
+  }
+
+  /** Turns a script reply into decisions, refunds and the over-limit cache entry. */
+  private apply(group: Group, op: 'c' | 'p', outcome: Outcome, reply: number[], nonce: string): void {
+    const { metrics } = this
     const allowed = reply[0] === 1
     const delayed = allowed && reply[1]! > 0
     if (delayed) outcome.delayMs = Math.max(outcome.delayMs, reply[1]!)
     group.policies.forEach((policy, i) => {
       const at = 2 + i * 4
+      const resolved = group.resolved?.[i]
       const decision: Decision = {
         policy,
         allowed,
         remaining: reply[at]!,
         resetMs: reply[at + 1]!,
         retryMs: reply[at + 2]!,
-        header: policy.header,
+        limit: resolved ? resolved.limit : policy.limit,
+        header: resolved ? resolved.header : policy.header,
       }
       outcome.decisions.push(decision)
       if (!allowed && decision.retryMs > 0 && !outcome.rejected) outcome.rejected = decision
@@ -274,6 +443,7 @@ export class RateLimitEngine {
           cost: group.costs[i]!,
           tag: reply[at + 3]!,
           nonce,
+          args: resolved ? resolved.args : policy.args,
         })
       }
     })
@@ -282,10 +452,15 @@ export class RateLimitEngine {
     if (!allowed && op === 'c' && this.cacheable(group)) this.remember(group, outcome.rejected!)
   }
 
-  /** Count-only-failures and delaying policies change state outside this cache's view: never cached. */
+  /**
+   * Count-only-failures and delaying policies change state outside this cache's view, and a
+   * per-request limit may differ on the next request: never cached.
+   */
   private cacheable(group: Group): boolean {
     return (
-      this.options.overLimitCacheKeys > 0 && group.policies.every((p) => !p.isFailure && p.maxDelayMs === 0)
+      this.options.overLimitCacheKeys > 0 &&
+      group.resolved === null &&
+      group.policies.every((p) => !p.isFailure && p.maxDelayMs === 0)
     )
   }
 
@@ -310,73 +485,77 @@ export class RateLimitEngine {
 
   private degraded(group: Group, op: 'c' | 'p', outcome: Outcome): void {
     const { metrics } = this
+    outcome.degraded = true
     const closed = group.policies.find((p) => p.onRedisError === 'closed')
     if (closed) {
       outcome.unavailable = closed
       for (const p of group.policies) metrics.decision(p.name, 'degraded_closed')
       return
     }
-    const now = Date.now()
-    const locals = group.policies.map((p) => (p.onRedisError === 'local' ? this.local(p) : null))
-    const verdicts = locals.map((l, i) => l?.decide(group.keys[i]!, group.costs[i]!, now, false))
-    const allowed = verdicts.every((v) => !v || v.allowed)
+    const local: number[] = []
+    group.policies.forEach((p, i) => {
+      if (p.onRedisError === 'local') local.push(i)
+    })
+    let reply: number[] | null = null
+    if (local.length > 0) {
+      this.fallback ??= acquireStore(this.fallbackId, FALLBACK_MAX_KEYS)
+      const algorithm = group.policies[0]!.algorithm
+      const nonce = algorithm === 'sliding-log' ? `${PROCESS_NONCE}${(++sequence).toString(36)}` : ''
+      const { keys, argv } = this.call(group, op, nonce, true, local)
+      try {
+        reply = this.fallback.run(algorithm, keys, argv)
+      } catch (err) {
+        throw new RateLimitError(
+          local.map((i) => group.policies[i]!.name),
+          `the local limiter refused the call: ${(err as Error).message}`,
+          err,
+        )
+      }
+    }
+    const allowed = reply === null || reply[0] === 1
+    if (allowed && reply && reply[1]! > 0) outcome.delayMs = Math.max(outcome.delayMs, reply[1]!)
     group.policies.forEach((policy, i) => {
-      const local = locals[i]
-      if (!local) {
+      const position = local.indexOf(i)
+      if (position < 0) {
         // Open: nothing is known about the quota, so only the policy itself is advertised.
+        const resolved = group.resolved?.[i]
         outcome.decisions.push({
           policy,
           allowed: true,
           remaining: null,
           resetMs: 0,
           retryMs: 0,
-          header: policy.header,
+          limit: resolved ? resolved.limit : policy.limit,
+          header: resolved ? resolved.header : policy.header,
         })
         if (op === 'c') metrics.decision(policy.name, 'degraded_open')
         return
       }
-      const v =
-        allowed && op === 'c' ? local.decide(group.keys[i]!, group.costs[i]!, now, true) : verdicts[i]!
+      const at = 2 + position * 4
+      const r = group.resolved?.[i]
+      const shared = r ? resolve(policy, r.limit, r.windowMs, true) : null
       const decision: Decision = {
         policy,
         allowed,
-        remaining: v.remaining,
-        resetMs: v.resetMs,
-        retryMs: v.retryMs,
-        header: local.header,
+        remaining: reply![at]!,
+        resetMs: reply![at + 1]!,
+        retryMs: reply![at + 2]!,
+        limit: shared ? shared.limit : policy.localArgs[0],
+        header: shared ? shared.header : policy.localHeader,
       }
       outcome.decisions.push(decision)
-      if (!allowed && !v.allowed && !outcome.rejected) outcome.rejected = decision
+      if (!allowed && decision.retryMs > 0 && !outcome.rejected) outcome.rejected = decision
       if (op === 'c')
         metrics.decision(policy.name, allowed ? 'degraded_local_allowed' : 'degraded_local_rejected')
     })
+    if (!allowed && !outcome.rejected) outcome.rejected = outcome.decisions[outcome.decisions.length - 1]!
   }
 
-  private local(policy: Policy): LocalLimiter {
-    let limiter = this.locals.get(policy.name)
-    if (!limiter) {
-      const id = `${this.options.keyPrefix}\0${policy.header}\0${policy.algorithm}\0${policy.args}\0${policy.localShare}`
-      let shared = sharedLocals.get(id)
-      if (!shared) {
-        shared = { limiter: new LocalLimiter(policy), users: 0 }
-        sharedLocals.set(id, shared)
-      }
-      shared.users++
-      limiter = shared.limiter
-      this.locals.set(policy.name, limiter)
-      this.localIds.push(id)
-    }
-    return limiter
-  }
-
-  /** Lets go of the shared local limiters this engine used (the app is closing). */
+  /** Lets go of the in-process stores this engine used (the app is closing). */
   close(): void {
-    for (const id of this.localIds) {
-      const shared = sharedLocals.get(id)
-      if (shared && --shared.users === 0) sharedLocals.delete(id)
-    }
-    this.localIds.length = 0
-    this.locals.clear()
+    if (this.memory) releaseStore(this.memoryId)
+    if (this.fallback) releaseStore(this.fallbackId)
+    this.fallback = null
   }
 
   /**
@@ -400,8 +579,104 @@ export class RateLimitEngine {
     const { policy } = refund
     const fourth =
       policy.algorithm === 'fixed-window' || policy.algorithm === 'sliding-counter' ? refund.tag : 0
-    const argv = ['r', refund.nonce, policy.args[0], policy.args[1], refund.cost, fourth]
-    await runScript(this.redis, policy.script, [refund.key], argv)
+    const argv = ['r', refund.nonce, refund.args[0], refund.args[1], refund.cost, fourth]
+    if (this.memory) {
+      this.memory.run(policy.algorithm, [refund.key], argv)
+      return
+    }
+    await runScript(this.redis!, policy.script, [refund.key], argv)
+  }
+
+  /** Resolves a policy's per-request limit and window for a programmatic call (needs the request). */
+  private resolveFor(
+    policy: Policy,
+    request: FastifyRequest | undefined,
+    caller: string,
+  ): Resolved | undefined {
+    if (!policy.dynamic) return undefined
+    if (!request)
+      throw new Error(
+        `rate-limit plugin: ${caller}: policy '${policy.name}' has a per-request \`limit\` or \`windowMs\`: pass the request`,
+      )
+    let resolved: Resolved | string
+    try {
+      resolved = resolveDynamic(policy, request, false)
+    } catch (err) {
+      throw new RateLimitError(
+        [policy.name],
+        `its limit or windowMs function threw: ${(err as Error)?.message}`,
+        err,
+      )
+    }
+    if (typeof resolved === 'string') throw new RateLimitError([policy.name], resolved)
+    return resolved
+  }
+
+  /** `app.rateLimiter.consume`: one policy, one identity, the same keys a route uses. */
+  async consume(
+    policy: Policy,
+    identity: string,
+    cost: number,
+    request: FastifyRequest | undefined,
+  ): Promise<RateLimitResult> {
+    const resolved = this.resolveFor(policy, request, 'consume()')
+    const limit = resolved ? resolved.limit : policy.limit
+    const groups = new Map<string, Group>()
+    this.addToGroup(groups, this.tagOf(identity), policy, cost > limit ? limit + 1 : cost, resolved)
+    const group = groups.values().next().value!
+    const outcome: Outcome = {
+      decisions: [],
+      rejected: null,
+      unavailable: null,
+      delayMs: 0,
+      refunds: [],
+      degraded: false,
+    }
+    // Cost 0 asks without consuming: a peek.
+    await this.decideGroup(group, cost === 0 ? 'p' : 'c', outcome)
+    if (outcome.unavailable) {
+      return {
+        allowed: false,
+        remaining: null,
+        retryAfterMs: 1000,
+        limit,
+        resetMs: 0,
+        delayMs: 0,
+        degraded: true,
+      }
+    }
+    const d = outcome.decisions[0]!
+    return {
+      allowed: d.allowed,
+      remaining: d.remaining,
+      retryAfterMs: d.allowed ? 0 : Math.max(1, d.retryMs),
+      limit: d.limit,
+      resetMs: d.resetMs,
+      delayMs: outcome.delayMs,
+      degraded: outcome.degraded,
+    }
+  }
+
+  /** `app.rateLimiter.reset`: deletes the key's counter and block (and what this process remembers of them). */
+  async reset(policy: Policy, identity: string, request: FastifyRequest | undefined): Promise<void> {
+    const resolved = this.resolveFor(policy, request, 'reset()')
+    const tag = this.tagOf(identity)
+    const keys = [this.counterKey(tag, policy, resolved)]
+    if (policy.blockMs > 0) keys.push(`${this.keyOf(tag, policy)}:block`)
+    const prefix = `${policy.script}${tag}`
+    for (const id of this.overLimit.keys()) if (id.startsWith(prefix)) this.overLimit.delete(id)
+    this.fallback?.delete(keys)
+    if (this.memory) return this.memory.delete(keys)
+    const call = this.redis!.del(...keys)
+    await (this.ownTimeout ? withTimeout(call, this.options.timeoutMs) : call)
+  }
+
+  /** `app.rateLimiter.block`: rejects the key under this policy for `ms` from now. */
+  async block(policy: Policy, identity: string, ms: number): Promise<void> {
+    const key = `${this.keyOf(this.tagOf(identity), policy)}:block`
+    if (this.memory) return this.memory.block(key, ms)
+    const call = this.redis!.set(key, '1', 'PX', ms)
+    await (this.ownTimeout ? withTimeout(call, this.options.timeoutMs) : call)
   }
 }
 

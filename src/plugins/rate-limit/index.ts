@@ -11,26 +11,53 @@ import { observePluginRedis, whenMetricsReady } from '../shared/metrics.ts'
 import { checkPrincipalOption, type PrincipalFunction, resolvePrincipal } from '../shared/principal.ts'
 import { HttpProblem, sendProblem } from '../shared/problem.ts'
 import { awaitRedisAtBoot, pluginRedis, type RedisClient } from '../shared/redis.ts'
-import { type Decision, type Outcome, RateLimitEngine, RateLimitError, type Refund } from './engine.ts'
+import { type Duration, durationOption, parseDuration } from './duration.ts'
+import {
+  type Decision,
+  type Outcome,
+  RateLimitEngine,
+  RateLimitError,
+  type RateLimitResult,
+  type Refund,
+} from './engine.ts'
+import { DEFAULT_IPV6_SUBNET } from './keys.ts'
 import { createMetrics } from './metrics.ts'
 import {
   type AllowList,
   allowListPredicate,
+  type ErrorResponseBuilder,
+  type ExceededHandler,
   normalizePolicy,
   type Policy,
+  type PolicyContext,
   type RateLimitPolicy,
   signature,
 } from './policy.ts'
 
-export type { Decision } from './engine.ts'
-export { type KeyFunction, keyBy } from './keys.ts'
-export type { Algorithm, AllowList, FailureMode, RateLimitPolicy } from './policy.ts'
+export type { Duration } from './duration.ts'
+export type { Decision, RateLimitResult } from './engine.ts'
+export { clientAddress, type KeyFunction, keyBy } from './keys.ts'
+export type {
+  Algorithm,
+  AllowList,
+  ErrorResponseBuilder,
+  ExceededHandler,
+  FailureMode,
+  RateLimitPolicy,
+} from './policy.ts'
 export type { PrincipalFunction }
 
 /** A route's `config.rateLimits`: policies (or names of `namedPolicies`), or false for none at all. */
 export type RouteRateLimit = false | string | RateLimitPolicy | Array<string | RateLimitPolicy>
 
 export interface RateLimitPluginOptions {
+  /**
+   * Where counters live: 'redis' (default; shared by every instance) or 'memory' (this process
+   * only, no Redis needed: single-instance apps and tests). Same algorithms, semantics and headers.
+   */
+  store?: 'redis' | 'memory'
+  /** `store: 'memory'`: keys kept at most; past it the least recently used key is dropped. Default 100000. */
+  memoryMaxKeys?: number
   /** Any ioredis Redis or Cluster; defaults to the redis plugin's `app.redis`. Never closed by this plugin. */
   redis?: RedisClient
   /** Who the caller is, for `keyBy.customer`; default: this suite's session plugin if registered, else nobody. */
@@ -50,14 +77,30 @@ export interface RateLimitPluginOptions {
   /** Keys kept in memory while over their limit, answered without Redis; 0 turns it off. Default 10000. */
   overLimitCacheKeys?: number
   /** After a Redis failure, decide by each policy's onRedisError for this long before trying again. Default 1000. */
-  retryRedisAfterMs?: number
+  retryRedisAfterMs?: Duration
   /** Bound on a script call when the client has no commandTimeout of its own. Default 500. */
-  timeoutMs?: number
+  timeoutMs?: Duration
+  /** IPv6 clients are keyed by this prefix length (32-128; 128: per address). Default 64. */
+  ipv6Subnet?: number
+  /** Called when a request is rejected (429), unless its policy has its own; what it throws is logged. */
+  onExceeded?: ExceededHandler
+  /** Builds the body of every 429, unless the violated policy has its own. */
+  errorResponse?: ErrorResponseBuilder
 }
 
 export interface RateLimitDecorator {
   /** Checks policies by name for this request without consuming anything. */
   peek(request: FastifyRequest, names: string | string[]): Promise<Decision[]>
+  /**
+   * Consumes `cost` (default 1; 0 only checks) of `key`'s quota under a policy, without a route:
+   * `key` is the identity a key function would return (`ip:192.0.2.1`, `username:alice`), so a
+   * route and this call share one quota. `request` is needed only for a per-request limit or window.
+   */
+  consume(policy: string, key: string, cost?: number, request?: FastifyRequest): Promise<RateLimitResult>
+  /** Clears `key`'s counter and block under a policy (after a successful login, say). */
+  reset(policy: string, key: string, request?: FastifyRequest): Promise<void>
+  /** Rejects `key` under a policy (one with `blockMs`) for `ms` from now, on every instance. */
+  block(policy: string, key: string, ms: Duration): Promise<void>
 }
 
 declare module 'fastify' {
@@ -75,9 +118,23 @@ declare module 'fastify' {
 
 const nonNegativeInt = (v: unknown) => Number.isSafeInteger(v) && (v as number) >= 0
 
+const fail = (message: string): never => {
+  throw new Error(`rate-limit plugin: ${message}`)
+}
+
 function checkOptions(o: RateLimitPluginOptions): void {
-  const fail = (message: string): never => {
-    throw new Error(`rate-limit plugin: ${message}`)
+  if (o.store !== undefined && o.store !== 'redis' && o.store !== 'memory')
+    fail("`store` must be 'redis' or 'memory'")
+  if (o.memoryMaxKeys !== undefined && !(Number.isSafeInteger(o.memoryMaxKeys) && o.memoryMaxKeys >= 100))
+    fail('`memoryMaxKeys` must be an integer of at least 100')
+  if (
+    o.ipv6Subnet !== undefined &&
+    !(Number.isSafeInteger(o.ipv6Subnet) && o.ipv6Subnet >= 32 && o.ipv6Subnet <= 128)
+  )
+    fail('`ipv6Subnet` must be an integer from 32 to 128')
+  for (const name of ['onExceeded', 'errorResponse'] as const) {
+    if (o[name] !== undefined && typeof o[name] !== 'function')
+      fail(`\`${name}\` must be a function of (request, decision)`)
   }
   if (o.keyPrefix !== undefined && typeof o.keyPrefix !== 'string') fail('`keyPrefix` must be a string')
   checkPrincipalOption('rate-limit', o.principal)
@@ -89,8 +146,7 @@ function checkOptions(o: RateLimitPluginOptions): void {
   if (o.overLimitCacheKeys !== undefined && !nonNegativeInt(o.overLimitCacheKeys))
     fail('`overLimitCacheKeys` must be a non-negative integer')
   for (const name of ['retryRedisAfterMs', 'timeoutMs'] as const) {
-    if (o[name] !== undefined && !(nonNegativeInt(o[name]) && o[name]! > 0))
-      fail(`\`${name}\` must be a positive integer`)
+    if (o[name] !== undefined) durationOption(name, o[name], 1, fail)
   }
 }
 
@@ -163,12 +219,18 @@ function notChecked(request: FastifyRequest, err: unknown): HttpProblem {
 
 async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOptions) {
   checkOptions(options)
-  const redis = pluginRedis(app, 'rate-limit', options.redis)
-  await awaitRedisAtBoot(app, redis, 'rate-limit')
+  const memory = options.store === 'memory'
+  const redis = memory ? null : pluginRedis(app, 'rate-limit', options.redis)
+  if (redis) await awaitRedisAtBoot(app, redis, 'rate-limit')
   const defaults = options.defaults ?? {}
+  const context: PolicyContext = {
+    ipv6Subnet: options.ipv6Subnet ?? DEFAULT_IPV6_SUBNET,
+    onExceeded: options.onExceeded ?? null,
+    errorResponse: options.errorResponse ?? null,
+  }
   const known = new Map<string, { signature: string; policy: Policy }>()
   const define = (raw: RateLimitPolicy): Policy => {
-    const policy = normalizePolicy(raw, defaults)
+    const policy = normalizePolicy(raw, defaults, context)
     const sig = signature(raw, defaults)
     const seen = known.get(policy.name)
     if (seen && seen.signature !== sig) {
@@ -185,10 +247,12 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
     redis,
     {
       keyPrefix: options.keyPrefix ?? 'rl:',
-      overLimitCacheKeys: options.overLimitCacheKeys ?? 10_000,
-      retryRedisAfterMs: options.retryRedisAfterMs ?? 1000,
-      timeoutMs: options.timeoutMs ?? 500,
+      // In memory every decision is as cheap as the cache would be.
+      overLimitCacheKeys: memory ? 0 : (options.overLimitCacheKeys ?? 10_000),
+      retryRedisAfterMs: parseDuration(options.retryRedisAfterMs ?? 1000)!,
+      timeoutMs: parseDuration(options.timeoutMs ?? 500)!,
       log: app.log,
+      memoryMaxKeys: options.memoryMaxKeys ?? 100_000,
     },
     createMetrics(undefined),
   )
@@ -198,8 +262,41 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
   app.addHook('onClose', async () => engine.close())
   whenMetricsReady(app, (metrics) => {
     engine.metrics = createMetrics(metrics.registry)
-    observePluginRedis(app, metrics, redis, 'rate-limit')
+    if (redis) observePluginRedis(app, metrics, redis, 'rate-limit')
   })
+
+  /** The 429: onExceeded told (never awaited), the body from errorResponse if the policy has one. */
+  async function reject(request: FastifyRequest, reply: FastifyReply, outcome: Outcome) {
+    const problem = rejection(outcome)
+    const decision = outcome.unavailable ? null : outcome.rejected
+    if (!decision) return sendProblem(reply, problem)
+    const { policy } = decision
+    if (policy.onExceeded) {
+      const logError = (err: unknown) =>
+        request.log.error({ err, policy: policy.name }, 'rate limit: onExceeded threw')
+      try {
+        const result = policy.onExceeded(request, decision) as unknown
+        if (result && typeof (result as Promise<void>).then === 'function')
+          (result as Promise<void>).catch(logError)
+      } catch (err) {
+        logError(err)
+      }
+    }
+    if (!policy.errorResponse) return sendProblem(reply, problem)
+    let body: unknown
+    try {
+      body = await policy.errorResponse(request, decision)
+    } catch (err) {
+      request.log.error(
+        { err, policy: policy.name },
+        'rate limit: errorResponse threw; the default body is sent',
+      )
+      return sendProblem(reply, problem)
+    }
+    reply.code(429).headers(problem.headers)
+    if (typeof body === 'string') return reply.type('text/plain; charset=utf-8').send(body)
+    return reply.type('application/json; charset=utf-8').send(JSON.stringify(body ?? null))
+  }
 
   const limit = (policies: Policy[]): onRequestHookHandler =>
     async function rateLimitHook(request, reply) {
@@ -216,7 +313,7 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
       writeHeaders(reply, outcome.decisions, legacy)
       if (outcome.refunds.length)
         request.rateLimitRefunds = (request.rateLimitRefunds ?? []).concat(outcome.refunds)
-      if (outcome.rejected || outcome.unavailable) return sendProblem(reply, rejection(outcome))
+      if (outcome.rejected || outcome.unavailable) return reject(request, reply, outcome)
       if (outcome.delayMs > 0) await sleep(outcome.delayMs)
     }
 
@@ -247,15 +344,49 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
     return policy
   }
 
+  const policyNamed = (name: string, caller: string): Policy => {
+    const found = typeof name === 'string' ? known.get(name) : undefined
+    if (!found) throw new Error(`rate-limit plugin: ${caller}: unknown policy '${String(name)}'`)
+    return found.policy
+  }
+  const checkKey = (key: unknown, caller: string): string => {
+    if (typeof key !== 'string' || key.length === 0)
+      throw new TypeError(
+        `rate-limit plugin: ${caller}: \`key\` must be a non-empty string (the identity a key function returns)`,
+      )
+    return key
+  }
+
   app.decorateRequest('rateLimitRefunds', null)
   app.decorate<RateLimitDecorator>('rateLimiter', {
     async peek(request, names) {
-      const policies = [names].flat().map((name) => {
-        const found = known.get(name)
-        if (!found) throw new Error(`rate-limit plugin: unknown policy '${name}'`)
-        return found.policy
-      })
+      const policies = [names].flat().map((name) => policyNamed(name, 'peek()'))
       return (await engine.evaluate(request, policies, 'p'))?.decisions ?? []
+    },
+    async consume(name, key, cost = 1, request) {
+      const policy = policyNamed(name, 'consume()')
+      checkKey(key, 'consume()')
+      if (!Number.isSafeInteger(cost) || cost < 0)
+        throw new TypeError(
+          'rate-limit plugin: consume(): `cost` must be a whole number of units (0 or more)',
+        )
+      return engine.consume(policy, key, cost, request)
+    },
+    async reset(name, key, request) {
+      const policy = policyNamed(name, 'reset()')
+      await engine.reset(policy, checkKey(key, 'reset()'), request)
+    },
+    async block(name, key, ms) {
+      const policy = policyNamed(name, 'block()')
+      checkKey(key, 'block()')
+      if (policy.blockMs === 0)
+        throw new Error(
+          `rate-limit plugin: block(): policy '${policy.name}' has no \`blockMs\` (blocks are checked only for policies that set it)`,
+        )
+      const duration = durationOption('ms', ms, 1, (message) => {
+        throw new TypeError(`rate-limit plugin: block(): ${message}`)
+      })
+      await engine.block(policy, key, duration)
     },
   })
 
@@ -275,6 +406,34 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
     if (late.length) route.preHandler = add(route.preHandler, limit(late) as never)
     if (policies.some((p) => p.isFailure)) route.onSend = add(route.onSend, refundSuccesses as never)
   })
+
+  // Requests no route matched never pass onRoute: the not-found handler of this instance (set
+  // before or after the plugin) gets the global policies through instance hooks, which return at
+  // once for every matched route.
+  if (global.length > 0) {
+    const early = global.filter((p) => p.hook === 'onRequest')
+    const late = global.filter((p) => p.hook === 'preHandler')
+    const onlyNotFound = (hook: onRequestHookHandler) =>
+      function rateLimitNotFound(request: FastifyRequest, reply: FastifyReply, done: () => void) {
+        if (!request.is404) return done()
+        return (hook as (request: FastifyRequest, reply: FastifyReply) => Promise<unknown>).call(
+          app,
+          request,
+          reply,
+        )
+      }
+    if (early.length) app.addHook('onRequest', onlyNotFound(limit(early)))
+    if (late.length) app.addHook('preHandler', onlyNotFound(limit(late)))
+    if (global.some((p) => p.isFailure)) {
+      app.addHook('onSend', (request, reply, payload, done) => {
+        if (!request.is404 || !request.rateLimitRefunds) return done(null, payload)
+        refundSuccesses(request, reply, payload).then(
+          (result) => done(null, result),
+          (err) => done(err),
+        )
+      })
+    }
+  }
 }
 
 export default fp(rateLimitPlugin, { name: 'fastify-redis-gateway/rate-limit', fastify: '5.x' })

@@ -1,5 +1,7 @@
 import type { FastifyReply, FastifyRequest } from 'fastify'
-import { type KeyFunction, keyBy, needsPreHandler } from './keys.ts'
+import { type Duration, durationOption, parseDuration } from './duration.ts'
+import type { Decision } from './engine.ts'
+import { DEFAULT_IPV6_SUBNET, ipKey, type KeyFunction, keyBy, needsPreHandler } from './keys.ts'
 
 export type Algorithm = 'fixed-window' | 'sliding-log' | 'sliding-counter' | 'token-bucket' | 'gcra'
 /** What a policy does while Redis cannot answer: allow, answer 503, or limit in this process. */
@@ -9,10 +11,16 @@ export interface RateLimitPolicy {
   /** Names the policy in headers, problems, metrics and its Redis key: 1-64 of A-Z a-z 0-9 _ . - */
   name: string
   algorithm: Algorithm
-  /** Cost units allowed per window; for the token bucket, its capacity (the burst). */
-  limit: number
-  /** Window (GCRA: period) in ms; every algorithm except the token bucket. */
-  windowMs?: number
+  /**
+   * Cost units allowed per window; for the token bucket, its capacity (the burst). A function of the
+   * request sets it per request (per-plan quotas); its result is checked on every request.
+   */
+  limit: number | ((request: FastifyRequest) => number)
+  /**
+   * Window (GCRA: period); every algorithm except the token bucket. Milliseconds or a duration
+   * string ('10s', '1 minute'), or a function of the request returning milliseconds.
+   */
+  windowMs?: Duration | ((request: FastifyRequest) => number)
   /** Token bucket only: tokens added per second. */
   refillPerSecond?: number
   /** Whose quota a request uses: 'ip' (default) or a function; null or undefined skips the policy. */
@@ -28,10 +36,34 @@ export interface RateLimitPolicy {
   /** With onRedisError 'local': this process's share of the limit, in (0, 1]. Default 1. */
   localShare?: number
   /** Token bucket and GCRA: wait up to this long for the next slot instead of rejecting. */
-  maxDelayMs?: number
+  maxDelayMs?: Duration
   /** Requests for which this policy is skipped: client IPs, or a predicate. */
   allowList?: AllowList
+  /** Once a key goes over its limit, reject it for this long (kept in the store: every instance honours it). */
+  blockMs?: Duration
+  /** Called when this policy rejects a request (429); for logging or alerting. Overrides the plugin's. */
+  onExceeded?: ExceededHandler
+  /** Builds the body of this policy's 429 (status and headers stay). Overrides the plugin's. */
+  errorResponse?: ErrorResponseBuilder
 }
+
+/** Called with the rejected request and the violated policy's decision; what it throws is logged. */
+export type ExceededHandler = (request: FastifyRequest, decision: Decision) => void | Promise<void>
+
+/**
+ * Returns the body of a 429: a string is sent as text/plain, anything else as JSON
+ * (application/json). It may be async; if it throws, the default problem body is sent.
+ */
+export type ErrorResponseBuilder = (request: FastifyRequest, decision: Decision) => unknown
+
+/** Plugin-wide settings a policy takes when it does not set its own. */
+export interface PolicyContext {
+  ipv6Subnet: number
+  onExceeded: ExceededHandler | null
+  errorResponse: ErrorResponseBuilder | null
+}
+
+const NO_CONTEXT: PolicyContext = { ipv6Subnet: DEFAULT_IPV6_SUBNET, onExceeded: null, errorResponse: null }
 
 export type AllowList = readonly string[] | ((request: FastifyRequest) => boolean)
 
@@ -40,8 +72,14 @@ export interface Policy {
   name: string
   algorithm: Algorithm
   script: string
+  /** The limit; for a per-request limit, 0 (see `limitFn`). */
   limit: number
+  limitFn: ((request: FastifyRequest) => number) | null
+  /** The window ms; for a per-request window, 0 (see `windowFn`). */
   windowMs: number
+  windowFn: ((request: FastifyRequest) => number) | null
+  /** A per-request limit or window: arguments, header and key are made per request. */
+  dynamic: boolean
   refillPerSecond: number
   key: KeyFunction
   cost: number | ((request: FastifyRequest) => number)
@@ -51,12 +89,28 @@ export interface Policy {
   localShare: number
   maxDelayMs: number
   allow: ((request: FastifyRequest) => boolean) | null
-  /** The RateLimit-Policy item, e.g. `"ip";q=100;w=2`. */
+  /** 0: no blocks. */
+  blockMs: number
+  onExceeded: ExceededHandler | null
+  errorResponse: ErrorResponseBuilder | null
+  /** The RateLimit-Policy item, e.g. `"ip";q=100;w=2` (static policies). */
   header: string
-  /** Window in whole seconds as advertised in headers and problems. */
+  /** Window in whole seconds as advertised in headers and problems (static policies). */
   windowSec: number
-  /** ARGV pair before cost: limit and window ms, or capacity and refill per second. */
+  /** ARGV pair before cost: limit and window ms, or capacity and refill per second (static policies). */
   args: [number, number]
+  /** The same for the `onRedisError: 'local'` fallback, with `localShare` of the limit. */
+  localHeader: string
+  localArgs: [number, number]
+}
+
+/** Limit and window of one request under a policy, with its header item and arguments. */
+export interface Resolved {
+  limit: number
+  header: string
+  args: [number, number]
+  /** The window in ms (the token bucket: unused); a per-request window is part of the key. */
+  windowMs: number
 }
 
 const SCRIPTS: Record<Algorithm, string> = {
@@ -81,7 +135,11 @@ export function allowListPredicate(list: AllowList | undefined): ((r: FastifyReq
 }
 
 /** Checks one policy; throws with a message naming the policy and the option. */
-export function normalizePolicy(raw: RateLimitPolicy, defaults: Partial<RateLimitPolicy> = {}): Policy {
+export function normalizePolicy(
+  raw: RateLimitPolicy,
+  defaults: Partial<RateLimitPolicy> = {},
+  context: PolicyContext = NO_CONTEXT,
+): Policy {
   const p = { ...defaults, ...raw }
   const name = typeof p.name === 'string' && NAME.test(p.name) ? p.name : undefined
   const fail = (message: string): never => {
@@ -91,8 +149,13 @@ export function normalizePolicy(raw: RateLimitPolicy, defaults: Partial<RateLimi
   if (!(p.algorithm in SCRIPTS)) {
     fail('`algorithm` must be one of fixed-window, sliding-log, sliding-counter, token-bucket, gcra')
   }
-  if (!positiveInt(p.limit)) fail('`limit` must be a positive integer')
+  const limitFn = typeof p.limit === 'function' ? p.limit : null
+  if (!limitFn && !positiveInt(p.limit))
+    fail('`limit` must be a positive integer or a function of the request')
+  const limit = limitFn ? 0 : (p.limit as number)
   const bucket = p.algorithm === 'token-bucket'
+  let windowFn: ((request: FastifyRequest) => number) | null = null
+  let windowMs = 0
   if (bucket) {
     if (
       typeof p.refillPerSecond !== 'number' ||
@@ -102,18 +165,19 @@ export function normalizePolicy(raw: RateLimitPolicy, defaults: Partial<RateLimi
       fail('`refillPerSecond` must be a positive number')
     if (p.windowMs !== undefined) fail('`windowMs` does not apply to the token bucket (use refillPerSecond)')
   } else {
-    if (!positiveInt(p.windowMs)) fail('`windowMs` must be a positive integer (milliseconds)')
+    if (typeof p.windowMs === 'function') windowFn = p.windowMs
+    else windowMs = durationOption('windowMs', p.windowMs, 1, fail, true)
     if (p.refillPerSecond !== undefined) fail('`refillPerSecond` applies to the token bucket only')
     // The arrival time is a double in ms since the epoch (resolution about 0.25 µs): an interval
     // under 10 µs per unit would stop advancing it, and the policy would never reject.
-    if (p.algorithm === 'gcra' && p.limit > p.windowMs! * 100)
+    if (p.algorithm === 'gcra' && !limitFn && !windowFn && limit > windowMs * 100)
       fail('`limit` of a gcra policy may be at most 100 per millisecond of `windowMs`')
   }
   const cost = p.cost ?? 1
-  if (typeof cost !== 'function' && (!positiveInt(cost) || cost > p.limit)) {
+  if (typeof cost !== 'function' && (!positiveInt(cost) || (!limitFn && cost > limit))) {
     fail('`cost` must be a positive integer no larger than `limit`, or a function')
   }
-  const key = p.key === undefined || p.key === 'ip' ? keyBy.ip : p.key
+  const key = p.key === undefined || p.key === 'ip' || p.key === keyBy.ip ? ipKey(context.ipv6Subnet) : p.key
   if (typeof key !== 'function') fail("`key` must be 'ip' or a function of the request")
   const hook = p.hook ?? 'onRequest'
   if (hook !== 'onRequest' && hook !== 'preHandler') fail("`hook` must be 'onRequest' or 'preHandler'")
@@ -125,10 +189,14 @@ export function normalizePolicy(raw: RateLimitPolicy, defaults: Partial<RateLimi
   const localShare = p.localShare ?? 1
   if (typeof localShare !== 'number' || !(localShare > 0 && localShare <= 1))
     fail('`localShare` must be in (0, 1]')
-  const maxDelayMs = p.maxDelayMs ?? 0
-  if (!Number.isSafeInteger(maxDelayMs) || maxDelayMs < 0) fail('`maxDelayMs` must be a non-negative integer')
+  const maxDelayMs = durationOption('maxDelayMs', p.maxDelayMs ?? 0, 0, fail)
   if (maxDelayMs > 0 && p.algorithm !== 'token-bucket' && p.algorithm !== 'gcra') {
     fail('`maxDelayMs` applies to token-bucket and gcra only')
+  }
+  const blockMs = p.blockMs === undefined ? 0 : durationOption('blockMs', p.blockMs, 1, fail)
+  for (const option of ['onExceeded', 'errorResponse'] as const) {
+    if (p[option] !== undefined && typeof p[option] !== 'function')
+      fail(`\`${option}\` must be a function of (request, decision)`)
   }
   const failures = p.countOnlyFailures
   const isFailure =
@@ -137,14 +205,15 @@ export function normalizePolicy(raw: RateLimitPolicy, defaults: Partial<RateLimi
       : failures
         ? (reply: FastifyReply) => reply.statusCode >= 400
         : null
-  const windowMs = bucket ? Math.ceil((p.limit * 1000) / p.refillPerSecond!) : p.windowMs!
-  const windowSec = Math.max(1, Math.round(windowMs / 1000))
-  return {
+  const policy: Policy = {
     name: name!,
     algorithm: p.algorithm,
     script: SCRIPTS[p.algorithm],
-    limit: p.limit,
+    limit,
+    limitFn,
     windowMs,
+    windowFn,
+    dynamic: limitFn !== null || windowFn !== null,
     refillPerSecond: p.refillPerSecond ?? 0,
     key: key as KeyFunction,
     cost,
@@ -154,11 +223,65 @@ export function normalizePolicy(raw: RateLimitPolicy, defaults: Partial<RateLimi
     localShare,
     maxDelayMs,
     allow: allowListPredicate(p.allowList),
-    header: `"${name}";q=${p.limit};w=${windowSec}`,
-    windowSec,
-    args: bucket ? [p.limit, p.refillPerSecond!] : [p.limit, p.windowMs!],
+    blockMs,
+    onExceeded: p.onExceeded ?? context.onExceeded,
+    errorResponse: p.errorResponse ?? context.errorResponse,
+    header: '',
+    windowSec: 0,
+    args: [0, 0],
+    localHeader: '',
+    localArgs: [0, 0],
+  }
+  if (!policy.dynamic) {
+    const global = resolve(policy, limit, windowMs, false)
+    const local = resolve(policy, limit, windowMs, true)
+    policy.header = global.header
+    policy.args = global.args
+    policy.windowSec = windowSecOf(policy, limit, windowMs)
+    if (bucket) policy.windowMs = Math.ceil((limit * 1000) / policy.refillPerSecond)
+    policy.localHeader = local.header
+    policy.localArgs = local.args
+  }
+  return policy
+}
+
+function windowSecOf(policy: Policy, limit: number, windowMs: number): number {
+  const ms =
+    policy.algorithm === 'token-bucket' ? Math.ceil((limit * 1000) / policy.refillPerSecond) : windowMs
+  return Math.max(1, Math.round(ms / 1000))
+}
+
+/** Header item and script arguments for a limit and window (with `local`, this process's share). */
+export function resolve(policy: Policy, limit: number, windowMs: number, local: boolean): Resolved {
+  const share = local ? policy.localShare : 1
+  const q = local ? Math.max(1, Math.floor(limit * share)) : limit
+  const bucket = policy.algorithm === 'token-bucket'
+  return {
+    limit: q,
+    header: `"${policy.name}";q=${q};w=${windowSecOf(policy, limit, windowMs)}`,
+    args: bucket ? [q, policy.refillPerSecond * share] : [q, windowMs],
+    windowMs,
   }
 }
+
+/**
+ * The limit and window of a dynamic policy for one request, checked like a computed cost: a
+ * positive whole number each (a gcra policy at most 100 units per millisecond of window), else
+ * the message of the 500 that request gets.
+ */
+export function resolveDynamic(policy: Policy, request: FastifyRequest, local: boolean): Resolved | string {
+  const limit = policy.limitFn ? policy.limitFn(request) : policy.limit
+  if (!positiveInt(limit)) return `its limit function returned ${shown(limit)}, not a positive whole number`
+  const windowMs = policy.windowFn ? policy.windowFn(request) : policy.windowMs
+  if (policy.windowFn && !positiveInt(windowMs))
+    return `its windowMs function returned ${shown(windowMs)}, not a positive whole number of milliseconds`
+  if (policy.algorithm === 'gcra' && limit > windowMs * 100)
+    return `its limit ${limit} is more than 100 per millisecond of its window (${windowMs} ms)`
+  return resolve(policy, limit, windowMs, local)
+}
+
+/** A returned value in an error message, without calling anything of it. */
+export const shown = (value: unknown) => (typeof value === 'number' ? String(value) : `a ${typeof value}`)
 
 /**
  * Every option of a policy with its value when not given. Typed so that an option added to
@@ -177,7 +300,12 @@ const OPTION_DEFAULTS: { [K in keyof Omit<RateLimitPolicy, 'name'>]-?: unknown }
   localShare: 1,
   maxDelayMs: 0,
   allowList: undefined,
+  blockMs: 0,
+  onExceeded: undefined,
+  errorResponse: undefined,
 }
+
+const DURATIONS = new Set(['windowMs', 'maxDelayMs', 'blockMs'])
 
 const functionIds = new WeakMap<object, number>()
 let functionCount = 0
@@ -199,7 +327,9 @@ function functionId(f: object): string {
 export function signature(raw: RateLimitPolicy, defaults: Partial<RateLimitPolicy> = {}): string {
   const p: Record<string, unknown> = { ...defaults, ...raw }
   const values = Object.entries(OPTION_DEFAULTS).map(([option, fallback]) => {
-    const value = option === 'key' && p.key === 'ip' ? keyBy.ip : (p[option] ?? fallback)
+    let value = option === 'key' && p.key === 'ip' ? keyBy.ip : (p[option] ?? fallback)
+    // A duration compares by its milliseconds: '1 minute' is 60000.
+    if (DURATIONS.has(option) && typeof value === 'string') value = parseDuration(value) ?? value
     if (typeof value === 'function') return functionId(value)
     // An allow list of IPs is a set: the order it was written in does not matter.
     return Array.isArray(value) ? [...value].sort() : value
