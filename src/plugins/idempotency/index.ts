@@ -1,4 +1,3 @@
-import { randomBytes } from 'node:crypto'
 import type {
   FastifyInstance,
   FastifyReply,
@@ -10,14 +9,18 @@ import fp from 'fastify-plugin'
 import { Counter } from 'prom-client'
 import { adoptMetric, observePluginRedis, whenMetricsReady } from '../shared/metrics.ts'
 import { type PrincipalFunction, resolvePrincipal } from '../shared/principal.ts'
-import { HttpProblem, sendProblem } from '../shared/problem.ts'
+import { HttpProblem, PROBLEM_CONTENT_TYPE, sendProblem } from '../shared/problem.ts'
 import { awaitRedisAtBoot, pluginRedis } from '../shared/redis.ts'
 import { parseIdempotencyKey, requestFingerprint } from './key.ts'
 import {
   defaultScope,
   type IdempotencyFailureMode,
+  type IdempotencyKeySource,
   type IdempotencyPluginOptions,
+  type IdempotencyReplay,
+  type IdempotencyReplayHook,
   type IdempotencyRouteConfig,
+  type ResolvedRouteConfig,
   resolveOptions,
   resolveRouteConfig,
 } from './options.ts'
@@ -30,11 +33,29 @@ import {
   responseNotKept,
   storeUnavailable,
 } from './problems.ts'
-import { IdempotencyStore, type StoredResponse } from './store.ts'
+import { type IdempotencyLogger, IdempotencyStore, ownerToken, type StoredResponse } from './store.ts'
 
+export {
+  IdempotencyError,
+  type IdempotencyErrorCode,
+  IdempotencyInFlightError,
+  IdempotencyKeyInvalidError,
+  IdempotencyKeyMismatchError,
+  IdempotencyResultNotKeptError,
+  IdempotencyStoreUnavailableError,
+} from './errors.ts'
 export { canonicalJson, parseIdempotencyKey, type RequestTarget, requestFingerprint } from './key.ts'
+export { type IdempotentFunction, type MakeIdempotentOptions, makeIdempotent } from './make-idempotent.ts'
 export { keyMismatch as idempotencyKeyMismatch } from './problems.ts'
-export type { IdempotencyFailureMode, IdempotencyPluginOptions, IdempotencyRouteConfig }
+export type {
+  IdempotencyFailureMode,
+  IdempotencyKeySource,
+  IdempotencyLogger,
+  IdempotencyPluginOptions,
+  IdempotencyReplay,
+  IdempotencyReplayHook,
+  IdempotencyRouteConfig,
+}
 export { IdempotencyStore, type StoredResponse }
 
 export interface IdempotencyContext {
@@ -134,38 +155,50 @@ async function idempotencyPlugin(app: FastifyInstance, rawOptions: IdempotencyPl
     return reply.code(response.status).header(REPLAYED_HEADER, 'true').send(response.body)
   }
 
-  const renewWhileRunning = (request: FastifyRequest, recordKey: string, token: string) => {
-    const renewal = setInterval(
-      () => {
-        store.renew(recordKey, token).then(
-          (renewed) => {
-            if (renewed) return
-            clearInterval(renewal)
-            request.log.warn('idempotency lease lost while the handler ran (taken over or expired)')
-          },
-          (err) => request.log.warn({ err }, 'idempotency lease renewal failed'),
-        )
-      },
-      Math.floor(options.leaseMs / 3),
-    )
-    renewal.unref()
-    return renewal
+  // The same replay, with the route's onReplay hook run once the status and headers are on the reply.
+  const replayWithHook = async (
+    request: FastifyRequest,
+    reply: FastifyReply,
+    hook: IdempotencyReplayHook,
+    response: StoredResponse,
+    key: string,
+    fingerprint: string,
+  ) => {
+    outcomes.inc({ outcome: 'replayed' })
+    const notKept = response.body ? null : responseNotKept(response.status)
+    if (notKept) reply.code(notKept.status).headers(notKept.headers).type(PROBLEM_CONTENT_TYPE)
+    else {
+      for (const [name, value] of response.headers) reply.header(name, value)
+      reply.code(response.status)
+    }
+    reply.header(REPLAYED_HEADER, 'true')
+    try {
+      await hook(request, reply, { key, fingerprint, status: response.status, kept: !notKept })
+    } catch (err) {
+      request.log.error({ err }, 'idempotency onReplay hook failed; the replay is sent')
+    }
+    if (reply.sent) return reply
+    return notKept ? reply.send(notKept.toJSON()) : reply.send(response.body)
   }
 
-  const makePreHandler = (
-    route: Required<IdempotencyRouteConfig>,
-    constraints: unknown,
-  ): preHandlerHookHandler =>
+  const makePreHandler = (route: ResolvedRouteConfig, constraints: unknown): preHandlerHookHandler =>
     async function idempotencyClaim(request, reply) {
-      const raw = request.headers[headerField]
+      let raw: unknown = request.headers[headerField]
+      // The header wins; the route's own source is asked only without it (null means no key too).
+      let fromRequest = false
+      if (raw === undefined && route.keyFrom !== null) {
+        raw = route.keyFrom(request) ?? undefined
+        fromRequest = raw !== undefined
+      }
       if (raw === undefined && !route.required) return
       // A custom scope decides alone who shares keys; the default one needs to know the caller.
       const who = options.scope ? null : principal(request)
       if (!options.scope && !who && principalSource && !route.anonymous)
         return reject(reply, 'anonymous', principalRequired())
-      if (raw === undefined) return reject(reply, 'missing', keyMissing(options.headerName))
+      if (raw === undefined)
+        return reject(reply, 'missing', keyMissing(options.headerName, route.keyFrom !== null))
       const key = parseIdempotencyKey(raw)
-      if (key === null) return reject(reply, 'invalid', keyInvalid(options.headerName))
+      if (key === null) return reject(reply, 'invalid', keyInvalid(fromRequest ? null : options.headerName))
       // The scope stays with the route pattern, the fingerprint covers the target: the same key on
       // another order, query or constrained route is a mismatch (422), never a replay of another's answer.
       const fingerprint = requestFingerprint(request.method, request.routeOptions.url ?? '', request.body, {
@@ -175,7 +208,7 @@ async function idempotencyPlugin(app: FastifyInstance, rawOptions: IdempotencyPl
       })
       const scope = options.scope ? options.scope(request) : defaultScope(request, who)
       const recordKey = store.recordKey(scope, key)
-      const token = randomBytes(16).toString('base64url')
+      const token = ownerToken()
       let result: Awaited<ReturnType<IdempotencyStore['claim']>>
       try {
         result = await store.claim(recordKey, fingerprint, token)
@@ -192,11 +225,13 @@ async function idempotencyPlugin(app: FastifyInstance, rawOptions: IdempotencyPl
         case 'conflict':
           return reject(reply, 'conflict', keyInFlight(Math.max(1, Math.ceil(result.retryAfterMs / 1000))))
         case 'replay':
+          if (route.onReplay !== null)
+            return replayWithHook(request, reply, route.onReplay, result.response, key, fingerprint)
           return replay(reply, result.response)
         default:
           outcomes.inc({ outcome: result.kind })
           request.idempotency = { key, fingerprint, claimed: true }
-          claims.set(request, { recordKey, token, renewal: renewWhileRunning(request, recordKey, token) })
+          claims.set(request, { recordKey, token, renewal: store.keepAlive(recordKey, token, request.log) })
       }
     }
 

@@ -7,7 +7,7 @@ const VISIBLE_ASCII = /^[\x21-\x7e]{1,255}$/
  * both spellings name the same key; null when it is not 1 to 255 visible ASCII characters, or is
  * a malformed string (unterminated, bad escape, parameters, several values).
  */
-export function parseIdempotencyKey(raw: string | string[] | undefined): string | null {
+export function parseIdempotencyKey(raw: unknown): string | null {
   if (typeof raw !== 'string') return null
   if (!raw.startsWith('"')) return VISIBLE_ASCII.test(raw) ? raw : null
   let value = ''
@@ -144,5 +144,30 @@ export function requestFingerprint(
   }
   write('json\n')
   writeCanonicalJson(body ?? null, write)
+  return hash.update(chunk).digest('base64url')
+}
+
+/** Thrown by valueFingerprint when a value's canonical JSON outgrows its bound (or never ends: a cycle). */
+export class FingerprintTooLargeError extends RangeError {}
+
+/**
+ * SHA-256 over the canonical JSON of any value (a wrapped function's arguments, or what its
+ * `fingerprintOf` returned). The JSON is hashed as it is written and bounded by `maxChars`: a
+ * cyclic value, which would be written forever, throws FingerprintTooLargeError instead.
+ */
+export function valueFingerprint(value: unknown, maxChars: number): string {
+  const hash = createHash('sha256').update('value\n')
+  let chunk = ''
+  let total = 0
+  writeCanonicalJson(value, (text) => {
+    chunk += text
+    if (chunk.length < 65_536) return
+    total += chunk.length
+    if (total > maxChars) throw new FingerprintTooLargeError(`over ${maxChars} characters of JSON`)
+    hash.update(chunk)
+    chunk = ''
+  })
+  if (total + chunk.length > maxChars)
+    throw new FingerprintTooLargeError(`over ${maxChars} characters of JSON`)
   return hash.update(chunk).digest('base64url')
 }

@@ -1,9 +1,38 @@
-import type { FastifyRequest } from 'fastify'
+import type { FastifyReply, FastifyRequest } from 'fastify'
 import type { PrincipalFunction } from '../shared/principal.ts'
 import type { RedisClient } from '../shared/redis.ts'
 
 /** When Redis cannot be asked: 'closed' answers 503; 'open' runs the handler on its own guard. */
 export type IdempotencyFailureMode = 'closed' | 'open'
+
+/**
+ * Where the key comes from when the request has no key header (a client that cannot send one: an
+ * HTML form, a webhook sender): e.g. a body field. null or undefined: no key. Asked only when the
+ * header is absent; its value is checked like the header's.
+ */
+export type IdempotencyKeySource = (request: FastifyRequest) => string | null | undefined
+
+/** What onReplay is told about the replay it precedes. */
+export interface IdempotencyReplay {
+  /** The decoded key. */
+  key: string
+  fingerprint: string
+  /** The status the stored response had (a not-kept replay is sent as 410). */
+  status: number
+  /** False when the response was over `maxResponseBytes`: the replay is a 410 problem. */
+  kept: boolean
+}
+
+/**
+ * Called before a replay is sent, with the stored status and headers already on the reply: to log,
+ * count, or add a header. It must not send. What it throws (or rejects with) is logged and the
+ * replay is sent all the same.
+ */
+export type IdempotencyReplayHook = (
+  request: FastifyRequest,
+  reply: FastifyReply,
+  replay: IdempotencyReplay,
+) => void | Promise<void>
 
 export interface IdempotencyPluginOptions {
   /**
@@ -18,6 +47,10 @@ export interface IdempotencyPluginOptions {
   principal?: PrincipalFunction
   /** Request header carrying the key. Default `Idempotency-Key`. */
   headerName?: string
+  /** The key from the request when the header is absent (e.g. a body field); a route may set its own. */
+  keyFrom?: IdempotencyKeySource
+  /** Called before each replay is sent (log, add a header); a route may set its own. */
+  onReplay?: IdempotencyReplayHook
   /** 400 when an opted-in route gets no key. Default true; a route may override it. */
   required?: boolean
   /**
@@ -51,10 +84,34 @@ export interface IdempotencyRouteConfig {
    * the session plugin), a key without one is refused with 401.
    */
   anonymous?: boolean
+  /** This route's key source when the header is absent; replaces the plugin-wide `keyFrom`. */
+  keyFrom?: IdempotencyKeySource
+  /** This route's replay hook; replaces the plugin-wide `onReplay`. */
+  onReplay?: IdempotencyReplayHook
 }
 
-export type ResolvedOptions = Required<Omit<IdempotencyPluginOptions, 'redis' | 'principal' | 'scope'>> & {
+export type ResolvedOptions = Required<
+  Omit<IdempotencyPluginOptions, 'redis' | 'principal' | 'scope' | 'keyFrom' | 'onReplay'>
+> & {
   scope: ((request: FastifyRequest) => string) | null
+  keyFrom: IdempotencyKeySource | null
+  onReplay: IdempotencyReplayHook | null
+}
+
+export interface ResolvedRouteConfig {
+  required: boolean
+  onRedisError: IdempotencyFailureMode
+  anonymous: boolean
+  keyFrom: IdempotencyKeySource | null
+  onReplay: IdempotencyReplayHook | null
+}
+
+/** Options the plugin and makeIdempotent share, checked alike. */
+export interface StoreOptions {
+  leaseMs?: number
+  retentionMs?: number
+  onRedisError?: IdempotencyFailureMode
+  keyPrefix?: string
 }
 
 export const DEFAULT_REPLAY_HEADERS = [
@@ -69,9 +126,16 @@ export const DEFAULT_REPLAY_HEADERS = [
 const HEADER_NAME = /^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$/
 const FAILURE_MODES = ['closed', 'open']
 
-const fail = (message: string): never => {
-  throw new Error(`idempotency plugin: ${message}`)
-}
+type Fail = (message: string) => never
+
+/** A thrower whose messages start with `label` ("idempotency plugin", "makeIdempotent"). */
+export const failWith =
+  (label: string): Fail =>
+  (message) => {
+    throw new Error(`${label}: ${message}`)
+  }
+
+const fail = failWith('idempotency plugin')
 
 const isInteger = (value: unknown, min: number, max: number) =>
   Number.isSafeInteger(value) && (value as number) >= min && (value as number) <= max
@@ -81,18 +145,33 @@ export function defaultScope(request: FastifyRequest, who: string | null | undef
   return `${who ? `principal:${who}` : `ip:${request.ip}`}\n${request.method}\n${request.routeOptions.url}`
 }
 
-export function resolveOptions(options: IdempotencyPluginOptions): ResolvedOptions {
-  const headerName = options.headerName ?? 'Idempotency-Key'
-  if (typeof headerName !== 'string' || !HEADER_NAME.test(headerName))
-    fail('`headerName` must be a valid HTTP header name of 1-64 characters')
+/** The lease, the retention, the failure mode and the key prefix, with their defaults. */
+export function resolveStoreOptions(options: StoreOptions, fail: Fail): Required<StoreOptions> {
   const leaseMs = options.leaseMs ?? 10_000
   if (!isInteger(leaseMs, 100, 60_000)) fail('`leaseMs` must be an integer from 100 to 60000')
   const retentionMs = options.retentionMs ?? 24 * 3_600_000
   if (!isInteger(retentionMs, leaseMs + 1, Number.MAX_SAFE_INTEGER))
     fail('`retentionMs` must be an integer larger than `leaseMs`')
-  const maxResponseBytes = options.maxResponseBytes ?? 64 * 1024
-  if (!isInteger(maxResponseBytes, 1, 16 * 1024 * 1024))
-    fail('`maxResponseBytes` must be an integer from 1 to 16777216')
+  const onRedisError = options.onRedisError ?? 'closed'
+  if (!FAILURE_MODES.includes(onRedisError)) fail("`onRedisError` must be 'closed' or 'open'")
+  const keyPrefix = options.keyPrefix ?? 'idem:'
+  if (typeof keyPrefix !== 'string') fail('`keyPrefix` must be a string')
+  return { leaseMs, retentionMs, onRedisError, keyPrefix }
+}
+
+/** A size cap in bytes (`maxResponseBytes`, `maxResultBytes`): 64 KiB by default, at most 16 MiB. */
+export function resolveByteCap(value: number | undefined, name: string, fail: Fail): number {
+  const bytes = value ?? 64 * 1024
+  if (!isInteger(bytes, 1, 16 * 1024 * 1024)) fail(`\`${name}\` must be an integer from 1 to 16777216`)
+  return bytes
+}
+
+export function resolveOptions(options: IdempotencyPluginOptions): ResolvedOptions {
+  const headerName = options.headerName ?? 'Idempotency-Key'
+  if (typeof headerName !== 'string' || !HEADER_NAME.test(headerName))
+    fail('`headerName` must be a valid HTTP header name of 1-64 characters')
+  const { leaseMs, retentionMs, onRedisError, keyPrefix } = resolveStoreOptions(options, fail)
+  const maxResponseBytes = resolveByteCap(options.maxResponseBytes, 'maxResponseBytes', fail)
   const replayHeaders = options.replayHeaders ?? DEFAULT_REPLAY_HEADERS
   if (
     !Array.isArray(replayHeaders) ||
@@ -101,13 +180,15 @@ export function resolveOptions(options: IdempotencyPluginOptions): ResolvedOptio
     fail('`replayHeaders` must be an array of header names')
   if (replayHeaders.some((h) => h.toLowerCase() === 'set-cookie'))
     fail('`replayHeaders` must not include Set-Cookie: a cookie belongs to one response')
-  const onRedisError = options.onRedisError ?? 'closed'
-  if (!FAILURE_MODES.includes(onRedisError)) fail("`onRedisError` must be 'closed' or 'open'")
   if (options.scope !== undefined && typeof options.scope !== 'function') fail('`scope` must be a function')
   if (options.principal !== undefined && typeof options.principal !== 'function')
     fail('`principal` must be a function of the request')
   if (options.required !== undefined && typeof options.required !== 'boolean')
     fail('`required` must be a boolean')
+  if (options.keyFrom !== undefined && typeof options.keyFrom !== 'function')
+    fail('`keyFrom` must be a function of the request')
+  if (options.onReplay !== undefined && typeof options.onReplay !== 'function')
+    fail('`onReplay` must be a function of the request and the reply')
   return {
     headerName,
     required: options.required ?? true,
@@ -117,7 +198,9 @@ export function resolveOptions(options: IdempotencyPluginOptions): ResolvedOptio
     maxResponseBytes,
     replayHeaders: replayHeaders.map((h) => h.toLowerCase()),
     onRedisError,
-    keyPrefix: options.keyPrefix ?? 'idem:',
+    keyPrefix,
+    keyFrom: options.keyFrom ?? null,
+    onReplay: options.onReplay ?? null,
   }
 }
 
@@ -126,10 +209,16 @@ export function resolveRouteConfig(
   config: unknown,
   defaults: ResolvedOptions,
   route: string,
-): Required<IdempotencyRouteConfig> | null {
+): ResolvedRouteConfig | null {
   if (config === undefined || config === false) return null
   if (config === true)
-    return { required: defaults.required, onRedisError: defaults.onRedisError, anonymous: false }
+    return {
+      required: defaults.required,
+      onRedisError: defaults.onRedisError,
+      anonymous: false,
+      keyFrom: defaults.keyFrom,
+      onReplay: defaults.onReplay,
+    }
   const routeConfig = config as IdempotencyRouteConfig
   if (typeof config !== 'object' || config === null)
     fail(`${route}: config.idempotency must be a boolean or an object`)
@@ -139,9 +228,15 @@ export function resolveRouteConfig(
     fail(`${route}: config.idempotency.onRedisError must be 'closed' or 'open'`)
   if (routeConfig.anonymous !== undefined && typeof routeConfig.anonymous !== 'boolean')
     fail(`${route}: config.idempotency.anonymous must be a boolean`)
+  if (routeConfig.keyFrom !== undefined && typeof routeConfig.keyFrom !== 'function')
+    fail(`${route}: config.idempotency.keyFrom must be a function of the request`)
+  if (routeConfig.onReplay !== undefined && typeof routeConfig.onReplay !== 'function')
+    fail(`${route}: config.idempotency.onReplay must be a function of the request and the reply`)
   return {
     required: routeConfig.required ?? defaults.required,
     onRedisError: routeConfig.onRedisError ?? defaults.onRedisError,
     anonymous: routeConfig.anonymous ?? false,
+    keyFrom: routeConfig.keyFrom ?? defaults.keyFrom,
+    onReplay: routeConfig.onReplay ?? defaults.onReplay,
   }
 }

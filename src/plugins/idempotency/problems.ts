@@ -2,15 +2,24 @@ import { HttpProblem } from '../shared/problem.ts'
 
 // Each outcome has its own problem type, so clients can tell "retry later" from "never retry".
 
-export const keyMissing = (header: string) =>
-  new HttpProblem(400, 'idempotency-key-missing', 'Idempotency key required', `Send an ${header} header.`)
+/** `orFromRequest`: the route also reads the key from the request (`keyFrom`). */
+export const keyMissing = (header: string, orFromRequest = false) =>
+  new HttpProblem(
+    400,
+    'idempotency-key-missing',
+    'Idempotency key required',
+    orFromRequest
+      ? `Send an ${header} header, or the key where this route reads it from the request.`
+      : `Send an ${header} header.`,
+  )
 
-export const keyInvalid = (header: string) =>
+/** `header`: the header the key came from, null when it came from the request (`keyFrom`). */
+export const keyInvalid = (header: string | null) =>
   new HttpProblem(
     400,
     'idempotency-key-invalid',
     'Invalid idempotency key',
-    `${header} must be 1 to 255 visible ASCII characters, bare or as a structured-field string.`,
+    `${header ?? 'The idempotency key'} must be 1 to 255 visible ASCII characters, bare or as a structured-field string.`,
   )
 
 export const principalRequired = () =>

@@ -1,4 +1,4 @@
-import { createHash } from 'node:crypto'
+import { createHash, randomBytes } from 'node:crypto'
 import { type RedisClient, runScript } from '../../lua/index.ts'
 
 export interface StoredResponse {
@@ -12,6 +12,17 @@ export type ClaimResult =
   | { kind: 'new' | 'takeover' | 'mismatch' }
   | { kind: 'conflict'; retryAfterMs: number }
   | { kind: 'replay'; response: StoredResponse }
+
+/** Where the store reports what it cannot return: a lease it lost. Fastify's and pino's loggers fit it, so does `console`. */
+export interface IdempotencyLogger {
+  warn(details: object, message: string): void
+  error(details: object, message: string): void
+}
+
+/** A fresh owner token for one claim: complete, release and renew only act for the token that claimed. */
+export function ownerToken(): string {
+  return randomBytes(16).toString('base64url')
+}
 
 export interface IdempotencyStoreOptions {
   keyPrefix: string
@@ -73,6 +84,29 @@ export class IdempotencyStore {
         [token, this.options.leaseMs],
       )) === 1
     )
+  }
+
+  /**
+   * Renews the lease every third of it while its owner works (a route's handler, a wrapped
+   * function), so a slow run keeps its claim. Stops by itself once the lease is lost (taken over or
+   * expired); the owner stops it with clearInterval when done. Unref'd: it never keeps a process alive.
+   */
+  keepAlive(recordKey: string, token: string, log: IdempotencyLogger): NodeJS.Timeout {
+    const renewal = setInterval(
+      () => {
+        this.renew(recordKey, token).then(
+          (renewed) => {
+            if (renewed) return
+            clearInterval(renewal)
+            log.warn({}, 'idempotency lease lost while its owner ran (taken over or expired)')
+          },
+          (err) => log.warn({ err }, 'idempotency lease renewal failed'),
+        )
+      },
+      Math.floor(this.options.leaseMs / 3),
+    )
+    renewal.unref()
+    return renewal
   }
 
   /** False when the caller no longer owns the record (its lease was taken over). */

@@ -1,0 +1,283 @@
+import { setTimeout as sleep } from 'node:timers/promises'
+import { Counter, type Registry } from 'prom-client'
+import type { RedisClient } from '../../lua/index.ts'
+import { adoptMetric } from '../shared/metrics.ts'
+import { connectRedis } from '../shared/redis.ts'
+import {
+  IdempotencyInFlightError,
+  IdempotencyKeyInvalidError,
+  IdempotencyKeyMismatchError,
+  IdempotencyResultNotKeptError,
+  IdempotencyStoreUnavailableError,
+} from './errors.ts'
+import { FingerprintTooLargeError, valueFingerprint } from './key.ts'
+import { failWith, type IdempotencyFailureMode, resolveByteCap, resolveStoreOptions } from './options.ts'
+import { type IdempotencyLogger, IdempotencyStore, ownerToken, type StoredResponse } from './store.ts'
+
+export interface MakeIdempotentOptions<A extends unknown[]> {
+  /** Any ioredis Redis or Cluster, without eviction (noeviction or volatile-*). Never closed here. */
+  redis: RedisClient
+  /**
+   * The key of a call (a message id, a job id, `invoice:${id}`): a string of 1 to 1024 characters,
+   * hashed into the record's name. null or undefined: the call has no key (see `required`).
+   */
+  keyOf: (...args: A) => string | null | undefined
+  /**
+   * What the key is bound to; default: all the arguments. Hashed as canonical JSON (object keys
+   * sorted). Return less when the arguments carry per-attempt data (a delivery count, a timestamp).
+   */
+  fingerprintOf?: (...args: A) => unknown
+  /**
+   * Names the function: functions with different names never share records, even with equal keys
+   * and arguments. Default '' (every unnamed function on one Redis and key prefix shares keys).
+   * Also the `name` label of the metrics.
+   */
+  name?: string
+  /** True (default): a call without a key throws IdempotencyKeyInvalidError; false: it runs unguarded. */
+  required?: boolean
+  /**
+   * How long a call waits for another one running with its key (polling with backoff) before it
+   * throws IdempotencyInFlightError; 0 throws at once. Default twice `leaseMs`, so a waiting call
+   * outlives the lease of a crashed owner and takes the call over.
+   */
+  waitMs?: number
+  /** Results whose JSON is larger are returned but not kept (a later call throws IdempotencyResultNotKeptError). Default 64 KiB. */
+  maxResultBytes?: number
+  /** Exclusive claim, renewed every third of it while the function runs. Default 10 s (100 to 60 000). */
+  leaseMs?: number
+  /** How long a result is kept for replays; larger than `leaseMs`. Default 24 h. */
+  retentionMs?: number
+  /**
+   * When Redis fails: 'closed' (default) throws IdempotencyStoreUnavailableError and does not run;
+   * 'open' runs the function, for functions with their own guard (a unique constraint).
+   */
+  onRedisError?: IdempotencyFailureMode
+  /** Prepended to every record key. Default `idem:` (the plugin's; the records never meet). */
+  keyPrefix?: string
+  /** Where failures that are not thrown are reported (a lost lease, a result not stored). Default: nowhere. */
+  logger?: IdempotencyLogger
+  /** A prom-client registry to count in (`app.metrics.registry` of the metrics plugin). Default: nowhere. */
+  registry?: Registry
+}
+
+/** The wrapped function: the same arguments, the result (or a replay of it) as a promise. */
+export type IdempotentFunction<A extends unknown[], T> = (...args: A) => Promise<T>
+
+const MAX_KEY_LENGTH = 1024
+const MAX_NAME_LENGTH = 200
+const MAX_WAIT_MS = 3_600_000
+/** Canonical JSON of the fingerprinted value, at most (and the bound a cyclic value runs into). */
+const MAX_FINGERPRINT_CHARS = 1024 * 1024
+const FIRST_POLL_MS = 10
+const MAX_POLL_MS = 1000
+/** The results of a wrapped function are kept as this status; routes never see these records. */
+const RESULT_STATUS = 200
+const nowhere: IdempotencyLogger = { warn() {}, error() {} }
+/** How long calls wait for a client that is still connecting (a lazy one is connected) before Redis is asked. */
+const CONNECT_WAIT_MS = 5000
+
+/** Resolves once the client is ready, or after CONNECT_WAIT_MS; never rejects (the claim then fails on its own). */
+async function settleConnection(redis: RedisClient): Promise<void> {
+  let timer: NodeJS.Timeout | undefined
+  try {
+    await Promise.race([
+      connectRedis(redis),
+      new Promise((resolve) => {
+        timer = setTimeout(resolve, CONNECT_WAIT_MS)
+      }),
+    ])
+  } catch {
+    // Not connected: the claim fails and `onRedisError` decides.
+  } finally {
+    clearTimeout(timer)
+  }
+}
+
+/**
+ * Wraps `fn` with the route plugin's claim, lease and replay: the first call with a key runs `fn`
+ * and keeps its result (as JSON); a later call with the key and the same arguments gets that result
+ * without running `fn`; a call while the first still runs waits for it (up to `waitMs`); other
+ * arguments under the key throw IdempotencyKeyMismatchError. When `fn` throws, the claim is
+ * released (a retry runs again) and the error is rethrown.
+ */
+export function makeIdempotent<A extends unknown[], T>(
+  fn: (...args: A) => T | PromiseLike<T>,
+  options: MakeIdempotentOptions<A>,
+): IdempotentFunction<A, T> {
+  const fail = failWith('makeIdempotent')
+  if (typeof fn !== 'function') fail('`fn` must be a function')
+  if (typeof options !== 'object' || options === null)
+    fail('`options` must be an object with `redis` and `keyOf`')
+  const { redis, keyOf, fingerprintOf, logger = nowhere, registry } = options
+  if (!redis || typeof (redis as { sendCommand?: unknown }).sendCommand !== 'function')
+    fail('`redis` must be an ioredis client (Redis or Cluster)')
+  if (typeof keyOf !== 'function') fail('`keyOf` must be a function of the arguments')
+  if (fingerprintOf !== undefined && typeof fingerprintOf !== 'function')
+    fail('`fingerprintOf` must be a function of the arguments')
+  const name = options.name ?? ''
+  if (typeof name !== 'string' || name.length > MAX_NAME_LENGTH)
+    fail(`\`name\` must be a string of at most ${MAX_NAME_LENGTH} characters`)
+  const required = options.required ?? true
+  if (typeof required !== 'boolean') fail('`required` must be a boolean')
+  const stored = resolveStoreOptions(options, fail)
+  const waitMs = options.waitMs ?? 2 * stored.leaseMs
+  if (!Number.isSafeInteger(waitMs) || waitMs < 0 || waitMs > MAX_WAIT_MS)
+    fail(`\`waitMs\` must be an integer from 0 to ${MAX_WAIT_MS}`)
+  const maxResultBytes = resolveByteCap(options.maxResultBytes, 'maxResultBytes', fail)
+  if (typeof logger?.warn !== 'function' || typeof logger.error !== 'function')
+    fail('`logger` must have `warn` and `error` methods')
+  if (
+    registry !== undefined &&
+    (typeof registry?.getSingleMetric !== 'function' || typeof registry.registerMetric !== 'function')
+  )
+    fail('`registry` must be a prom-client Registry')
+
+  const store = new IdempotencyStore(redis, stored)
+  // Route scopes start with `principal:` or `ip:`: a function's records never meet a route's.
+  const scope = `function\n${name}`
+  let calls = new Counter({
+    name: 'idempotent_function_calls_total',
+    help: 'Calls of functions wrapped with makeIdempotent, by outcome',
+    labelNames: ['name', 'outcome'] as const,
+    registers: [],
+  })
+  let results = new Counter({
+    name: 'idempotent_function_results_total',
+    help: 'What happened to the results of calls that ran the wrapped function',
+    labelNames: ['name', 'result'] as const,
+    registers: [],
+  })
+  if (registry) {
+    calls = adoptMetric(registry, calls)
+    results = adoptMetric(registry, results)
+  }
+  // A client that has not connected yet (a lazy one, or one still connecting) is waited for once,
+  // by every call that comes meanwhile, as the plugin does at boot; a client that lost Redis is not.
+  let connecting: Promise<void> | null = null
+  const connection = (): Promise<void> | null => {
+    const status = redis.status
+    if (status !== 'wait' && status !== 'connecting' && status !== 'connect') return null
+    connecting ??= settleConnection(redis).finally(() => {
+      connecting = null
+    })
+    return connecting
+  }
+  const count = (outcome: string) => calls.inc({ name, outcome })
+  const tally = (result: string) => results.inc({ name, result })
+
+  const replay = (key: string, response: StoredResponse): T => {
+    count('replayed')
+    if (!response.body) throw new IdempotencyResultNotKeptError(key)
+    // An empty body is a result JSON has no text for (undefined).
+    return (response.body.length === 0 ? undefined : JSON.parse(response.body.toString())) as T
+  }
+
+  /** Runs fn as the record's owner: keeps its result, or releases the claim when it throws. */
+  const run = async (key: string, recordKey: string, token: string, args: A): Promise<T> => {
+    const renewal = store.keepAlive(recordKey, token, logger)
+    let value: T
+    try {
+      value = await fn(...args)
+    } catch (err) {
+      clearInterval(renewal)
+      try {
+        await store.release(recordKey, token)
+        tally('released')
+      } catch (releaseErr) {
+        // The claim stays until its lease ends; a retry then takes it over.
+        tally('release_failed')
+        logger.error({ err: releaseErr, key }, 'idempotency claim not released after the function threw')
+      }
+      throw err
+    }
+    clearInterval(renewal)
+    let body: Buffer | null = null
+    try {
+      const json = JSON.stringify(value) as string | undefined
+      body = json === undefined ? Buffer.alloc(0) : Buffer.from(json)
+    } catch (err) {
+      logger.warn({ err, key }, 'idempotent function result is not JSON: kept as not replayable')
+    }
+    if (body && body.length > maxResultBytes) {
+      logger.warn({ key, limit: maxResultBytes }, 'idempotent function result too large to keep for replays')
+      body = null
+    }
+    try {
+      const owned = await store.complete(recordKey, token, { status: RESULT_STATUS, headers: [], body })
+      if (!owned) {
+        tally('lost')
+        logger.warn({ key }, 'idempotency record not stored: the claim was taken over')
+      } else tally(body ? 'stored' : 'not_kept')
+    } catch (err) {
+      // As for routes: the claim stays until its lease ends, so no retry runs while this result is returned.
+      tally('store_failed')
+      logger.error({ err, key }, 'idempotency record could not be written')
+    }
+    return value
+  }
+
+  return async function idempotent(...args: A): Promise<T> {
+    const key = keyOf(...args)
+    if (key === null || key === undefined) {
+      if (required) {
+        count('missing')
+        throw new IdempotencyKeyInvalidError('keyOf returned no key for this call')
+      }
+      count('unkeyed')
+      return fn(...args)
+    }
+    if (typeof key !== 'string' || key.length === 0 || key.length > MAX_KEY_LENGTH) {
+      count('invalid')
+      throw new IdempotencyKeyInvalidError(`keyOf must return a string of 1 to ${MAX_KEY_LENGTH} characters`)
+    }
+    let fingerprint: string
+    try {
+      fingerprint = valueFingerprint(fingerprintOf ? fingerprintOf(...args) : args, MAX_FINGERPRINT_CHARS)
+    } catch (err) {
+      if (!(err instanceof FingerprintTooLargeError)) throw err
+      throw new TypeError(
+        `makeIdempotent: the fingerprinted value is over ${MAX_FINGERPRINT_CHARS} characters of JSON (or cyclic); pass a \`fingerprintOf\` returning less`,
+      )
+    }
+    const recordKey = store.recordKey(scope, key)
+    const token = ownerToken()
+    const pending = connection()
+    if (pending) await pending
+    const deadline = Date.now() + waitMs
+    let poll = FIRST_POLL_MS
+    for (;;) {
+      let claim: Awaited<ReturnType<IdempotencyStore['claim']>>
+      try {
+        claim = await store.claim(recordKey, fingerprint, token)
+      } catch (err) {
+        logger.warn({ err, key }, 'idempotency store unavailable')
+        count('unavailable')
+        if (stored.onRedisError === 'closed') throw new IdempotencyStoreUnavailableError(key, err)
+        return fn(...args)
+      }
+      switch (claim.kind) {
+        case 'mismatch':
+          count('mismatch')
+          throw new IdempotencyKeyMismatchError(key)
+        case 'replay':
+          return replay(key, claim.response)
+        case 'conflict': {
+          const left = deadline - Date.now()
+          if (left <= 0) {
+            count('in_flight')
+            throw new IdempotencyInFlightError(key, claim.retryAfterMs)
+          }
+          // Jittered, so the callers waiting on one key do not ask Redis in lockstep; never past
+          // the end of the owner's lease (a crashed owner is taken over then) or the wait.
+          const jittered = poll / 2 + Math.random() * (poll / 2)
+          await sleep(Math.max(1, Math.min(jittered, claim.retryAfterMs + 1, left)))
+          poll = Math.min(poll * 2, MAX_POLL_MS)
+          continue
+        }
+        default:
+          count(claim.kind)
+          return run(key, recordKey, token, args)
+      }
+    }
+  }
+}
