@@ -4,8 +4,9 @@ import { dirname, join, relative, resolve } from 'node:path'
 import { test } from 'node:test'
 import { fileURLToPath } from 'node:url'
 
-// The library (src/index.ts, src/plugins, src/lua) stands without the demo, each plugin on its own
-// folder plus the shared ones, and the demo reaches the library only through its public entry.
+// The library (src/index.ts, src/plugins, src/primitives, src/lua) stands without the demo, each
+// plugin on its own folder plus the shared ones, the primitives on their own folder, lua and the
+// shared plugin helpers, and the demo reaches the library only through its public entry.
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '..')
 const src = join(root, 'src')
 
@@ -26,7 +27,10 @@ export function relativeImports(file: string, text = readFileSync(file, 'utf8'))
 }
 
 const isLibrary = (path: string) =>
-  path === 'index.ts' || path.startsWith('plugins/') || path.startsWith('lua/')
+  path === 'index.ts' ||
+  path.startsWith('plugins/') ||
+  path.startsWith('primitives/') ||
+  path.startsWith('lua/')
 
 /** What `file` (relative to src/) may import, or null when it may import anything. */
 function allowed(file: string): ((target: string) => boolean) | null {
@@ -35,6 +39,8 @@ function allowed(file: string): ((target: string) => boolean) | null {
   if (plugin)
     return (t) =>
       t.startsWith(`plugins/${plugin}/`) || t.startsWith('plugins/shared/') || t.startsWith('lua/')
+  if (file.startsWith('primitives/'))
+    return (t) => t.startsWith('primitives/') || t.startsWith('lua/') || t.startsWith('plugins/shared/')
   if (file.startsWith('lua/')) return (t) => t.startsWith('lua/')
   if (file === 'index.ts') return (t) => isLibrary(t)
   // The demo: anything of its own, and of the library only the public entry.
@@ -54,7 +60,7 @@ export function violations(files: string[]): string[] {
   return found
 }
 
-test('the library imports nothing of the demo, each plugin only its folder, shared and lua', () => {
+test('the library imports nothing of the demo, each plugin only its folder, shared and lua, each primitive only primitives, shared and lua', () => {
   assert.deepEqual(violations(sourceFiles(src)), [])
 })
 
@@ -84,4 +90,30 @@ test('the check catches a plugin importing the demo or another plugin, and the d
   )
   assert.deepEqual(probe('ledger/ledger.ts', "import { idempotencyKeyMismatch } from '../index.ts'"), [])
   assert.deepEqual(probe('plugins/session/index.ts', "import '../shared/principal.ts'"), [])
+})
+
+test('the check catches a primitive importing the demo or a plugin, and the demo reaching inside a primitive', () => {
+  const probe = (file: string, line: string) =>
+    relativeImports(join(src, file), line).filter((target) => {
+      const may = allowed(file)
+      return may && !may(target)
+    })
+  assert.deepEqual(probe('primitives/lock.ts', "import { buildApp } from '../app.ts'"), ['app.ts'])
+  assert.deepEqual(
+    probe('primitives/delayed-queue.ts', "import type { Database } from '../db/database.ts'"),
+    ['db/database.ts'],
+  )
+  assert.deepEqual(probe('primitives/lock.ts', "import { keyBy } from '../plugins/rate-limit/index.ts'"), [
+    'plugins/rate-limit/index.ts',
+  ])
+  assert.deepEqual(probe('ledger/ledger.ts', "import { createLock } from '../primitives/lock.ts'"), [
+    'primitives/lock.ts',
+  ])
+  assert.deepEqual(probe('primitives/delayed-queue.ts', "import { runScript } from '../lua/index.ts'"), [])
+  assert.deepEqual(
+    probe('primitives/lock.ts', "import type { RedisClient } from '../plugins/shared/redis.ts'"),
+    [],
+  )
+  assert.deepEqual(probe('primitives/delayed-queue.ts', "import { createLock } from './lock.ts'"), [])
+  assert.deepEqual(probe('index.ts', "export { createLock } from './primitives/lock.ts'"), [])
 })

@@ -1,0 +1,240 @@
+import { randomBytes } from 'node:crypto'
+import { type RedisClient, runScript } from '../lua/index.ts'
+
+// A distributed lock on one Redis (or one Cluster slot): SET NX PX to take it, compare-and-delete to
+// release it, compare-and-PEXPIRE to extend it, each one Lua script, plus a fencing token that only
+// grows per name so the protected resource can refuse a holder whose lock has gone.
+
+export interface LockOptions {
+  /** Prefix of every key (default `lock:`). A lock `name` uses `<prefix>{<name>}` and `<prefix>{<name>}:fence`. */
+  keyPrefix?: string
+}
+
+/** What `acquire` hands the holder. */
+export interface LockHandle {
+  readonly name: string
+  /** Random 128-bit token (hex) naming this acquisition; release and extend compare it. */
+  readonly owner: string
+  /**
+   * Fencing token: larger than the token of every earlier holder of this name. Pass it to the resource
+   * the lock protects and have it refuse a write carrying a token lower than the highest it has seen.
+   */
+  readonly fence: number
+  /**
+   * Local estimate (epoch ms, this process's clock) of when the lock expires: counted from before the
+   * command was sent, so never later than the expiry in Redis. `extend` moves it.
+   */
+  expiresAt: number
+}
+
+/** Who holds a lock, as Redis says now. */
+export interface LockHolder {
+  owner: string
+  fence: number
+  /** Milliseconds until the lock expires unless extended. */
+  expiresInMs: number
+}
+
+export interface WithLockOptions {
+  /** Lock TTL in ms, renewed while `fn` runs. */
+  ttlMs: number
+  /** Renew every this many ms (default `ttlMs / 3`); must be below `ttlMs`. */
+  renewEveryMs?: number
+  /** Keep trying to acquire for up to this many ms (default 0: one attempt). */
+  waitMs?: number
+}
+
+export interface Lock {
+  /** Takes the lock for `ttlMs`, or null when another owner holds it. */
+  acquire(name: string, ttlMs: number): Promise<LockHandle | null>
+  /** Resets the lock's TTL to `ttlMs` if the handle still holds it; false otherwise. */
+  extend(handle: LockHandle, ttlMs: number): Promise<boolean>
+  /** Deletes the lock if the handle still holds it; false otherwise (nothing of another owner is touched). */
+  release(handle: LockHandle): Promise<boolean>
+  /** The current holder, or null (an expired holder is never reported). */
+  holder(name: string): Promise<LockHolder | null>
+  /**
+   * Runs `fn` holding the lock, renewing it every `renewEveryMs`, and always releases it afterwards.
+   * `signal` aborts, with a `LockLostError` as its reason, as soon as a renewal finds the lock gone
+   * or renewals have failed until the TTL ran out: `fn` must then stop writing (check
+   * `signal.aborted` or call `signal.throwIfAborted()` before each write), and it must pass
+   * `handle.fence` with its writes so the resource refuses a holder that is late to notice.
+   * Resolves with `fn`'s result (even if the signal aborted and `fn` chose to finish); rejects with
+   * `fn`'s error, or with `LockNotAcquiredError` when the lock could not be taken within `waitMs`.
+   */
+  withLock<T>(
+    name: string,
+    fn: (signal: AbortSignal, handle: LockHandle) => Promise<T>,
+    options: WithLockOptions,
+  ): Promise<T>
+}
+
+/** `withLock` could not take the lock within `waitMs`. */
+export class LockNotAcquiredError extends Error {
+  override readonly name = 'LockNotAcquiredError'
+  readonly lockName: string
+  /** Milliseconds the current holder still had at the last attempt (-1 if unknown). */
+  readonly retryAfterMs: number
+  constructor(lockName: string, retryAfterMs: number) {
+    super(`lock '${lockName}' is held by another owner`)
+    this.lockName = lockName
+    this.retryAfterMs = retryAfterMs
+  }
+}
+
+/** The reason of `withLock`'s signal when the lock was lost while `fn` ran. */
+export class LockLostError extends Error {
+  override readonly name = 'LockLostError'
+  readonly lockName: string
+  constructor(lockName: string, message: string, options?: { cause?: unknown }) {
+    super(`lock '${lockName}': ${message}`, options)
+    this.lockName = lockName
+  }
+}
+
+function checkName(name: unknown): asserts name is string {
+  if (typeof name !== 'string' || name.length === 0)
+    throw new TypeError('lock: `name` must be a non-empty string')
+}
+
+function checkMs(value: unknown, option: string): asserts value is number {
+  if (!Number.isInteger(value) || (value as number) < 1)
+    throw new TypeError(`lock: \`${option}\` must be a positive integer (ms)`)
+}
+
+const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms))
+
+export function createLock(redis: RedisClient, { keyPrefix = 'lock:' }: LockOptions = {}): Lock {
+  if (!redis || typeof (redis as { sendCommand?: unknown }).sendCommand !== 'function')
+    throw new TypeError('lock: pass an ioredis client')
+  // One hash tag for both keys of a name, so the script runs on one Cluster slot.
+  const keys = (name: string) => [`${keyPrefix}{${name}}`, `${keyPrefix}{${name}}:fence`]
+
+  /** One attempt: the handle, or how long the current holder still has. */
+  async function attempt(name: string, ttlMs: number): Promise<LockHandle | number> {
+    const owner = randomBytes(16).toString('hex')
+    const sent = Date.now()
+    const [ok, value] = await runScript<[number, number]>(redis, 'lockAcquire', keys(name), [owner, ttlMs])
+    if (ok !== 1) return value
+    return { name, owner, fence: Number(value), expiresAt: sent + ttlMs }
+  }
+
+  async function acquire(name: string, ttlMs: number): Promise<LockHandle | null> {
+    checkName(name)
+    checkMs(ttlMs, 'ttlMs')
+    const result = await attempt(name, ttlMs)
+    return typeof result === 'number' ? null : result
+  }
+
+  async function extend(handle: LockHandle, ttlMs: number): Promise<boolean> {
+    checkMs(ttlMs, 'ttlMs')
+    const sent = Date.now()
+    const ok = await runScript<number>(redis, 'lockExtend', keys(handle.name).slice(0, 1), [
+      handle.owner,
+      ttlMs,
+    ])
+    if (ok === 1) handle.expiresAt = sent + ttlMs
+    return ok === 1
+  }
+
+  async function release(handle: LockHandle): Promise<boolean> {
+    const ok = await runScript<number>(redis, 'lockRelease', keys(handle.name).slice(0, 1), [handle.owner])
+    return ok === 1
+  }
+
+  async function holder(name: string): Promise<LockHolder | null> {
+    checkName(name)
+    const reply = await runScript<[string, string | null, number] | null>(redis, 'lockHolder', keys(name))
+    if (!reply) return null
+    return { owner: reply[0], fence: Number(reply[1]), expiresInMs: reply[2] }
+  }
+
+  async function acquireWithin(name: string, ttlMs: number, waitMs: number): Promise<LockHandle> {
+    const deadline = Date.now() + waitMs
+    let pause = 10
+    for (;;) {
+      const result = await attempt(name, ttlMs)
+      if (typeof result !== 'number') return result
+      const left = deadline - Date.now()
+      if (left <= 0) throw new LockNotAcquiredError(name, result)
+      // Poll with a growing, jittered pause (the holder may release before its TTL ends).
+      const wait = Math.min(left, Math.ceil(pause * (0.5 + Math.random())), result > 0 ? result : pause)
+      await sleep(Math.max(1, wait))
+      pause = Math.min(pause * 2, 200)
+    }
+  }
+
+  async function withLock<T>(
+    name: string,
+    fn: (signal: AbortSignal, handle: LockHandle) => Promise<T>,
+    options: WithLockOptions,
+  ): Promise<T> {
+    checkName(name)
+    const { ttlMs, waitMs = 0 } = options ?? ({} as WithLockOptions)
+    checkMs(ttlMs, 'ttlMs')
+    const renewEveryMs = options.renewEveryMs ?? Math.max(1, Math.floor(ttlMs / 3))
+    checkMs(renewEveryMs, 'renewEveryMs')
+    if (renewEveryMs >= ttlMs) throw new TypeError('lock: `renewEveryMs` must be below `ttlMs`')
+    if (!Number.isInteger(waitMs) || waitMs < 0)
+      throw new TypeError('lock: `waitMs` must be a non-negative integer (ms)')
+
+    const handle = waitMs > 0 ? await acquireWithin(name, ttlMs, waitMs) : await acquire(name, ttlMs)
+    if (!handle) throw new LockNotAcquiredError(name, -1)
+
+    const controller = new AbortController()
+    let done = false
+    let renewTimer: NodeJS.Timeout | undefined
+    let expiryTimer: NodeJS.Timeout | undefined
+    let lastError: unknown
+
+    const lose = (message: string, cause?: unknown) => {
+      clearTimeout(renewTimer)
+      clearTimeout(expiryTimer)
+      if (!controller.signal.aborted)
+        controller.abort(new LockLostError(name, message, cause === undefined ? undefined : { cause }))
+    }
+    // Fires when the lock must be taken as expired: no renewal succeeded in time (Redis failing or
+    // slow, the command hanging), whatever the pending command later answers.
+    const armExpiry = () => {
+      clearTimeout(expiryTimer)
+      expiryTimer = setTimeout(
+        () => lose(`not renewed before its ttl of ${ttlMs} ms ran out`, lastError),
+        Math.max(0, handle.expiresAt - Date.now()),
+      )
+    }
+    const renew = async () => {
+      try {
+        const held = await extend(handle, ttlMs)
+        if (done || controller.signal.aborted) return
+        if (!held) return lose('taken by another owner or expired before it was renewed')
+        lastError = undefined
+        armExpiry()
+      } catch (err) {
+        lastError = err
+      }
+      if (!done && !controller.signal.aborted) renewTimer = setTimeout(renew, renewEveryMs)
+    }
+    armExpiry()
+    renewTimer = setTimeout(renew, renewEveryMs)
+
+    try {
+      return await fn(controller.signal, handle)
+    } finally {
+      done = true
+      clearTimeout(renewTimer)
+      clearTimeout(expiryTimer)
+      // Compare-and-delete: never touches another owner's lock. Not waited on past the lock's own
+      // expiry: by then Redis lets it go anyway.
+      let timer: NodeJS.Timeout | undefined
+      await Promise.race([
+        release(handle).catch(() => false),
+        new Promise((resolve) => {
+          timer = setTimeout(resolve, Math.max(0, handle.expiresAt - Date.now()))
+        }),
+      ])
+      clearTimeout(timer)
+    }
+  }
+
+  return { acquire, extend, release, holder, withLock }
+}
