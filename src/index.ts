@@ -2,30 +2,52 @@
 // Each plugin is also the default export of its own subpath (`fastify-redis-gateway/rate-limit`, ...).
 export {
   type CacheApi,
+  type CacheLoadErrorMode,
+  CacheLoadTimeoutError,
   type CachePluginOptions,
+  type CacheSetOptions,
   default as cache,
   type GetOrLoadOptions,
 } from './plugins/cache/index.ts'
 export {
   default as idempotency,
   type IdempotencyContext,
+  IdempotencyError,
+  type IdempotencyErrorCode,
   type IdempotencyFailureMode,
+  IdempotencyInFlightError,
+  IdempotencyKeyInvalidError,
+  IdempotencyKeyMismatchError,
+  type IdempotencyKeySource,
+  type IdempotencyLogger,
   type IdempotencyPluginOptions,
+  type IdempotencyReplay,
+  type IdempotencyReplayHook,
+  IdempotencyResultNotKeptError,
   type IdempotencyRouteConfig,
+  IdempotencyStoreUnavailableError,
+  type IdempotentFunction,
   idempotencyKeyMismatch,
+  type MakeIdempotentOptions,
+  makeIdempotent,
 } from './plugins/idempotency/index.ts'
 export { default as metrics, type MetricsApi, type MetricsPluginOptions } from './plugins/metrics/index.ts'
 export {
   type Algorithm,
   type AllowList,
+  clientAddress,
   type Decision,
   default as rateLimit,
+  type ErrorResponseBuilder,
+  type ExceededHandler,
   type FailureMode,
   type KeyFunction,
   keyBy,
   type PrincipalFunction,
+  type RateLimitDecorator,
   type RateLimitPluginOptions,
   type RateLimitPolicy,
+  type RateLimitResult,
   type RouteRateLimit,
 } from './plugins/rate-limit/index.ts'
 export {
@@ -38,7 +60,31 @@ export {
 } from './plugins/redis/index.ts'
 export {
   default as session,
+  type Session,
   type SessionPluginOptions,
   type SessionRecord,
+  type SessionValue,
+  sessionCookieName,
 } from './plugins/session/index.ts'
 export { HttpProblem, PROBLEM_CONTENT_TYPE, type ProblemBody, sendProblem } from './plugins/shared/problem.ts'
+// Primitives for use outside Fastify: a lock with fencing tokens and a delayed job queue (each also
+// the named exports of its subpath, `fastify-redis-gateway/lock` and `fastify-redis-gateway/delayed-queue`).
+export {
+  type ConsumeOptions,
+  type Consumer,
+  createDelayedQueue,
+  type DelayedQueue,
+  type DelayedQueueKeys,
+  type DelayedQueueOptions,
+  type DelayedQueueTask,
+} from './primitives/delayed-queue.ts'
+export {
+  createLock,
+  type Lock,
+  type LockHandle,
+  type LockHolder,
+  LockLostError,
+  LockNotAcquiredError,
+  type LockOptions,
+  type WithLockOptions,
+} from './primitives/lock.ts'

@@ -7,6 +7,7 @@ import {
   type IdempotencyPluginOptions,
   idempotency,
   keyBy,
+  makeIdempotent,
   metrics,
   type PrincipalFunction,
   type RateLimitPolicy,
@@ -49,3 +50,14 @@ app.post('/pay', { config: { rateLimits: 'per-user', idempotency: { required: tr
   return { user: current?.principal ?? null, balance, remaining: decisions[0]?.remaining ?? null }
 })
 app.metrics.registry.contentType.toLowerCase()
+
+const charge = makeIdempotent(
+  async (orderId: string, cents: number) => ({ orderId, cents, at: Date.now() }),
+  {
+    redis: client,
+    name: 'charge',
+    keyOf: (orderId) => `charge:${orderId}`,
+  },
+)
+const receipt: { orderId: string; cents: number; at: number } = await charge('o-1', 500)
+receipt.orderId.toUpperCase()
