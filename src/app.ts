@@ -20,6 +20,8 @@ import {
 import accountRoutes from './routes/accounts.ts'
 import healthRoutes from './routes/health.ts'
 import { refuseUnstorableText } from './routes/input.ts'
+import { openapiOptions, sessionCookieName } from './routes/openapi.ts'
+import problemRoutes from './routes/problems.ts'
 import sessionRoutes from './routes/session.ts'
 import transferRoutes from './routes/transfers.ts'
 
@@ -74,12 +76,8 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
     leaseWaitMs: config.cache.leaseWaitMs,
     leaseTtlMs: Math.max(5000, config.cache.leaseWaitMs),
   })
-  await app.register(swagger, {
-    openapi: {
-      info: { title: 'Demo banking gateway', version: '0.1.0' },
-      components: { securitySchemes: { session: { type: 'apiKey', in: 'cookie', name: 'sid' } } },
-    },
-  })
+  // The OpenAPI document (/docs/json): operations, security, headers and problem types (src/routes/openapi.ts).
+  await app.register(swagger, openapiOptions(config))
   await app.register(swaggerUi, { routePrefix: '/docs' })
   await app.register(session, {
     secrets: config.session.secrets,
@@ -133,8 +131,9 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
   })
 
   await app.register(healthRoutes)
-  await app.register(sessionRoutes)
+  await app.register(sessionRoutes, { sessionCookie: sessionCookieName(config) })
   await app.register(accountRoutes)
   await app.register(transferRoutes)
+  await app.register(problemRoutes)
   return app
 }

@@ -12,6 +12,7 @@ const EnvSchema = Type.Object({
   ),
   PORT: Type.Optional(Type.String({ pattern: '^[0-9]{1,5}$' })),
   HOST: Type.Optional(Type.String({ minLength: 1 })),
+  PUBLIC_URL: Type.Optional(Type.String({ pattern: '^https?://[^/?#\\s]+(/[^?#\\s]*)?$' })),
   TRUST_PROXY: Type.Optional(Type.Union([Type.Literal('true'), Type.Literal('false')])),
   REDIS_URL: Type.Optional(Type.String({ pattern: '^rediss?://' })),
   REDIS_CLUSTER_NODES: Type.Optional(Type.String({ pattern: '^[^,:\\s]+:[0-9]+(,[^,:\\s]+:[0-9]+)*$' })),
@@ -36,6 +37,7 @@ export type Env = Static<typeof EnvSchema>
 
 const HINTS: Record<string, string> = {
   PORT: 'a port number',
+  PUBLIC_URL: 'an http:// or https:// URL without query or fragment',
   REDIS_URL: 'a redis:// or rediss:// URL',
   REDIS_CLUSTER_NODES: 'a comma list of host:port',
   CACHE_REDIS_URL: 'a redis:// or rediss:// URL',
@@ -70,6 +72,8 @@ export interface Config {
   logLevel: string
   port: number
   host: string
+  /** Where clients reach this gateway: the OpenAPI document's `servers` entry. */
+  publicUrl: string
   trustProxy: boolean
   redis: { url?: string; clusterNodes?: Array<{ host: string; port: number }>; commandTimeoutMs: number }
   cacheRedisUrl?: string
@@ -99,6 +103,12 @@ export function parseDuration(text: string): number {
 function parseWindowLimit(text: string): WindowLimit {
   const [limit, window] = text.split('/') as [string, string]
   return { limit: Number(limit), windowMs: parseDuration(window) }
+}
+
+/** The listen address as clients on this machine reach it (a wildcard address is not one to connect to). */
+function defaultPublicUrl(host: string, port: number): string {
+  const reachable = host === '0.0.0.0' || host === '::' ? '127.0.0.1' : host
+  return `http://${reachable.includes(':') ? `[${reachable}]` : reachable}:${port}`
 }
 
 /** Reads the environment once; throws ConfigError naming the first bad variable. */
@@ -146,6 +156,7 @@ export function loadConfig(env: Record<string, string | undefined> = process.env
     logLevel: e.LOG_LEVEL ?? (nodeEnv === 'test' ? 'silent' : 'info'),
     port,
     host: e.HOST ?? '127.0.0.1',
+    publicUrl: (e.PUBLIC_URL ?? defaultPublicUrl(e.HOST ?? '127.0.0.1', port)).replace(/\/+$/, ''),
     trustProxy: e.TRUST_PROXY === 'true',
     redis: {
       url: e.REDIS_URL,

@@ -1,24 +1,13 @@
 import type { FastifyError, FastifyInstance } from 'fastify'
-import { type Static, Type } from 'typebox'
 import { HttpProblem, PROBLEM_CONTENT_TYPE, sendProblem } from './index.ts'
 
 export { HttpProblem, PROBLEM_CONTENT_TYPE }
 
-/** RFC 9457 problem details; `type` is a relative URI under /problems/ documented in docs/http-api.md. */
-export const Problem = Type.Object(
-  {
-    type: Type.String(),
-    title: Type.String(),
-    status: Type.Integer(),
-    detail: Type.String(),
-    instance: Type.Optional(Type.String()),
-    policy: Type.Optional(Type.String()),
-  },
-  { description: 'RFC 9457 problem details' },
-)
-export type Problem = Static<typeof Problem>
+// Problems are RFC 9457 problem details; every `type` is a relative URI under /problems/, documented
+// in docs/problems.md and served at that URI (src/routes/problem-types.ts, src/routes/problems.ts).
 
-const GENERIC: Record<number, [string, string]> = {
+/** Fastify's own client errors (bad JSON, body limit, ...) as problems: status -> [slug, title]. */
+export const FASTIFY_PROBLEMS: Readonly<Record<number, readonly [string, string]>> = {
   400: ['bad-request', 'Bad request'],
   401: ['unauthenticated', 'Authentication required'],
   404: ['not-found', 'Not found'],
@@ -28,6 +17,8 @@ const GENERIC: Record<number, [string, string]> = {
   415: ['unsupported-media-type', 'Unsupported media type'],
   431: ['headers-too-large', 'Request header fields too large'],
 }
+/** Any other client error Fastify raises. */
+const FASTIFY_OTHER_CLIENT_ERROR = ['client-error', 'Client error'] as const
 
 /** Converts Fastify's own 4xx errors (validation, bad JSON, body limit) to problems; hides 5xx internals. */
 export function toProblem(error: FastifyError | HttpProblem): HttpProblem {
@@ -37,7 +28,7 @@ export function toProblem(error: FastifyError | HttpProblem): HttpProblem {
   }
   const status = error.statusCode ?? 500
   if (status >= 400 && status < 500) {
-    const [slug, title] = GENERIC[status] ?? ['client-error', 'Client error']
+    const [slug, title] = FASTIFY_PROBLEMS[status] ?? FASTIFY_OTHER_CLIENT_ERROR
     return new HttpProblem(status, slug, title, error.message)
   }
   return new HttpProblem(

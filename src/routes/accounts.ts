@@ -2,7 +2,8 @@ import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import type { FastifyInstance } from 'fastify'
 import { Type } from 'typebox'
 import { accountNotFound, getAccountWithOwner, listAccounts } from '../ledger/ledger.ts'
-import { Account, IdParam, problems } from './schemas.ts'
+import { json, problems } from './openapi.ts'
+import { Account, IdParam } from './schemas.ts'
 
 // Cache keys are built from ids the gateway parsed and bounded, never from raw request text.
 const MAX_ACCOUNT_ID = 2_147_483_647
@@ -39,9 +40,20 @@ const accountRoutes: FastifyPluginAsyncTypebox = async (app) => {
     {
       config: { session: 'required' },
       schema: {
+        operationId: 'listAccounts',
         tags: ['accounts'],
-        summary: "The customer's accounts",
-        response: { 200: Type.Object({ accounts: Type.Array(Account) }), ...problems(401, 429, 503) },
+        summary: 'List your accounts',
+        description:
+          "The logged-in customer's accounts with their balances, ordered by id. Cached: a cached list is " +
+          'still served while Postgres is down; a transfer invalidates it.',
+        response: {
+          200: json(Type.Object({ accounts: Type.Array(Account) }), "The customer's accounts."),
+          ...problems({
+            400: ['validation'],
+            401: ['unauthenticated'],
+            503: ['session-store-unavailable', 'database-unavailable'],
+          }),
+        },
       },
     },
     async (request) => {
@@ -58,10 +70,23 @@ const accountRoutes: FastifyPluginAsyncTypebox = async (app) => {
     {
       config: { session: 'required' },
       schema: {
+        operationId: 'getBalance',
         tags: ['accounts'],
-        summary: 'Balance of one of your accounts (another customer’s answers 404)',
+        summary: 'Read the balance of one of your accounts',
+        description:
+          'The balance of one of your accounts. Another customer’s account answers 404 exactly like one ' +
+          'that does not exist. Cached; a transfer invalidates both of its accounts after it commits, so a ' +
+          'read that starts after its 201 shows the new balance.',
         params: Type.Object({ accountId: IdParam }),
-        response: { 200: Account, ...problems(400, 401, 404, 429, 503) },
+        response: {
+          200: json(Account, 'The account and its balance.'),
+          ...problems({
+            400: ['validation'],
+            401: ['unauthenticated'],
+            404: ['account-not-found'],
+            503: ['session-store-unavailable', 'database-unavailable'],
+          }),
+        },
       },
     },
     async (request) => {

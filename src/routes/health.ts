@@ -1,9 +1,13 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import { Type } from 'typebox'
-import { PROBLEM_CONTENT_TYPE, Problem } from '../errors.ts'
+import { PROBLEM_CONTENT_TYPE } from '../errors.ts'
+import { json, problems } from './openapi.ts'
 
-const Check = Type.Union([Type.Literal('ok'), Type.Literal('down')])
-const Checks = { redis: Check, postgres: Check }
+const check = (description: string) => Type.Union([Type.Literal('ok'), Type.Literal('down')], { description })
+const Checks = {
+  redis: check('Whether Redis answered PING within 1 s.'),
+  postgres: check('Whether Postgres answered SELECT 1 within 1 s.'),
+}
 
 /** Resolves to 'down' rather than waiting: a readiness probe must answer quickly. */
 async function probe(check: () => Promise<unknown>, timeoutMs = 1000): Promise<'ok' | 'down'> {
@@ -25,9 +29,14 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
     '/health',
     {
       schema: {
+        operationId: 'getHealth',
         tags: ['operations'],
-        summary: 'Liveness: 200 while the process is up',
-        response: { 200: Type.Object({ status: Type.Literal('ok') }) },
+        summary: 'Liveness probe',
+        description: 'Answers 200 whenever the process is up; it asks neither Redis nor Postgres.',
+        response: {
+          200: json(Type.Object({ status: Type.Literal('ok') }), 'The process is up.'),
+          ...problems({ 400: ['validation'] }),
+        },
       },
     },
     async () => ({ status: 'ok' as const }),
@@ -37,11 +46,14 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
     '/ready',
     {
       schema: {
+        operationId: 'getReadiness',
         tags: ['operations'],
-        summary: 'Readiness: 200 when Redis and Postgres answer, else 503 naming the failed one',
+        summary: 'Readiness probe',
+        description:
+          'Answers 200 when Redis and Postgres both answer within 1 s, else 503 naming the one that did not.',
         response: {
-          200: Type.Object({ status: Type.Literal('ready'), ...Checks }),
-          503: Type.Evaluate(Type.Intersect([Problem, Type.Object(Checks)])),
+          200: json(Type.Object({ status: Type.Literal('ready'), ...Checks }), 'Redis and Postgres answer.'),
+          ...problems({ 400: ['validation'], 503: ['not-ready'] }, { extra: { 503: Checks } }),
         },
       },
     },

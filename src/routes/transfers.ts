@@ -3,11 +3,20 @@ import type { FastifyRequest, onSendHookHandler } from 'fastify'
 import { Type } from 'typebox'
 import { executeTransfer } from '../ledger/ledger.ts'
 import { invalidateAfterTransfer } from './accounts.ts'
-import { Amount, Currency, Id, problems, Timestamp } from './schemas.ts'
+import { HEADERS, json, problems } from './openapi.ts'
+import { Amount, Currency, Id, Timestamp } from './schemas.ts'
 
 export const TransferBody = Type.Object(
-  { fromAccountId: Id, toAccountId: Id, amount: Amount, currency: Currency },
-  { additionalProperties: false },
+  {
+    fromAccountId: Type.Integer({ ...Id, description: 'One of your accounts.' }),
+    toAccountId: Type.Integer({ ...Id, description: 'Any account in the same currency, not the source.' }),
+    amount: Amount,
+    currency: Type.String({ ...Currency, description: 'ISO 4217 code; must be both accounts’ currency.' }),
+  },
+  {
+    additionalProperties: false,
+    examples: [{ fromAccountId: 1, toAccountId: 2, amount: 50000, currency: 'VND' }],
+  },
 )
 
 export const TransferCreated = Type.Object({
@@ -43,10 +52,45 @@ const transferRoutes: FastifyPluginAsyncTypebox = async (app) => {
         rateLimits: 'transfers',
       },
       schema: {
+        operationId: 'createTransfer',
         tags: ['transfers'],
-        summary: 'Move money from one of your accounts to any account in the same currency',
+        summary: 'Transfer money',
+        description:
+          'Moves money from one of your accounts to any account in the same currency, exactly once per ' +
+          '`Idempotency-Key`: a retry with the same key and body answers the first response again (with ' +
+          '`Idempotent-Replayed: true`), also for the kept errors (400 `same-account`, 404, 422 ' +
+          '`currency-mismatch` and `insufficient-funds`); after a 409, 429 or 503, retry with the same key ' +
+          'and body. Rate limited per customer (`transfers`, replays included).',
         body: TransferBody,
-        response: { 201: TransferCreated, ...problems(400, 401, 404, 409, 422, 429, 503) },
+        response: {
+          201: json(
+            TransferCreated,
+            'The transfer was made, or this is the replay of the one made with this key.',
+            {
+              'Idempotent-Replayed': HEADERS['Idempotent-Replayed'],
+            },
+          ),
+          ...problems(
+            {
+              400: [
+                'validation',
+                'bad-request',
+                'same-account',
+                'idempotency-key-missing',
+                'idempotency-key-invalid',
+              ],
+              401: ['unauthenticated'],
+              404: ['account-not-found'],
+              409: ['idempotency-key-in-flight'],
+              413: ['payload-too-large'],
+              415: ['unsupported-media-type'],
+              422: ['currency-mismatch', 'insufficient-funds', 'idempotency-key-mismatch'],
+              429: ['rate-limited'],
+              503: ['session-store-unavailable', 'database-unavailable'],
+            },
+            { replayable: [400, 404, 422] },
+          ),
+        },
       },
     },
     async (request, reply) => {
