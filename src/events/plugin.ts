@@ -1,0 +1,193 @@
+import { randomBytes } from 'node:crypto'
+import { hostname } from 'node:os'
+import type { FastifyInstance } from 'fastify'
+import fp from 'fastify-plugin'
+import { Gauge, type Registry } from 'prom-client'
+import type { Database } from '../db/database.ts'
+import type { RedisClient, StreamConsumer } from '../index.ts'
+import { createNotifier, NOTIFIER_GROUP } from './notifier.ts'
+import { createOutboxRelay, type OutboxRelay } from './outbox-relay.ts'
+import { SseHub } from './sse-hub.ts'
+
+export interface EventsPluginOptions {
+  /** Prepended to every key and channel (the gateway's key prefix). */
+  prefix: string
+  /** Run the relay and the notifier in this process. */
+  workers: boolean
+  relayIntervalMs: number
+  streamRetention: number
+  notificationsRetention: number
+  sseHeartbeatMs: number
+  sseMaxStreamsPerCustomer: number
+  /** Consumer tuning (tests shorten the visibility timeout). */
+  visibilityTimeoutMs?: number
+  maxDeliveries?: number
+}
+
+export interface EventsApi {
+  /** The stream every transfer event goes to. */
+  stream: string
+  deadLetterStream: string
+  relay: OutboxRelay
+  /** Null when the workers run elsewhere (EVENT_WORKERS=off, or tests that did not ask for them). */
+  notifier: StreamConsumer | null
+  hub: SseHub
+  maxStreamsPerCustomer: number
+}
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    events: EventsApi
+  }
+}
+
+/** The groups reading the transfer events whose pending entries and lag are reported. */
+const GROUPS = [NOTIFIER_GROUP]
+
+function observeEvents(registry: Registry, db: Database, redis: RedisClient, api: EventsApi): void {
+  const registers = [registry]
+  new Gauge({
+    name: 'outbox_backlog',
+    help: 'Outbox events committed and not yet relayed to the stream',
+    registers,
+    async collect() {
+      const [row] = await db.query<{ n: string }>(
+        'SELECT count(*)::text AS n FROM outbox_events WHERE relayed_at IS NULL',
+      )
+      this.set(Number(row?.n ?? 0))
+    },
+  })
+  new Gauge({
+    name: 'outbox_oldest_unrelayed_age_seconds',
+    help: 'Age of the oldest outbox event not yet relayed (0: none)',
+    registers,
+    async collect() {
+      const [row] = await db.query<{ age: number | null }>(
+        `SELECT extract(epoch FROM now() - min(occurred_at))::float8 AS age
+         FROM outbox_events WHERE relayed_at IS NULL`,
+      )
+      this.set(Math.max(0, Number(row?.age ?? 0)))
+    },
+  })
+  new Gauge({
+    name: 'events_stream_length',
+    help: 'Entries in the transfer events stream (stream) and its dead-letter stream (dead_letter)',
+    labelNames: ['stream'] as const,
+    registers,
+    async collect() {
+      this.set({ stream: 'stream' }, await redis.xlen(api.stream).catch(() => 0))
+      this.set({ stream: 'dead_letter' }, await redis.xlen(api.deadLetterStream).catch(() => 0))
+    },
+  })
+  new Gauge({
+    name: 'events_group_entries',
+    help: 'Per consumer group: entries delivered and not acknowledged (pending), entries not yet delivered (lag)',
+    labelNames: ['group', 'state'] as const,
+    registers,
+    async collect() {
+      this.reset()
+      // XINFO on a stream that does not exist yet is an error reply (counted as a Redis error): ask first.
+      if (!(await redis.exists(api.stream).catch(() => 0))) return
+      const groups = (await redis.xinfo('GROUPS', api.stream).catch(() => [])) as unknown[][]
+      for (const info of groups) {
+        const fields = new Map<string, unknown>()
+        for (let i = 0; i + 1 < info.length; i += 2) fields.set(String(info[i]), info[i + 1])
+        const group = String(fields.get('name'))
+        if (!GROUPS.includes(group)) continue
+        this.set({ group, state: 'pending' }, Number(fields.get('pending') ?? 0))
+        const lag = fields.get('lag')
+        if (lag !== null && lag !== undefined) this.set({ group, state: 'lag' }, Number(lag))
+      }
+    },
+  })
+  new Gauge({
+    name: 'sse_clients',
+    help: 'Open notification streams (GET /notifications) on this instance',
+    registers,
+    collect() {
+      this.set(api.hub.size)
+    },
+  })
+}
+
+/**
+ * Transfer events (docs/events.md): the outbox relay and the notifier consumer (when `workers`),
+ * and the SSE hub behind GET /notifications. Decorates `app.events`.
+ */
+async function eventsPlugin(app: FastifyInstance, options: EventsPluginOptions): Promise<void> {
+  const { prefix } = options
+  const stream = `${prefix}events:transfers`
+  const deadLetterStream = `${stream}:dead`
+  const redis = app.redis
+  const onError = (err: unknown) => app.log.warn({ err }, 'transfer events')
+  const relay = createOutboxRelay({
+    db: app.db,
+    redis,
+    stream,
+    retention: options.streamRetention,
+    intervalMs: options.relayIntervalMs,
+    onError,
+  })
+  const notifier = options.workers
+    ? createNotifier({
+        redis,
+        prefix,
+        stream,
+        consumer: `${hostname()}-${process.pid}-${randomBytes(3).toString('hex')}`,
+        retention: options.notificationsRetention,
+        visibilityTimeoutMs: options.visibilityTimeoutMs,
+        maxDeliveries: options.maxDeliveries,
+        onError,
+      })
+    : null
+  const hub = new SseHub({
+    redis,
+    prefix,
+    heartbeatMs: options.sseHeartbeatMs,
+    // EXISTS does not touch the session: an open stream does not keep it alive.
+    async sessionAlive(ids) {
+      const pipeline = redis.pipeline()
+      for (const id of ids) pipeline.exists(app.sessions.sessionKey(id))
+      const results = (await pipeline.exec()) ?? []
+      return results.map(([err, n]) => (err ? true : n === 1))
+    },
+    onError,
+  })
+  const api: EventsApi = {
+    stream,
+    deadLetterStream,
+    relay,
+    notifier,
+    hub,
+    maxStreamsPerCustomer: options.sseMaxStreamsPerCustomer,
+  }
+  app.decorate('events', api)
+
+  // A logout in this process ends the session's streams at once (others see it at their next heartbeat).
+  const loggingOut = new WeakMap<object, string>()
+  app.addHook('preHandler', async (request) => {
+    if (request.method === 'DELETE' && request.routeOptions.url === '/session' && request.session?.id)
+      loggingOut.set(request, request.session.id)
+  })
+  app.addHook('onResponse', async (request, reply) => {
+    const route = request.routeOptions.url
+    if (route === '/transfers' && request.method === 'POST' && reply.statusCode === 201) relay.wake()
+    const sessionId = loggingOut.get(request)
+    if (sessionId && reply.statusCode < 300) hub.closeSession(sessionId)
+  })
+  app.addHook('onReady', async () => {
+    if (app.hasDecorator('metrics')) observeEvents(app.metrics.registry, app.db, redis, api)
+    if (!options.workers) return
+    relay.start()
+    await notifier?.start().catch(onError)
+  })
+  app.addHook('preClose', async () => {
+    await hub.shutdown()
+  })
+  app.addHook('onClose', async () => {
+    await notifier?.stop()
+    await relay.stop()
+  })
+}
+
+export default fp(eventsPlugin, { name: 'transfer-events' })

@@ -1,0 +1,232 @@
+import type { Writable } from 'node:stream'
+import type { Redis } from 'ioredis'
+import type { RedisClient } from '../index.ts'
+import { notificationKeys } from './notifier.ts'
+
+/** A notification as published and as replayed from the customer's stream. */
+export interface Notification {
+  id: string
+  event: string
+  data: string
+}
+
+/** `a` is after `b` in stream order (`<ms>-<seq>`). */
+export function streamIdAfter(a: string, b: string): boolean {
+  const [am, as] = a.split('-').map(BigInt) as [bigint, bigint]
+  const [bm, bs] = b.split('-').map(BigInt) as [bigint, bigint]
+  return am > bm || (am === bm && as > bs)
+}
+
+export const STREAM_ID = /^[0-9]{1,20}-[0-9]{1,20}$/
+
+export interface SseClient {
+  customerId: number
+  sessionId: string
+  out: Writable
+  /** Live messages that came while the replay ran; null once live. */
+  buffer: Notification[] | null
+  /** The newest id written, so a buffered or repeated message is never sent twice. */
+  lastId: string | null
+}
+
+const frame = (n: Notification) => `id: ${n.id}\nevent: ${n.event}\ndata: ${n.data}\n\n`
+
+/** Writes unless the client is gone (a disconnect can land while a replay is being read). */
+function write(client: SseClient, text: string): void {
+  if (!client.out.writableEnded && !client.out.destroyed) client.out.write(text)
+}
+
+export interface SseHubOptions {
+  redis: RedisClient
+  prefix: string
+  heartbeatMs: number
+  /** True while the session behind a stream is alive (checked every heartbeat). */
+  sessionAlive: (sessionIds: string[]) => Promise<boolean[]>
+  onError?: (err: unknown) => void
+  /** How long opening a stream waits for the subscription (Redis unreachable: it fails). Default 2 s. */
+  subscribeTimeoutMs?: number
+}
+
+function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T> {
+  let timer: NodeJS.Timeout | undefined
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error('Redis subscription timed out')), ms)
+  })
+  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer))
+}
+
+/**
+ * The instance's SSE clients and its one Pub/Sub connection: a customer's channel is subscribed
+ * while at least one of their streams is open here, and each message goes to all of them.
+ */
+export class SseHub {
+  readonly clients = new Map<number, Set<SseClient>>()
+  #subscriber: Redis | null = null
+  #subscribed = new Map<number, Promise<unknown>>()
+  #timer: NodeJS.Timeout | null = null
+  readonly #options: SseHubOptions
+
+  constructor(options: SseHubOptions) {
+    this.#options = options
+  }
+
+  get size(): number {
+    let n = 0
+    for (const set of this.clients.values()) n += set.size
+    return n
+  }
+
+  count(customerId: number): number {
+    return this.clients.get(customerId)?.size ?? 0
+  }
+
+  #connection(): Redis {
+    if (this.#subscriber) return this.#subscriber
+    const source = this.#options.redis as Redis
+    // Subscribe mode holds the connection: one of its own, queueing while (re)connecting; ioredis
+    // subscribes the channels again after a reconnect.
+    const sub =
+      'nodes' in source && typeof (source as { nodes?: unknown }).nodes === 'function'
+        ? (source.duplicate as unknown as (...a: unknown[]) => Redis)(undefined, { enableOfflineQueue: true })
+        : source.duplicate({
+            enableOfflineQueue: true,
+            commandTimeout: undefined,
+            maxRetriesPerRequest: null,
+          })
+    sub.on('error', (err) => this.#options.onError?.(err))
+    sub.on('message', (channel: string, message: string) => this.#deliver(channel, message))
+    // After a reconnect (ioredis subscribes again), what was published meanwhile comes from the streams.
+    let connectedBefore = false
+    sub.on('ready', () => {
+      if (connectedBefore) void this.#resync()
+      connectedBefore = true
+    })
+    this.#subscriber = sub
+    if (!this.#timer) {
+      this.#timer = setInterval(() => void this.#heartbeat(), this.#options.heartbeatMs)
+      this.#timer.unref()
+    }
+    return sub
+  }
+
+  #deliver(channel: string, message: string): void {
+    const match = /\{([0-9]+)\}$/.exec(channel)
+    if (!match) return
+    let n: Notification
+    try {
+      n = JSON.parse(message) as Notification
+    } catch {
+      return
+    }
+    for (const client of this.clients.get(Number(match[1])) ?? []) this.send(client, n)
+  }
+
+  /** Writes a notification unless the client already has it (or buffers it during the replay). */
+  send(client: SseClient, n: Notification): void {
+    if (client.buffer) {
+      client.buffer.push(n)
+      return
+    }
+    if (client.lastId && !streamIdAfter(n.id, client.lastId)) return
+    client.lastId = n.id
+    write(client, frame(n))
+  }
+
+  /**
+   * Opens a client: subscribe first (messages buffered), replay the stream after `lastEventId`,
+   * then flush the buffer without what the replay already sent: no gap, no duplicate.
+   */
+  async open(client: SseClient, lastEventId: string | null): Promise<void> {
+    let set = this.clients.get(client.customerId)
+    if (!set) {
+      set = new Set()
+      this.clients.set(client.customerId, set)
+    }
+    set.add(client)
+    const channel = notificationKeys(this.#options.prefix, client.customerId).channel
+    let subscribing = this.#subscribed.get(client.customerId)
+    if (!subscribing) {
+      subscribing = this.#connection().subscribe(channel)
+      this.#subscribed.set(client.customerId, subscribing)
+      subscribing.catch(() => this.#subscribed.delete(client.customerId))
+    }
+    await withTimeout(subscribing, this.#options.subscribeTimeoutMs ?? 2000)
+    write(client, ': connected\n\n')
+    if (lastEventId) {
+      const missed = await this.#after(client.customerId, lastEventId)
+      client.lastId = lastEventId
+      for (const n of missed) {
+        write(client, frame(n))
+        client.lastId = n.id
+      }
+    }
+    const buffered = client.buffer ?? []
+    client.buffer = null
+    for (const n of buffered) this.send(client, n)
+  }
+
+  /** Sends each live client what its stream holds after the last id it got (sent once, by id). */
+  async #resync(): Promise<void> {
+    for (const set of [...this.clients.values()]) {
+      for (const client of [...set]) {
+        if (client.buffer || !client.lastId) continue
+        try {
+          for (const n of await this.#after(client.customerId, client.lastId)) this.send(client, n)
+        } catch (err) {
+          this.#options.onError?.(err)
+        }
+      }
+    }
+  }
+
+  /** The notifications on a customer's stream after `id` (XRANGE with an exclusive start). */
+  async #after(customerId: number, id: string): Promise<Notification[]> {
+    const key = notificationKeys(this.#options.prefix, customerId).stream
+    const entries = (await this.#options.redis.xrange(key, `(${id}`, '+')) as Array<[string, string[]]>
+    return entries.map(([entryId, fields]) => {
+      const f: Record<string, string> = {}
+      for (let i = 0; i + 1 < fields.length; i += 2) f[fields[i]!] = fields[i + 1]!
+      return { id: entryId, event: f.event ?? '', data: f.data ?? '' }
+    })
+  }
+
+  close(client: SseClient): void {
+    const set = this.clients.get(client.customerId)
+    if (!set?.delete(client)) return
+    if (!client.out.writableEnded) client.out.end()
+    if (set.size > 0) return
+    this.clients.delete(client.customerId)
+    this.#subscribed.delete(client.customerId)
+    const channel = notificationKeys(this.#options.prefix, client.customerId).channel
+    this.#subscriber?.unsubscribe(channel).catch(() => {})
+  }
+
+  /** Ends every stream of these sessions (logout in this process). */
+  closeSession(sessionId: string): void {
+    for (const set of [...this.clients.values()])
+      for (const client of [...set]) if (client.sessionId === sessionId) this.close(client)
+  }
+
+  async #heartbeat(): Promise<void> {
+    const all = [...this.clients.values()].flatMap((set) => [...set])
+    if (all.length === 0) return
+    for (const client of all) if (!client.buffer) write(client, ': heartbeat\n\n')
+    try {
+      const alive = await this.#options.sessionAlive(all.map((c) => c.sessionId))
+      all.forEach((client, i) => {
+        if (alive[i] === false) this.close(client)
+      })
+    } catch (err) {
+      this.#options.onError?.(err)
+    }
+  }
+
+  async shutdown(): Promise<void> {
+    if (this.#timer) clearInterval(this.#timer)
+    this.#timer = null
+    for (const set of [...this.clients.values()]) for (const client of [...set]) this.close(client)
+    const sub = this.#subscriber
+    this.#subscriber = null
+    if (sub) await sub.quit().catch(() => sub.disconnect())
+  }
+}

@@ -1,0 +1,287 @@
+import type { Cluster, Redis } from 'ioredis'
+import { type RedisClient, runScript } from '../lua/index.ts'
+
+/** One stream entry as a handler gets it. */
+export interface StreamEntry {
+  /** The entry's stream id (`<ms>-<seq>`). */
+  id: string
+  fields: Record<string, string>
+  /** How many times the group delivered it, this delivery included (1 on the first read). */
+  deliveries: number
+}
+
+export interface StreamConsumerOptions {
+  /** The stream key. */
+  stream: string
+  /** The consumer group: every group sees every entry; within a group each entry goes to one consumer. */
+  group: string
+  /** This consumer's name within the group, unique per process (e.g. host and pid). */
+  consumer: string
+  /**
+   * Processes one entry. Resolving acknowledges it (XACK); throwing leaves it pending, so it is
+   * delivered again once idle longer than `visibilityTimeoutMs`. Make it idempotent: delivery is
+   * at-least-once.
+   */
+  handler: (entry: StreamEntry) => Promise<void>
+  /** An entry pending this long (its consumer died or failed it) is claimed again (XAUTOCLAIM). Default 30 s. */
+  visibilityTimeoutMs?: number
+  /** After this many deliveries an entry goes to the dead-letter stream and is acknowledged. Default 5. */
+  maxDeliveries?: number
+  /** Where given-up entries go (their fields plus `_id`, `_group`, `_deliveries`, `_error`). Default `<stream>:dead`. */
+  deadLetterStream?: string
+  /** Entries read per XREADGROUP / XAUTOCLAIM call. Default 10. */
+  batch?: number
+  /** How long one XREADGROUP blocks waiting for entries. Default 2000 ms. */
+  blockMs?: number
+  /** Where a group created now starts: '0' the whole retained stream (default), '$' only new entries. */
+  startId?: string
+  /** How often pending entries are looked for. Default half the visibility timeout (at most 5 s). */
+  claimIntervalMs?: number
+  /** Called with errors of the loop (Redis unreachable, a handler's failure); the loop goes on. */
+  onError?: (err: unknown, entry?: StreamEntry) => void
+}
+
+export interface StreamConsumer {
+  /** Creates the group if needed (XGROUP CREATE MKSTREAM) and starts the read loop. */
+  start(): Promise<void>
+  /**
+   * Graceful stop: no new reads; the entry being handled finishes and is acknowledged (or, if its
+   * handler fails, stays pending for another consumer). Entries delivered but not started stay
+   * pending and are claimed by others after the visibility timeout. Closes the blocking connection.
+   */
+  stop(): Promise<void>
+  readonly running: boolean
+}
+
+type Fields = string[]
+type ReadReply = Array<[string, Array<[string, Fields]>]> | null
+
+const isCluster = (redis: RedisClient): redis is Cluster =>
+  'nodes' in redis && typeof redis.nodes === 'function'
+
+/** A connection of its own for the blocking reads, so they never hold up the caller's client. */
+function blockingConnection(redis: RedisClient, blockMs: number): RedisClient {
+  const commandTimeout = blockMs + 5000
+  if (isCluster(redis)) {
+    return redis.duplicate(undefined, {
+      enableOfflineQueue: true,
+      redisOptions: { ...redis.options.redisOptions, commandTimeout },
+    })
+  }
+  return (redis as Redis).duplicate({ commandTimeout, enableOfflineQueue: true, maxRetriesPerRequest: null })
+}
+
+function toFields(list: Fields): Record<string, string> {
+  const fields: Record<string, string> = {}
+  for (let i = 0; i + 1 < list.length; i += 2) fields[list[i]!] = list[i + 1]!
+  return fields
+}
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms).unref())
+
+/**
+ * A consumer of one stream in one consumer group: XREADGROUP (blocking, on its own connection),
+ * XACK after the handler succeeds, XAUTOCLAIM of entries idle longer than the visibility timeout
+ * (their consumer crashed or failed them), and a dead-letter stream once an entry was delivered
+ * `maxDeliveries` times. Several groups may read one stream, each at its own pace.
+ */
+export function createStreamConsumer(redis: RedisClient, options: StreamConsumerOptions): StreamConsumer {
+  const {
+    stream,
+    group,
+    consumer,
+    handler,
+    visibilityTimeoutMs = 30_000,
+    maxDeliveries = 5,
+    deadLetterStream = `${stream}:dead`,
+    batch = 10,
+    blockMs = 2000,
+    startId = '0',
+    onError = () => {},
+  } = options
+  const claimIntervalMs = options.claimIntervalMs ?? Math.min(5000, Math.max(10, visibilityTimeoutMs / 2))
+  let blocking: RedisClient | null = null
+  let stopping = false
+  let loop: Promise<void> | null = null
+  let nextClaimAt = 0
+
+  async function createGroup(): Promise<void> {
+    try {
+      await redis.xgroup('CREATE', stream, group, startId, 'MKSTREAM')
+    } catch (err) {
+      if (!(err as Error).message?.startsWith('BUSYGROUP')) throw err
+    }
+  }
+
+  async function deadLetter(entry: StreamEntry, reason: string): Promise<void> {
+    await redis.xadd(
+      deadLetterStream,
+      '*',
+      ...Object.entries(entry.fields).flat(),
+      '_id',
+      entry.id,
+      '_group',
+      group,
+      '_deliveries',
+      String(entry.deliveries),
+      '_error',
+      reason.slice(0, 500),
+    )
+    await redis.xack(stream, group, entry.id)
+  }
+
+  async function handle(entry: StreamEntry): Promise<void> {
+    if (entry.deliveries > maxDeliveries) {
+      await deadLetter(entry, 'delivered more often than maxDeliveries (its consumers kept dying)')
+      return
+    }
+    try {
+      await handler(entry)
+    } catch (err) {
+      onError(err, entry)
+      if (entry.deliveries >= maxDeliveries) await deadLetter(entry, String((err as Error)?.message ?? err))
+      // Otherwise it stays pending: XAUTOCLAIM hands it out again after the visibility timeout.
+      return
+    }
+    await redis.xack(stream, group, entry.id)
+  }
+
+  /** Entries pending longer than the visibility timeout, with their delivery counts (XPENDING). */
+  async function reclaim(): Promise<void> {
+    let cursor = '0-0'
+    do {
+      if (stopping) return
+      const reply = (await redis.xautoclaim(
+        stream,
+        group,
+        consumer,
+        visibilityTimeoutMs,
+        cursor,
+        'COUNT',
+        batch,
+      )) as [string, Array<[string, Fields] | null>, string[]?]
+      cursor = reply[0]
+      const claimed = reply[1].filter((e): e is [string, Fields] => e !== null && Array.isArray(e[1]))
+      if (claimed.length === 0) continue
+      const pending = (await redis.xpending(
+        stream,
+        group,
+        claimed[0]![0],
+        claimed[claimed.length - 1]![0],
+        claimed.length,
+        consumer,
+      )) as Array<[string, string, number, number]>
+      const counts = new Map(pending.map(([id, , , deliveries]) => [id, Number(deliveries)]))
+      for (const [id, list] of claimed) {
+        if (stopping) return
+        await handle({ id, fields: toFields(list), deliveries: counts.get(id) ?? maxDeliveries + 1 })
+      }
+    } while (cursor !== '0-0')
+  }
+
+  async function read(): Promise<void> {
+    const reply = (await (blocking as Redis).xreadgroup(
+      'GROUP',
+      group,
+      consumer,
+      'COUNT',
+      batch,
+      'BLOCK',
+      blockMs,
+      'STREAMS',
+      stream,
+      '>',
+    )) as ReadReply
+    for (const [, entries] of reply ?? []) {
+      for (const [id, list] of entries) {
+        // Delivered to this consumer: if stopping now, they stay pending for XAUTOCLAIM.
+        if (stopping) return
+        await handle({ id, fields: toFields(list), deliveries: 1 })
+      }
+    }
+  }
+
+  async function run(): Promise<void> {
+    let failures = 0
+    while (!stopping) {
+      try {
+        if (Date.now() >= nextClaimAt) {
+          nextClaimAt = Date.now() + claimIntervalMs
+          await reclaim()
+        }
+        if (stopping) break
+        await read()
+        failures = 0
+      } catch (err) {
+        if (stopping) break
+        // The stream or group vanished (Redis restarted without persistence, the key was deleted).
+        if ((err as Error).message?.startsWith('NOGROUP')) await createGroup().catch(() => {})
+        else onError(err)
+        await sleep(Math.min(2000, 100 * 2 ** failures++))
+      }
+    }
+  }
+
+  return {
+    get running() {
+      return loop !== null && !stopping
+    },
+    async start() {
+      if (loop) return
+      stopping = false
+      // Redis unreachable now: the loop creates the group once it answers (NOGROUP).
+      await createGroup().catch(onError)
+      blocking = blockingConnection(redis, blockMs)
+      blocking.on('error', () => {})
+      loop = run()
+    },
+    async stop() {
+      if (!loop) return
+      stopping = true
+      // Ends a blocked XREADGROUP now; an entry being handled still finishes on the main client.
+      blocking?.disconnect()
+      await loop
+      loop = null
+      blocking = null
+    },
+  }
+}
+
+export interface AppendOnceOptions {
+  stream: string
+  /** Names the source event (e.g. `<prefix>seen:{tag}:<eventId>`); must share the stream's hash tag. */
+  marker: string
+  /** How long the marker is remembered: longer than any redelivery of the source event. */
+  markerTtlMs: number
+  /** Approximate cap of the stream (MAXLEN ~). Default none. */
+  maxLen?: number
+  fields: Record<string, string>
+  /** Published (PUBLISH) with the new entry, when appended now. */
+  channel?: string
+  /** The published JSON object, sent with `"id"` (the entry's id) put first. Default `{}`. */
+  message?: Record<string, unknown>
+}
+
+/**
+ * Appends an entry to a stream once per marker, in one script: the marker (SET PX) with the
+ * entry's id, the XADD and the PUBLISH happen together or not at all. A handler running again for
+ * the same source event gets the first entry's id back and `appended: false`.
+ */
+export async function appendOnce(
+  redis: RedisClient,
+  options: AppendOnceOptions,
+): Promise<{ id: string; appended: boolean }> {
+  const [id, appended] = await runScript<[string, number]>(
+    redis,
+    'streamAppendOnce',
+    [options.stream, options.marker],
+    [
+      options.maxLen ?? 0,
+      options.markerTtlMs,
+      options.channel ?? '',
+      JSON.stringify(options.message ?? {}),
+      ...Object.entries(options.fields).flat(),
+    ],
+  )
+  return { id: String(id), appended: appended === 1 }
+}

@@ -1,0 +1,248 @@
+import assert from 'node:assert/strict'
+import { randomUUID } from 'node:crypto'
+import { after, before, test } from 'node:test'
+import { notificationKeys } from '../src/events/notifier.ts'
+import { openSse, type SseConnection } from './events-sse.ts'
+import {
+  buildTestApp,
+  createCustomer,
+  createTestDatabase,
+  listen,
+  login,
+  scanKeys,
+  type TestApp,
+  type TestCustomer,
+  type TestDatabase,
+  uniquePrefix,
+} from './helpers.ts'
+
+// Live notifications end to end over real HTTP: two gateway instances on one Redis and one
+// database, each with its relay and notifier; a transfer on one reaches the SSE stream on the other.
+
+let database: TestDatabase
+let a: TestApp
+let b: TestApp
+let urlA: string
+let urlB: string
+let alice: TestCustomer
+let bob: TestCustomer
+let aliceCookieA: string
+let bobCookieB: string
+const prefix = uniquePrefix('ev')
+const open: SseConnection[] = []
+
+before(async () => {
+  database = await createTestDatabase()
+  const env = { SSE_MAX_STREAMS: '3', SSE_HEARTBEAT: '200ms', OUTBOX_RELAY_INTERVAL: '200ms' }
+  const deps = { testDatabase: database, keyPrefix: prefix, eventWorkers: 'on' as const }
+  a = await buildTestApp(env, deps)
+  b = await buildTestApp(env, deps)
+  urlA = await listen(a.app)
+  urlB = await listen(b.app)
+  alice = await createCustomer(database.db, 'alice', [1_000_000])
+  bob = await createCustomer(database.db, 'bob', [1_000_000])
+  aliceCookieA = await login(a.app, alice)
+  bobCookieB = await login(b.app, bob)
+})
+after(async () => {
+  for (const c of open) c.close()
+  await a.close()
+  await b.close()
+  const keys = await scanKeys(a.redis, prefix).catch(() => [])
+  await database.drop()
+  if (keys.length === 0) return
+  const { Redis } = await import('ioredis')
+  const redis = new Redis(process.env.TEST_REDIS_URL ?? 'redis://127.0.0.1:6379')
+  await redis.del(...keys)
+  await redis.quit()
+})
+
+async function transferOnA(amount: number): Promise<number> {
+  const response = await fetch(`${urlA}/transfers`, {
+    method: 'POST',
+    headers: { cookie: aliceCookieA, 'idempotency-key': randomUUID(), 'content-type': 'application/json' },
+    body: JSON.stringify({
+      fromAccountId: alice.accountIds[0],
+      toAccountId: bob.accountIds[0],
+      amount,
+      currency: 'VND',
+    }),
+  })
+  assert.equal(response.status, 201)
+  return ((await response.json()) as { transferId: number }).transferId
+}
+
+/** The group read every entry and acknowledged it (XINFO GROUPS: lag and pending 0). */
+async function groupDone(stream: string, group: string): Promise<boolean> {
+  const groups = (await a.redis.xinfo('GROUPS', stream)) as unknown[][]
+  for (const info of groups) {
+    const fields = new Map<string, unknown>()
+    for (let i = 0; i + 1 < info.length; i += 2) fields.set(String(info[i]), info[i + 1])
+    if (fields.get('name') === group)
+      return Number(fields.get('lag')) === 0 && Number(fields.get('pending')) === 0
+  }
+  return false
+}
+
+async function sse(url: string, cookie: string, lastEventId?: string) {
+  const connection = await openSse(`${url}/notifications`, {
+    cookie,
+    ...(lastEventId ? { 'last-event-id': lastEventId } : {}),
+  })
+  open.push(connection)
+  return connection
+}
+
+test("bob's stream on instance B gets transfer.received for alice's transfer on instance A", async () => {
+  const bobStream = await sse(urlB, bobCookieB)
+  const aliceStream = await sse(urlA, aliceCookieA)
+  assert.equal(bobStream.status, 200)
+  assert.match(bobStream.contentType, /^text\/event-stream/)
+  const transferId = await transferOnA(1234)
+  const [received] = await bobStream.waitFor(1)
+  assert.equal(received!.event, 'transfer.received')
+  assert.equal(received!.data.transferId, transferId)
+  assert.equal(received!.data.amount, 1234)
+  assert.equal(received!.data.toAccountId, bob.accountIds[0])
+  const [sent] = await aliceStream.waitFor(1)
+  assert.equal(sent!.event, 'transfer.sent')
+  assert.equal(sent!.data.transferId, transferId)
+  // The SSE id is the notification's id on bob's stream in Redis.
+  const entries = (await b.redis.xrange(notificationKeys(prefix, bob.customerId).stream, '-', '+')) as Array<
+    [string, string[]]
+  >
+  assert.ok(entries.some(([id]) => id === received!.id))
+  bobStream.close()
+  aliceStream.close()
+})
+
+test('reconnecting with Last-Event-ID delivers exactly the missed notifications, in order, then live ones', async () => {
+  const first = await sse(urlB, bobCookieB)
+  const before = await transferOnA(1)
+  const [seen] = await first.waitFor(1)
+  assert.equal(seen!.data.transferId, before)
+  first.close()
+  await first.ended
+
+  const missed = [await transferOnA(2), await transferOnA(3), await transferOnA(4)]
+  const key = notificationKeys(prefix, bob.customerId).stream
+  const deadline = Date.now() + 15_000
+  for (;;) {
+    const entries = (await b.redis.xrange(key, `(${seen!.id}`, '+')) as unknown[]
+    if (entries.length >= 3) break
+    assert.ok(Date.now() < deadline, 'the missed notifications reached the stream')
+    await new Promise((r) => setTimeout(r, 20))
+  }
+
+  const again = await sse(urlA, bobCookieB, seen!.id)
+  const replayed = await again.waitFor(3)
+  assert.deepEqual(
+    replayed.map((m) => m.data.transferId),
+    missed,
+  )
+  assert.ok(replayed.every((m) => m.event === 'transfer.received'))
+  const live = await transferOnA(5)
+  const all = await again.waitFor(4)
+  assert.equal(all[3]!.data.transferId, live)
+  assert.equal(new Set(all.map((m) => m.id)).size, 4, 'no duplicate')
+  again.close()
+})
+
+test('a customer gets at most SSE_MAX_STREAMS open streams per instance: 429 beyond', async () => {
+  const streams = [await sse(urlB, bobCookieB), await sse(urlB, bobCookieB), await sse(urlB, bobCookieB)]
+  assert.ok(streams.every((s) => s.status === 200))
+  const refused = await sse(urlB, bobCookieB)
+  assert.equal(refused.status, 429)
+  assert.match(refused.contentType, /^application\/problem\+json/)
+  assert.equal(JSON.parse(refused.body).type, '/problems/too-many-notification-streams')
+  for (const s of streams) s.close()
+  for (const s of streams) await s.ended
+  // Closed streams free their places (the hub hears the disconnect).
+  const deadline = Date.now() + 5000
+  while (b.app.events.hub.count(bob.customerId) > 0 && Date.now() < deadline)
+    await new Promise((r) => setTimeout(r, 20))
+  assert.equal((await sse(urlB, bobCookieB)).status, 200)
+})
+
+test('without a session: 401; logout in this process and a session ended elsewhere close the streams', async () => {
+  const anonymous = await sse(urlB, '')
+  assert.equal(anonymous.status, 401)
+
+  const cookie = await login(b.app, bob)
+  const here = await sse(urlB, cookie)
+  assert.ok(here.comments.includes('connected'))
+  const logout = await fetch(`${urlB}/session`, { method: 'DELETE', headers: { cookie } })
+  assert.equal(logout.status, 204)
+  await here.ended
+
+  // Logged out through instance A: B sees the session gone at its next heartbeat check.
+  const other = await login(b.app, bob)
+  const there = await sse(urlB, other)
+  const out = await fetch(`${urlA}/session`, { method: 'DELETE', headers: { cookie: other } })
+  assert.equal(out.status, 204)
+  await there.ended
+})
+
+test('a redelivered event is notified once per customer', async () => {
+  const database2 = await createTestDatabase()
+  const p = uniquePrefix('dup')
+  const t = await buildTestApp({}, { testDatabase: database2, keyPrefix: p })
+  try {
+    const x = await createCustomer(t.db, 'x', [1000])
+    const y = await createCustomer(t.db, 'y', [1000])
+    const event = {
+      eventId: '42',
+      type: 'transfer.completed',
+      transferId: 42,
+      fromCustomerId: x.customerId,
+      toCustomerId: y.customerId,
+      fromAccountId: x.accountIds[0],
+      toAccountId: y.accountIds[0],
+      amount: 1,
+      currency: 'VND',
+      occurredAt: new Date().toISOString(),
+    }
+    // The same event twice on the stream (a relay that died between XADD and COMMIT).
+    for (let i = 0; i < 2; i++)
+      await t.redis.xadd(t.app.events.stream, '*', 'eventId', '42', 'data', JSON.stringify(event))
+    const { createNotifier } = await import('../src/events/notifier.ts')
+    const notifier = createNotifier({
+      redis: t.redis,
+      prefix: p,
+      stream: t.app.events.stream,
+      consumer: 'c',
+      retention: 100,
+      blockMs: 100,
+    })
+    await notifier.start()
+    const deadline = Date.now() + 10_000
+    while (!(await groupDone(t.app.events.stream, 'notifier'))) {
+      assert.ok(Date.now() < deadline, 'the notifier went through the stream')
+      await new Promise((r) => setTimeout(r, 20))
+    }
+    await notifier.stop()
+    assert.equal(await t.redis.xlen(notificationKeys(p, x.customerId).stream), 1)
+    assert.equal(await t.redis.xlen(notificationKeys(p, y.customerId).stream), 1)
+    const keys = await scanKeys(t.redis, p)
+    if (keys.length) await t.redis.del(...keys)
+  } finally {
+    await t.close()
+    await database2.drop()
+  }
+})
+
+test('metrics: outbox backlog and age, stream length, group pending and lag, dead letters, SSE clients', async () => {
+  const stream = await sse(urlB, bobCookieB)
+  const text = await (await fetch(`${urlB}/metrics`)).text()
+  stream.close()
+  for (const series of [
+    /^outbox_backlog \d+$/m,
+    /^outbox_oldest_unrelayed_age_seconds [\d.e+-]+$/m,
+    /^events_stream_length\{stream="stream"\} [1-9]\d*$/m,
+    /^events_stream_length\{stream="dead_letter"\} 0$/m,
+    /^events_group_entries\{group="notifier",state="pending"\} \d+$/m,
+    /^events_group_entries\{group="notifier",state="lag"\} \d+$/m,
+    /^sse_clients [1-9]\d*$/m,
+  ])
+    assert.match(text, series)
+})

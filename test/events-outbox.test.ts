@@ -1,0 +1,238 @@
+import assert from 'node:assert/strict'
+import { randomUUID } from 'node:crypto'
+import { after, before, test } from 'node:test'
+import { Redis } from 'ioredis'
+import { startRedisServer } from '../src/embedded/redis-server.ts'
+import { createOutboxRelay } from '../src/events/outbox-relay.ts'
+import { executeTransfer } from '../src/ledger/ledger.ts'
+import {
+  buildTestApp,
+  createCustomer,
+  createTestDatabase,
+  login,
+  scanKeys,
+  TEST_REDIS_URL,
+  type TestApp,
+  type TestCustomer,
+  type TestDatabase,
+  uniquePrefix,
+} from './helpers.ts'
+
+// The transactional outbox and its relay, on real Postgres and Redis: one event row per committed
+// transfer (none for a refused one), relayed to the stream once, by parallel relays without
+// duplicates, and again after Redis lost the stream.
+
+let t: TestApp
+let alice: TestCustomer
+let bob: TestCustomer
+let cookie: string
+
+before(async () => {
+  t = await buildTestApp()
+  alice = await createCustomer(t.db, 'alice', [1_000_000])
+  bob = await createCustomer(t.db, 'bob', [1_000_000])
+  cookie = await login(t.app, alice)
+})
+after(async () => {
+  const keys = await scanKeys(t.redis, t.prefix)
+  if (keys.length) await t.redis.del(...keys)
+  await t.close()
+})
+
+const transfer = (amount: number) =>
+  t.app.inject({
+    method: 'POST',
+    url: '/transfers',
+    headers: { cookie, 'idempotency-key': randomUUID() },
+    payload: { fromAccountId: alice.accountIds[0], toAccountId: bob.accountIds[0], amount, currency: 'VND' },
+  })
+
+interface EventRow {
+  id: string
+  type: string
+  transfer_id: string
+  from_customer_id: number
+  to_customer_id: number
+  from_account_id: number
+  to_account_id: number
+  amount: string
+  currency: string
+  same_transaction: boolean
+  relayed: boolean
+}
+
+const eventsOf = (transferId: number) =>
+  t.db.query<EventRow>(
+    `SELECT o.id::text, o.type, o.transfer_id::text, o.from_customer_id, o.to_customer_id, o.from_account_id,
+            o.to_account_id, o.amount::text, o.currency, o.xmin::text = tr.xmin::text AS same_transaction,
+            o.relayed_at IS NOT NULL AS relayed
+     FROM outbox_events o JOIN transfers tr ON tr.id = o.transfer_id WHERE o.transfer_id = $1`,
+    [transferId],
+  )
+
+test('a transfer writes exactly one outbox event, in its own transaction; a refused one writes none', async () => {
+  const before = await t.db.query<{ n: string }>('SELECT count(*)::text AS n FROM outbox_events')
+  const response = await transfer(700)
+  assert.equal(response.statusCode, 201)
+  const { transferId } = response.json() as { transferId: number }
+  const rows = await eventsOf(transferId)
+  assert.equal(rows.length, 1)
+  assert.deepEqual(
+    { ...rows[0], id: undefined },
+    {
+      id: undefined,
+      type: 'transfer.completed',
+      transfer_id: String(transferId),
+      from_customer_id: alice.customerId,
+      to_customer_id: bob.customerId,
+      from_account_id: alice.accountIds[0],
+      to_account_id: bob.accountIds[0],
+      amount: '700',
+      currency: 'VND',
+      same_transaction: true,
+      relayed: false,
+    },
+  )
+  const refused = await transfer(10_000_000)
+  assert.equal(refused.statusCode, 422)
+  const after = await t.db.query<{ n: string }>('SELECT count(*)::text AS n FROM outbox_events')
+  assert.equal(Number(after[0]!.n), Number(before[0]!.n) + 1)
+})
+
+test('OUTBOX=off: transfers write no event', async () => {
+  const database = await createTestDatabase()
+  const off = await buildTestApp({ OUTBOX: 'off' }, { testDatabase: database })
+  try {
+    const a = await createCustomer(off.db, 'alice', [1000])
+    const b = await createCustomer(off.db, 'bob', [1000])
+    const response = await off.app.inject({
+      method: 'POST',
+      url: '/transfers',
+      headers: { cookie: await login(off.app, a), 'idempotency-key': randomUUID() },
+      payload: { fromAccountId: a.accountIds[0], toAccountId: b.accountIds[0], amount: 1, currency: 'VND' },
+    })
+    assert.equal(response.statusCode, 201)
+    assert.deepEqual(await off.db.query('SELECT id FROM outbox_events'), [])
+  } finally {
+    await off.close()
+    await database.drop()
+  }
+})
+
+const streamEventIds = async (redis: Redis | TestApp['redis'], stream: string) =>
+  ((await redis.xrange(stream, '-', '+')) as Array<[string, string[]]>).map(
+    ([, f]) => f[f.indexOf('eventId') + 1]!,
+  )
+
+test('the relay puts each committed event on the stream once and marks it relayed', async () => {
+  const response = await transfer(5)
+  const { transferId } = response.json() as { transferId: number }
+  const stream = t.app.events.stream
+  await t.app.events.relay.relayPending()
+  await t.app.events.relay.relayPending()
+  const [row] = await eventsOf(transferId)
+  assert.equal(row!.relayed, true)
+  const ids = await streamEventIds(t.redis, stream)
+  assert.equal(ids.filter((id) => id === row!.id).length, 1)
+  const [newest] = (await t.redis.xrevrange(stream, '+', '-', 'COUNT', 1)) as Array<[string, string[]]>
+  const fields = newest![1]
+  const data = JSON.parse(fields[fields.indexOf('data') + 1]!)
+  assert.deepEqual(data, {
+    eventId: row!.id,
+    type: 'transfer.completed',
+    transferId,
+    fromCustomerId: alice.customerId,
+    toCustomerId: bob.customerId,
+    fromAccountId: alice.accountIds[0],
+    toAccountId: bob.accountIds[0],
+    amount: 5,
+    currency: 'VND',
+    occurredAt: (response.json() as { createdAt: string }).createdAt,
+  })
+  assert.equal(
+    (await t.db.query('SELECT id FROM outbox_events WHERE relayed_at IS NULL')).length,
+    0,
+    'nothing left behind',
+  )
+})
+
+async function makeTransfers(db: TestDatabase['db'], from: TestCustomer, to: TestCustomer, n: number) {
+  for (let i = 0; i < n; i++) {
+    await executeTransfer(db, {
+      customerId: from.customerId,
+      fromAccountId: from.accountIds[0]!,
+      toAccountId: to.accountIds[0]!,
+      amount: 1,
+      currency: 'VND',
+    })
+  }
+}
+
+test('four relays in parallel on one backlog: every event on the stream exactly once', async () => {
+  const database = await createTestDatabase()
+  const redis = new Redis(TEST_REDIS_URL)
+  const stream = `${uniquePrefix('relay')}events:transfers`
+  try {
+    const a = await createCustomer(database.db, 'alice', [1_000_000])
+    const b = await createCustomer(database.db, 'bob', [1_000_000])
+    await makeTransfers(database.db, a, b, 200)
+    const relays = Array.from({ length: 4 }, () =>
+      createOutboxRelay({ db: database.db, redis, stream, retention: 10_000, batch: 7, intervalMs: 1000 }),
+    )
+    const moved = await Promise.all(relays.map((r) => r.relayPending()))
+    assert.equal(
+      moved.reduce((x, y) => x + y),
+      200,
+    )
+    assert.ok(moved.filter((n) => n > 0).length >= 2, `work was shared: ${moved}`)
+    const ids = await streamEventIds(redis, stream)
+    assert.equal(ids.length, 200)
+    assert.equal(new Set(ids).size, 200)
+    const [left] = await database.db.query<{ n: string }>(
+      'SELECT count(*)::text AS n FROM outbox_events WHERE relayed_at IS NULL',
+    )
+    assert.equal(left!.n, '0')
+  } finally {
+    await redis.del(stream)
+    redis.disconnect()
+    await database.drop()
+  }
+})
+
+test('Redis restarted without its data: the relay refills the stream from the outbox', async () => {
+  const database = await createTestDatabase()
+  let server = await startRedisServer()
+  const redis = new Redis(server.url, { maxRetriesPerRequest: 1 })
+  redis.on('error', () => {})
+  const stream = 'events:transfers'
+  const relay = createOutboxRelay({ db: database.db, redis, stream, retention: 10_000, intervalMs: 1000 })
+  try {
+    const a = await createCustomer(database.db, 'alice', [1_000_000])
+    const b = await createCustomer(database.db, 'bob', [1_000_000])
+    await makeTransfers(database.db, a, b, 20)
+    assert.equal(await relay.relayPending(), 20)
+    await server.kill()
+    // Transfers keep committing while Redis is down: their events wait in the outbox.
+    await makeTransfers(database.db, a, b, 5)
+    await assert.rejects(relay.relayPending())
+    server = await startRedisServer(server.port)
+    await new Promise<void>((resolve) =>
+      redis.status === 'ready' ? resolve() : redis.once('ready', resolve),
+    )
+    assert.equal(await redis.exists(stream), 0, 'the restarted Redis has no stream')
+    await relay.relayPending()
+    const ids = (await streamEventIds(redis, stream)).map(Number)
+    const committed = await database.db.query<{ id: string }>(
+      'SELECT id::text FROM outbox_events ORDER BY outbox_events.id',
+    )
+    assert.deepEqual(
+      [...new Set(ids)].sort((x, y) => x - y),
+      committed.map((r) => Number(r.id)),
+    )
+    assert.equal(ids.length, 25)
+  } finally {
+    redis.disconnect()
+    await server.stop()
+    await database.drop()
+  }
+})
