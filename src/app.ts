@@ -6,6 +6,7 @@ import type { Config } from './config.ts'
 import type { Database } from './db/database.ts'
 import postgres from './db/plugin.ts'
 import { registerProblemHandlers } from './errors.ts'
+import events from './events/plugin.ts'
 import {
   cache,
   createRedisClient,
@@ -20,10 +21,12 @@ import {
 import accountRoutes from './routes/accounts.ts'
 import healthRoutes from './routes/health.ts'
 import { refuseUnstorableText } from './routes/input.ts'
+import notificationRoutes from './routes/notifications.ts'
 import { openapiOptions, sessionCookieName } from './routes/openapi.ts'
 import problemRoutes from './routes/problems.ts'
 import sessionRoutes from './routes/session.ts'
 import transferRoutes from './routes/transfers.ts'
+import { registerScheduler, type SchedulerTuning } from './scheduler/plugin.ts'
 
 export interface GatewayDependencies {
   /** An existing client (tests, embedding); otherwise one is created from config.redis. */
@@ -36,6 +39,19 @@ export interface GatewayDependencies {
    * says 'on', so other suites' bursts from 127.0.0.1 are never limited; production is unchanged.
    */
   rateLimits?: 'on' | 'off'
+  /**
+   * The transfer-event workers (outbox relay, notifier; EVENT_WORKERS=off always wins). Under
+   * NODE_ENV=test they run only when this says 'on', so other suites' statement and round-trip counts
+   * see no background work; production is unchanged.
+   */
+  eventWorkers?: 'on' | 'off'
+  /** Consumer tuning for tests (a short visibility timeout, fewer deliveries before the dead letter). */
+  eventConsumer?: { visibilityTimeoutMs?: number; maxDeliveries?: number }
+  /**
+   * The scheduled-transfer workers and the reconciliation job (SCHEDULER=off always wins): under
+   * NODE_ENV=test off unless this says 'on' (or gives their timings); elsewhere on.
+   */
+  scheduler?: 'on' | 'off' | SchedulerTuning
 }
 
 /** The demo banking gateway: plugins in order (storage, sessions, protections), then routes. */
@@ -133,7 +149,23 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
   await app.register(healthRoutes)
   await app.register(sessionRoutes, { sessionCookie: sessionCookieName(config) })
   await app.register(accountRoutes)
-  await app.register(transferRoutes)
+  await app.register(events, {
+    prefix,
+    ...config.events,
+    workers:
+      config.events.workers && (deps.eventWorkers ?? (config.nodeEnv === 'test' ? 'off' : 'on')) === 'on',
+    ...deps.eventConsumer,
+  })
+  await app.register(transferRoutes, { outbox: config.events.outbox })
+  await app.register(notificationRoutes)
+  await registerScheduler(app, {
+    config,
+    keyPrefix: prefix,
+    run:
+      config.scheduler.enabled &&
+      (deps.scheduler === undefined ? config.nodeEnv !== 'test' : deps.scheduler !== 'off'),
+    tuning: typeof deps.scheduler === 'object' ? deps.scheduler : undefined,
+  })
   await app.register(problemRoutes)
   return app
 }

@@ -32,6 +32,15 @@ const EnvSchema = Type.Object({
   RATE_LIMIT_IP: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*,[0-9]+(\\.[0-9]+)?$' })),
   RATE_LIMITS: Type.Optional(Type.Union([Type.Literal('on'), Type.Literal('off')])),
   SEED_DEMO: Type.Optional(Type.Union([Type.Literal('true'), Type.Literal('false')])),
+  SCHEDULER: Type.Optional(Type.Union([Type.Literal('on'), Type.Literal('off')])),
+  RECONCILIATION_PERIOD: Type.Optional(Type.String({ pattern: '^[0-9]*[1-9][0-9]*(ms|s|m|h)$' })),
+  OUTBOX: Type.Optional(Type.Union([Type.Literal('on'), Type.Literal('off')])),
+  EVENT_WORKERS: Type.Optional(Type.Union([Type.Literal('on'), Type.Literal('off')])),
+  OUTBOX_RELAY_INTERVAL: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*(ms|s|m|h)$' })),
+  EVENTS_RETENTION: Type.Optional(Type.String({ pattern: '^[1-9][0-9]{0,8}$' })),
+  NOTIFICATIONS_RETENTION: Type.Optional(Type.String({ pattern: '^[1-9][0-9]{0,8}$' })),
+  SSE_HEARTBEAT: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*(ms|s|m|h)$' })),
+  SSE_MAX_STREAMS: Type.Optional(Type.String({ pattern: '^[1-9][0-9]{0,3}$' })),
 })
 export type Env = Static<typeof EnvSchema>
 
@@ -55,6 +64,15 @@ const HINTS: Record<string, string> = {
   RATE_LIMIT_IP: 'CAPACITY,REFILL_PER_SECOND like 100,50',
   RATE_LIMITS: 'on or off',
   SEED_DEMO: 'true or false',
+  SCHEDULER: 'on or off',
+  RECONCILIATION_PERIOD: 'a duration above zero like 24h',
+  OUTBOX: 'on or off',
+  EVENT_WORKERS: 'on or off',
+  OUTBOX_RELAY_INTERVAL: 'a duration above zero like 1s',
+  EVENTS_RETENTION: 'a positive integer (stream entries kept)',
+  NOTIFICATIONS_RETENTION: 'a positive integer (notifications kept per customer)',
+  SSE_HEARTBEAT: 'a duration above zero like 15s',
+  SSE_MAX_STREAMS: 'a positive integer (open notification streams per customer and instance)',
   TRUST_PROXY: 'true or false',
 }
 
@@ -90,6 +108,21 @@ export interface Config {
     ip: { capacity: number; refillPerSecond: number }
   }
   seedDemo: boolean
+  /**
+   * The workers of scheduled transfers and the reconciliation job (SCHEDULER, default on); under
+   * NODE_ENV=test they only run when a test asks (GatewayDependencies.scheduler).
+   */
+  scheduler: { enabled: boolean; reconciliationPeriodMs: number }
+  /** Transfer events (docs/events.md): outbox, relay and notifier workers, SSE notifications. */
+  events: {
+    outbox: boolean
+    workers: boolean
+    relayIntervalMs: number
+    streamRetention: number
+    notificationsRetention: number
+    sseHeartbeatMs: number
+    sseMaxStreamsPerCustomer: number
+  }
 }
 
 const UNIT_MS = { ms: 1, s: 1000, m: 60_000, h: 3_600_000 } as const
@@ -180,5 +213,18 @@ export function loadConfig(env: Record<string, string | undefined> = process.env
       ip: { capacity: Number(capacity), refillPerSecond: Number(refill) },
     },
     seedDemo: e.SEED_DEMO !== 'false',
+    scheduler: {
+      enabled: (e.SCHEDULER ?? 'on') === 'on',
+      reconciliationPeriodMs: parseDuration(e.RECONCILIATION_PERIOD ?? '24h'),
+    },
+    events: {
+      outbox: (e.OUTBOX ?? 'on') === 'on',
+      workers: (e.EVENT_WORKERS ?? 'on') === 'on',
+      relayIntervalMs: parseDuration(e.OUTBOX_RELAY_INTERVAL ?? '1s'),
+      streamRetention: Number(e.EVENTS_RETENTION ?? 100_000),
+      notificationsRetention: Number(e.NOTIFICATIONS_RETENTION ?? 1000),
+      sseHeartbeatMs: parseDuration(e.SSE_HEARTBEAT ?? '15s'),
+      sseMaxStreamsPerCustomer: Number(e.SSE_MAX_STREAMS ?? 5),
+    },
   }
 }

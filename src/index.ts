@@ -88,3 +88,12 @@ export {
   type LockOptions,
   type WithLockOptions,
 } from './primitives/lock.ts'
+// A consumer-group runtime for Redis Streams (also the named exports of `fastify-redis-gateway/stream-consumer`).
+export {
+  type AppendOnceOptions,
+  appendOnce,
+  createStreamConsumer,
+  type StreamConsumer,
+  type StreamConsumerOptions,
+  type StreamEntry,
+} from './primitives/stream-consumer.ts'

@@ -30,19 +30,29 @@ const SESSION_ROUTES = [
   'GET /accounts',
   'GET /accounts/{accountId}/balance',
   'POST /transfers',
+  'POST /scheduled-transfers',
+  'GET /scheduled-transfers',
+  'GET /scheduled-transfers/{scheduleId}',
+  'DELETE /scheduled-transfers/{scheduleId}',
+  'GET /notifications',
 ]
 
 test('every route is documented, with an operationId, a summary, a description and described responses', () => {
   const documented = operations(demo.document).map(({ method, path }) => `${method} ${path}`)
   assert.deepEqual(documented.sort(), [
+    'DELETE /scheduled-transfers/{scheduleId}',
     'DELETE /session',
     'GET /accounts',
     'GET /accounts/{accountId}/balance',
     'GET /health',
+    'GET /notifications',
     'GET /problems',
     'GET /problems/{slug}',
     'GET /ready',
+    'GET /scheduled-transfers',
+    'GET /scheduled-transfers/{scheduleId}',
     'GET /session',
+    'POST /scheduled-transfers',
     'POST /session',
     'POST /transfers',
   ])
@@ -117,9 +127,19 @@ test('POST /transfers declares the required Idempotency-Key header with its synt
   assert.equal(key.schema.minLength, 1)
   assert.equal(key.schema.maxLength, 512)
   // Every other operation takes no header parameter: the session cookie is its security scheme.
+  // POST /scheduled-transfers declares the same Idempotency-Key.
+  const scheduled = demo.document.paths['/scheduled-transfers']!.post!
+  assert.deepEqual(
+    scheduled.parameters?.filter((p) => p.in === 'header'),
+    op.parameters?.filter((p) => p.in === 'header'),
+  )
   for (const { method, path, op: other } of operations(demo.document)) {
-    if (other === op) continue
-    assert.ok(!other.parameters?.some((p) => p.in === 'header' || p.in === 'cookie'), `${method} ${path}`)
+    if (other === op || other === scheduled) continue
+    // GET /notifications takes the reconnection header of Server-Sent Events, optional.
+    const allowed = path === '/notifications' ? ['last-event-id'] : []
+    const extra = (p: { in: string; name: string }) =>
+      (p.in === 'header' && !allowed.includes(p.name.toLowerCase())) || p.in === 'cookie'
+    assert.ok(!other.parameters?.some(extra), `${method} ${path}`)
   }
 })
 

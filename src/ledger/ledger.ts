@@ -26,6 +26,11 @@ export interface Transfer {
   createdAt: string
 }
 
+/** `outbox` (default true): the transfer's statement also writes its `transfer.completed` outbox event. */
+export interface TransferOptions {
+  outbox?: boolean
+}
+
 /** The Idempotency-Key of a transfer and its request fingerprint, kept on the transfer row. */
 export interface TransferIdempotency {
   key: string
@@ -129,7 +134,7 @@ function replayPrevious(previous: PreviousTransfer, idempotency: TransferIdempot
 /**
  * Moves money in one transaction: both accounts locked FOR UPDATE in ascending id order (so two
  * opposite transfers cannot deadlock), ownership, currency and funds checked under the lock, then
- * balances, the transfer row and its two ledger entries written in one statement.
+ * balances, the transfer row, its two ledger entries and its outbox event written in one statement.
  *
  * With `idempotency`, the row also records the key, fingerprint and response, unique per customer
  * and key: the final guard when Redis lost its record. A transfer already made with the key is
@@ -140,9 +145,10 @@ export async function executeTransfer(
   db: Database,
   input: TransferInput,
   idempotency?: TransferIdempotency,
+  { outbox = true }: TransferOptions = {},
 ): Promise<TransferResult> {
   try {
-    return await moveMoney(db, input, idempotency)
+    return await moveMoney(db, input, idempotency, outbox)
   } catch (err) {
     if (!idempotency || (err as { code?: string }).code !== '23505') throw err
     const previous = await findPrevious(db, input.customerId, idempotency.key)
@@ -164,9 +170,10 @@ async function findPrevious(
 }
 
 async function moveMoney(
-  db: Database,
+  db: Pick<Database, 'transaction'>,
   input: TransferInput,
   idempotency: TransferIdempotency | undefined,
+  outbox: boolean,
 ): Promise<TransferResult> {
   const { customerId, fromAccountId, toAccountId, amount, currency } = input
   return db.transaction(async (tx) => {
@@ -236,6 +243,11 @@ async function moveMoney(
          INSERT INTO ledger_entries (transfer_id, account_id, amount)
          SELECT transfer.id, e.account_id, e.amount
          FROM transfer, (VALUES ($2::integer, -$4::bigint), ($3::integer, $4::bigint)) AS e (account_id, amount)
+       ), event AS (
+         INSERT INTO outbox_events (type, transfer_id, from_customer_id, to_customer_id, from_account_id,
+                                    to_account_id, amount, currency, occurred_at)
+         SELECT 'transfer.completed', transfer.id, $1, $8::integer, $2, $3, $4, $5::text, transfer.created_at
+         FROM transfer WHERE $9::boolean
        )
        SELECT id, created_at FROM transfer`,
       [
@@ -246,6 +258,8 @@ async function moveMoney(
         currency,
         idempotency?.key ?? null,
         idempotency?.fingerprint ?? null,
+        to.customer_id,
+        outbox,
       ],
     )
     if (!row) throw new Error('transfer insert returned no row')
@@ -257,6 +271,89 @@ async function moveMoney(
       currency,
       createdAt: new Date(row.created_at).toISOString(),
       recipientCustomerId: to.customer_id,
+    }
+  })
+}
+
+/** How one run of a scheduled transfer ended; `skipped` when it had already finished or was cancelled. */
+export type ScheduledRun =
+  | {
+      status: 'completed'
+      transferId: number
+      customerId: number
+      fromAccountId: number
+      toAccountId: number
+      recipientCustomerId?: number
+    }
+  | { status: 'failed'; failure: ScheduleFailure }
+  | { status: 'skipped'; current: string | null }
+
+/** Why a scheduled transfer failed: the problem its run met. */
+export interface ScheduleFailure {
+  type: string
+  title: string
+  detail: string
+}
+
+/**
+ * Runs a scheduled transfer, bound to its schedule: the schedule row is locked FOR UPDATE and its
+ * status checked in the transaction that moves the money (the same one as `executeTransfer`), and
+ * set to completed (with the transfer id) or failed in it. A second run of one schedule, or a cancel
+ * that won the row lock, finds it finished and moves nothing. Refusals of the transfer (insufficient
+ * funds, a currency or account that no longer fits) end it as failed; anything else (Postgres down,
+ * a serialization failure) rolls back and is thrown, for the caller to retry.
+ */
+export async function executeScheduledTransfer(
+  db: Database,
+  scheduleId: number,
+  { outbox = true }: TransferOptions = {},
+): Promise<ScheduledRun> {
+  return db.transaction(async (tx) => {
+    const [schedule] = await tx.query<{
+      customer_id: number
+      from_account_id: number
+      to_account_id: number
+      amount: unknown
+      currency: string
+      status: string
+    }>(
+      `SELECT customer_id, from_account_id, to_account_id, amount, currency, status
+       FROM scheduled_transfers WHERE id = $1 FOR UPDATE`,
+      [scheduleId],
+    )
+    if (!schedule || (schedule.status !== 'scheduled' && schedule.status !== 'running'))
+      return { status: 'skipped', current: schedule?.status ?? null }
+    const input = {
+      customerId: schedule.customer_id,
+      fromAccountId: schedule.from_account_id,
+      toAccountId: schedule.to_account_id,
+      amount: toSafeInteger(schedule.amount),
+      currency: schedule.currency,
+    }
+    let transfer: TransferResult
+    try {
+      // Inside this transaction: the money moves with the schedule row locked.
+      transfer = await moveMoney({ transaction: (fn) => fn(tx) }, input, undefined, outbox)
+    } catch (err) {
+      if (!(err instanceof HttpProblem) || err.status >= 500) throw err
+      const failure = { type: err.type, title: err.title, detail: err.message }
+      await tx.query(
+        `UPDATE scheduled_transfers SET status = 'failed', failure = $2, updated_at = now() WHERE id = $1`,
+        [scheduleId, JSON.stringify(failure)],
+      )
+      return { status: 'failed', failure }
+    }
+    await tx.query(
+      `UPDATE scheduled_transfers SET status = 'completed', transfer_id = $2, updated_at = now() WHERE id = $1`,
+      [scheduleId, transfer.transferId],
+    )
+    return {
+      status: 'completed',
+      transferId: transfer.transferId,
+      customerId: input.customerId,
+      fromAccountId: input.fromAccountId,
+      toAccountId: input.toAccountId,
+      recipientCustomerId: transfer.recipientCustomerId,
     }
   })
 }

@@ -280,6 +280,7 @@ export function openapiOptions(config: Config): FastifyDynamicSwaggerOptions {
         { name: 'session', description: 'Log in and out; the session cookie' },
         { name: 'accounts', description: "The customer's accounts and balances" },
         { name: 'transfers', description: 'Moving money, exactly once per Idempotency-Key' },
+        { name: 'notifications', description: 'Live notifications of transfers (Server-Sent Events)' },
         { name: 'problems', description: 'The documentation of each problem `type`' },
         { name: 'operations', description: 'Liveness and readiness probes' },
       ],

@@ -40,7 +40,7 @@ export const PROBLEM_TYPES = [
     slug: 'idempotency-key-missing',
     status: 400,
     title: 'Idempotency key required',
-    when: '`POST /transfers` without an `Idempotency-Key` header',
+    when: '`POST /transfers` or `POST /scheduled-transfers` without an `Idempotency-Key` header',
     source: 'idempotency',
   },
   {
@@ -142,6 +142,27 @@ export const PROBLEM_TYPES = [
     source: 'demo',
   },
   {
+    slug: 'run-at-out-of-range',
+    status: 400,
+    title: 'Run time out of range',
+    when: 'a scheduled transfer whose `runAt` is not in the future, or more than one year ahead',
+    source: 'demo',
+  },
+  {
+    slug: 'schedule-not-found',
+    status: 404,
+    title: 'Schedule not found',
+    when: 'a scheduled transfer that does not exist, or belongs to another customer (indistinguishable)',
+    source: 'demo',
+  },
+  {
+    slug: 'schedule-not-cancellable',
+    status: 409,
+    title: 'Schedule not cancellable',
+    when: 'cancelling a scheduled transfer that is already running or finished (`Retry-After: 1`; a running one is finished by then, and cancelling stays refused)',
+    source: 'demo',
+  },
+  {
     slug: 'idempotency-key-mismatch',
     status: 422,
     title: 'Idempotency key reused',
@@ -154,6 +175,13 @@ export const PROBLEM_TYPES = [
     title: 'Too many requests',
     when: 'a rate limit is exceeded: `policy` names it, `Retry-After` says when to retry',
     source: 'rate-limit',
+  },
+  {
+    slug: 'too-many-notification-streams',
+    status: 429,
+    title: 'Too many notification streams',
+    when: '`GET /notifications` while this customer already has the maximum of open streams on this instance (`SSE_MAX_STREAMS`, `Retry-After: 5`); close one first',
+    source: 'demo',
   },
   {
     slug: 'headers-too-large',
@@ -195,6 +223,13 @@ export const PROBLEM_TYPES = [
     status: 503,
     title: 'Service unavailable',
     when: 'Postgres is not answering; nothing was changed (`Retry-After: 2`)',
+    source: 'demo',
+  },
+  {
+    slug: 'notifications-unavailable',
+    status: 503,
+    title: 'Service unavailable',
+    when: '`GET /notifications` while Redis cannot be subscribed to or read (`Retry-After: 1`)',
     source: 'demo',
   },
   {

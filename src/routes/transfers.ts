@@ -28,7 +28,8 @@ export const TransferCreated = Type.Object({
   createdAt: Timestamp,
 })
 
-const transferRoutes: FastifyPluginAsyncTypebox = async (app) => {
+/** `outbox: false` (OUTBOX=off) makes transfers without their outbox event, for comparing throughput. */
+const transferRoutes: FastifyPluginAsyncTypebox<{ outbox?: boolean }> = async (app, options) => {
   // Cache invalidation starts in the handler, after the commit, and is awaited in the last onSend
   // hook, after the Idempotency-Key record is stored: both are in flight together (one Redis
   // round trip instead of two), and the client still sees its response only once both are done.
@@ -99,6 +100,7 @@ const transferRoutes: FastifyPluginAsyncTypebox = async (app) => {
         app.db,
         { ...request.body, customerId: Number(request.session!.principal) },
         idempotency ? { key: idempotency.key, fingerprint: idempotency.fingerprint } : undefined,
+        { outbox: options.outbox ?? true },
       )
       if (replayed) reply.header('idempotent-replayed', 'true')
       // Only after the commit: an earlier drop could be refilled with the old balance.

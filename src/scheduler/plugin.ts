@@ -1,0 +1,83 @@
+import { randomBytes } from 'node:crypto'
+import { hostname } from 'node:os'
+import type { FastifyInstance } from 'fastify'
+import type { Config } from '../config.ts'
+import { invalidateAfterTransfer } from '../routes/accounts.ts'
+import scheduledTransferRoutes from '../routes/scheduled-transfers.ts'
+import {
+  createReconciliationJob,
+  type ReconciliationJob,
+  type ReconciliationJobOptions,
+} from './reconciliation-job.ts'
+import { createTransferWorker, type TransferWorker, type TransferWorkerOptions } from './transfer-worker.ts'
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    /** The scheduled-transfer worker (always) and the reconciliation job (when the workers run here). */
+    scheduler: { worker: TransferWorker; job?: ReconciliationJob }
+  }
+}
+
+type Tunable<T> = Partial<Omit<T, 'redis' | 'db' | 'log' | 'keyPrefix' | 'instanceId' | 'registry'>>
+
+/** Timings of the scheduler's workers (defaults in docs/scheduled-transfers.md); tests shorten them. */
+export interface SchedulerTuning {
+  /** This process's id in the queues and the runs table (default host, pid and a random suffix). */
+  instanceId?: string
+  transfers?: Tunable<TransferWorkerOptions>
+  reconciliation?: Tunable<ReconciliationJobOptions>
+}
+
+export interface SchedulerOptions {
+  config: Config
+  keyPrefix: string
+  /** Run the workers (queue consumers, mover, reconciler, the reconciliation job) in this process. */
+  run: boolean
+  tuning?: SchedulerTuning
+}
+
+/**
+ * Scheduled transfers: the routes always (a schedule is written to Postgres and queued in Redis),
+ * the workers when `run` is set: started once the app is ready, stopped on close (items in hand
+ * finish, the rest is handed back to the queue for the other instances).
+ */
+export async function registerScheduler(app: FastifyInstance, options: SchedulerOptions): Promise<void> {
+  const { config, keyPrefix, tuning = {} } = options
+  const instanceId = tuning.instanceId ?? `${hostname()}-${process.pid}-${randomBytes(3).toString('hex')}`
+  const worker = createTransferWorker({
+    redis: app.redis,
+    db: app.db,
+    log: app.log.child({ component: 'scheduled-transfers' }),
+    keyPrefix,
+    instanceId,
+    outbox: config.events.outbox,
+    ...tuning.transfers,
+    onRun: async (scheduleId, run) => {
+      if (run.status === 'completed')
+        await invalidateAfterTransfer(app, run.customerId, run, run.recipientCustomerId)
+      await tuning.transfers?.onRun?.(scheduleId, run)
+    },
+  })
+  await app.register(scheduledTransferRoutes, { worker })
+  app.decorate('scheduler', { worker })
+  if (!options.run) return
+
+  const job = createReconciliationJob({
+    redis: app.redis,
+    db: app.db,
+    log: app.log.child({ component: 'reconciliation' }),
+    keyPrefix,
+    instanceId,
+    periodMs: config.scheduler.reconciliationPeriodMs,
+    registry: app.metrics?.registry,
+    ...tuning.reconciliation,
+  })
+  app.scheduler.job = job
+  app.addHook('onReady', async () => {
+    worker.start()
+    job.start()
+  })
+  app.addHook('onClose', async () => {
+    await Promise.allSettled([worker.stop(), job.stop()])
+  })
+}

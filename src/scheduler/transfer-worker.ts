@@ -1,0 +1,141 @@
+import type { FastifyBaseLogger } from 'fastify'
+import type { Database } from '../db/database.ts'
+import { type Consumer, createDelayedQueue, type DelayedQueue, type RedisClient } from '../index.ts'
+import { executeScheduledTransfer, type ScheduledRun } from '../ledger/ledger.ts'
+import { queuedIds } from './queue-presence.ts'
+import { markRunning, pendingSchedules } from './store.ts'
+
+export interface TransferWorkerOptions {
+  redis: RedisClient
+  db: Database
+  log: FastifyBaseLogger
+  /** This gateway's key prefix; the queue's keys are `<prefix>dq:{scheduled-transfers}:...`. */
+  keyPrefix: string
+  instanceId: string
+  /** Schedules run at once by this instance (default 4). */
+  concurrency?: number
+  /** A taken schedule not acknowledged within this long is handed to another worker (default 30 s). */
+  visibilityTimeoutMs?: number
+  /** The queue's heartbeat TTL: a dead instance's schedules are adopted after it (default 15 s). */
+  heartbeatTtlMs?: number
+  /** How often due schedules move to the ready list (default 1 s). */
+  moveIntervalMs?: number
+  /** How often the reconciler compares Postgres with the queue (default 30 s). */
+  reconcileIntervalMs?: number
+  /** Schedules due within this long are checked by the reconciler (default twice its interval). */
+  reconcileHorizonMs?: number
+  /** Delay before a run that failed transiently is tried again (default 1 s doubling up to 60 s). */
+  retryDelayMs?: (attempt: number) => number
+  /** Whether a scheduled transfer also writes its outbox event, as POST /transfers does (default true). */
+  outbox?: boolean
+  /** Called after each run (completed, failed or skipped): cache invalidation, tests. */
+  onRun?: (scheduleId: number, run: ScheduledRun) => unknown
+}
+
+export interface TransferWorker {
+  readonly queue: DelayedQueue
+  /** Puts a schedule into the queue (this instance's delayed set); re-adding keeps its first due time. */
+  schedule(scheduleId: number, runAt: Date): Promise<boolean>
+  /** Runs one schedule (what the consumer does with a delivered id); exported for tests. */
+  run(scheduleId: number): Promise<ScheduledRun | 'finished'>
+  /** One reconciler round: re-queues pending schedules the queue lacks; the number re-queued. */
+  reconcile(): Promise<number>
+  start(): void
+  /** Stops the consumer and the reconciler, then hands back what this instance had taken. */
+  stop(): Promise<void>
+}
+
+const RECONCILE_BATCH = 1000
+
+/**
+ * Runs scheduled transfers from the delayed queue. Postgres holds every schedule; the queue only
+ * says when to look. A delivered id is marked running, then executed bound to its row (a duplicate
+ * delivery moves nothing); a transient error throws, so the queue nacks it with a backoff. The
+ * reconciler re-queues what Postgres has pending and Redis lacks (a flush, a restart, a lost write).
+ */
+export function createTransferWorker(options: TransferWorkerOptions): TransferWorker {
+  const { redis, db, log } = options
+  const reconcileIntervalMs = options.reconcileIntervalMs ?? 30_000
+  const reconcileHorizonMs = options.reconcileHorizonMs ?? 2 * reconcileIntervalMs
+  const queue = createDelayedQueue(redis, {
+    name: 'scheduled-transfers',
+    keyPrefix: `${options.keyPrefix}dq:`,
+    instanceId: options.instanceId,
+    visibilityTimeoutMs: options.visibilityTimeoutMs ?? 30_000,
+    heartbeatTtlMs: options.heartbeatTtlMs ?? 15_000,
+    moveIntervalMs: options.moveIntervalMs ?? 1000,
+    onError: (err, task) => log.warn({ err, task }, 'scheduled transfers: queue error'),
+  })
+  let consumer: Consumer | undefined
+  let timer: NodeJS.Timeout | undefined
+  let reconciling: Promise<unknown> | undefined
+
+  async function run(scheduleId: number): Promise<ScheduledRun | 'finished'> {
+    if (!(await markRunning(db, scheduleId))) return 'finished'
+    const outcome = await executeScheduledTransfer(db, scheduleId, { outbox: options.outbox ?? true })
+    if (outcome.status === 'failed')
+      log.info({ scheduleId, failure: outcome.failure }, 'scheduled transfer failed')
+    try {
+      await options.onRun?.(scheduleId, outcome)
+    } catch (err) {
+      log.warn({ err, scheduleId }, 'scheduled transfers: after-run hook failed')
+    }
+    return outcome
+  }
+
+  async function reconcile(): Promise<number> {
+    const pending = await pendingSchedules(db, reconcileHorizonMs, RECONCILE_BATCH)
+    const present = await queuedIds(
+      redis,
+      queue,
+      pending.map((p) => p.id),
+    )
+    let added = 0
+    for (const { id, runAt } of pending) {
+      if (present.has(id)) continue
+      if (await queue.schedule(id, runAt)) added++
+    }
+    if (added > 0) log.warn({ added }, 'scheduled transfers: re-queued schedules the queue had lost')
+    return added
+  }
+
+  const reconcileTick = () => {
+    if (reconciling) return
+    reconciling = reconcile()
+      .catch((err) => log.warn({ err }, 'scheduled transfers: reconcile failed'))
+      .finally(() => {
+        reconciling = undefined
+      })
+  }
+
+  return {
+    queue,
+    schedule: (scheduleId, runAt) => queue.schedule(String(scheduleId), runAt),
+    run,
+    reconcile,
+    start() {
+      queue.start()
+      consumer = queue.consume(
+        async (id) => {
+          const scheduleId = Number(id)
+          // Not one of ours (a foreign id in the queue): acknowledged and dropped.
+          if (!Number.isSafeInteger(scheduleId) || scheduleId < 1) return
+          await run(scheduleId)
+        },
+        {
+          concurrency: options.concurrency ?? 4,
+          ...(options.retryDelayMs ? { retryDelayMs: options.retryDelayMs } : {}),
+        },
+      )
+      reconcileTick()
+      timer = setInterval(reconcileTick, reconcileIntervalMs)
+      timer.unref()
+    },
+    async stop() {
+      clearInterval(timer)
+      await consumer?.stop()
+      await reconciling
+      await queue.stop()
+    },
+  }
+}
