@@ -36,6 +36,8 @@ test('SCRIPT FLUSH mid-run: every plugin keeps answering, and the scripts come b
   await app.register(session, { redis, secrets: [TEST_SECRET] })
   await app.register(rateLimit, {
     redis,
+    // A plain client has no command timeout: the plugin's own 500 ms would let a loaded machine degrade a decision.
+    timeoutMs: 10_000,
     policies: [{ name: 'ip', algorithm: 'sliding-log', limit: 1000, windowMs: 60_000 }],
   })
   await app.register(idempotency, { redis })
@@ -90,6 +92,8 @@ test('with @fastify/session, rate limit and idempotency tell callers apart throu
   const principal = (request: FastifyRequest) => peerSession(request).get('user') ?? null
   await app.register(rateLimit, {
     redis,
+    // A plain client has no command timeout: the plugin's own 500 ms would let a loaded machine degrade a decision.
+    timeoutMs: 10_000,
     principal,
     keyPrefix: uniquePrefix('rl'),
     namedPolicies: [
@@ -150,6 +154,8 @@ test('the metrics plugin registered last still exports every plugin series and R
   const app = Fastify()
   await app.register(rateLimit, {
     redis,
+    // A plain client has no command timeout: the plugin's own 500 ms would let a loaded machine degrade a decision.
+    timeoutMs: 10_000,
     keyPrefix: uniquePrefix('rl'),
     policies: [{ name: 'ip', algorithm: 'gcra', limit: 100, windowMs: 1000 }],
   })
