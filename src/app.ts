@@ -54,6 +54,12 @@ export interface GatewayDependencies {
   scheduler?: 'on' | 'off' | SchedulerTuning
 }
 
+declare module 'fastify' {
+  interface FastifyInstance {
+    lifecycle: { draining: boolean }
+  }
+}
+
 /** The demo banking gateway: plugins in order (storage, sessions, protections), then routes. */
 export async function buildApp(config: Config, deps: GatewayDependencies = {}): Promise<FastifyInstance> {
   const app = Fastify({
@@ -62,7 +68,13 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
     bodyLimit: 16 * 1024,
     // Bodies are checked as sent: "10" is not an amount, and unknown fields are an error, not dropped.
     ajv: { customOptions: { coerceTypes: false, removeAdditional: false } },
+    // While closing (docs/operations.md), requests on open keep-alive connections are answered with
+    // `Connection: close` rather than 503, and only idle connections are closed at once.
+    return503OnClosing: false,
+    forceCloseConnections: 'idle',
   }).withTypeProvider<TypeBoxTypeProvider>()
+  // Set by the process entry on SIGTERM/SIGINT: GET /ready answers 503 from then on.
+  app.decorate('lifecycle', { draining: false })
   const prefix = deps.keyPrefix ?? ''
   // Every body is JSON; anything else is refused with 415 instead of reaching validation as text.
   app.removeContentTypeParser('text/plain')

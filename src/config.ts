@@ -41,6 +41,8 @@ const EnvSchema = Type.Object({
   NOTIFICATIONS_RETENTION: Type.Optional(Type.String({ pattern: '^[1-9][0-9]{0,8}$' })),
   SSE_HEARTBEAT: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*(ms|s|m|h)$' })),
   SSE_MAX_STREAMS: Type.Optional(Type.String({ pattern: '^[1-9][0-9]{0,3}$' })),
+  SHUTDOWN_DRAIN: Type.Optional(Type.String({ pattern: '^[0-9]+(ms|s|m|h)$' })),
+  SHUTDOWN_GRACE: Type.Optional(Type.String({ pattern: '^[0-9]+(ms|s|m|h)$' })),
 })
 export type Env = Static<typeof EnvSchema>
 
@@ -74,6 +76,8 @@ const HINTS: Record<string, string> = {
   SSE_HEARTBEAT: 'a duration above zero like 15s',
   SSE_MAX_STREAMS: 'a positive integer (open notification streams per customer and instance)',
   TRUST_PROXY: 'true or false',
+  SHUTDOWN_DRAIN: 'a duration like 5s (0s: no drain)',
+  SHUTDOWN_GRACE: 'a duration like 20s',
 }
 
 export class ConfigError extends Error {
@@ -123,6 +127,11 @@ export interface Config {
     sseHeartbeatMs: number
     sseMaxStreamsPerCustomer: number
   }
+  /**
+   * On SIGTERM/SIGINT (docs/operations.md): `drainMs` of normal serving with /ready at 503, then at
+   * most `graceMs` to answer the requests already received before they are cut.
+   */
+  shutdown: { drainMs: number; graceMs: number }
 }
 
 const UNIT_MS = { ms: 1, s: 1000, m: 60_000, h: 3_600_000 } as const
@@ -225,6 +234,10 @@ export function loadConfig(env: Record<string, string | undefined> = process.env
       notificationsRetention: Number(e.NOTIFICATIONS_RETENTION ?? 1000),
       sseHeartbeatMs: parseDuration(e.SSE_HEARTBEAT ?? '15s'),
       sseMaxStreamsPerCustomer: Number(e.SSE_MAX_STREAMS ?? 5),
+    },
+    shutdown: {
+      drainMs: parseDuration(e.SHUTDOWN_DRAIN ?? '5s'),
+      graceMs: parseDuration(e.SHUTDOWN_GRACE ?? '20s'),
     },
   }
 }

@@ -2,6 +2,7 @@ import { buildApp } from './app.ts'
 import { ConfigError, loadConfig } from './config.ts'
 import { HOW_TO_GET_REDIS, resolveDevRedis } from './embedded/redis-server.ts'
 import { seedDemo } from './ledger/ledger.ts'
+import { handleShutdownSignals } from './shutdown.ts'
 
 // Run in reverse order of start on shutdown or a failed boot (the app before the Redis it uses).
 const stops: Array<() => Promise<void>> = []
@@ -27,16 +28,7 @@ async function main() {
   if (config.seedDemo) await seedDemo(app.db)
   if (!config.databaseUrl) app.log.info('DATABASE_URL is unset: using embedded PGlite (in memory)')
 
-  let stopping = false
-  const shutdown = async (signal: string) => {
-    if (stopping) return
-    stopping = true
-    app.log.info({ signal }, 'shutting down')
-    await stopAll()
-    process.exit(0)
-  }
-  process.on('SIGINT', shutdown)
-  process.on('SIGTERM', shutdown)
+  handleShutdownSignals(app, { ...config.shutdown, stop: stopAll })
 
   await app.listen({ port: config.port, host: config.host })
 }

@@ -224,7 +224,12 @@ export class SseHub {
   async shutdown(): Promise<void> {
     if (this.#timer) clearInterval(this.#timer)
     this.#timer = null
-    for (const set of [...this.clients.values()]) for (const client of [...set]) this.close(client)
+    // The instance is going away: the client reconnects (to another instance) with Last-Event-ID.
+    for (const set of [...this.clients.values()])
+      for (const client of [...set]) {
+        write(client, ': shutting down, reconnect\n\n')
+        this.close(client)
+      }
     const sub = this.#subscriber
     this.#subscriber = null
     if (sub) await sub.quit().catch(() => sub.disconnect())

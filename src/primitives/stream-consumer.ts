@@ -46,8 +46,9 @@ export interface StreamConsumer {
   start(): Promise<void>
   /**
    * Graceful stop: no new reads; the entry being handled finishes and is acknowledged (or, if its
-   * handler fails, stays pending for another consumer). Entries delivered but not started stay
-   * pending and are claimed by others after the visibility timeout. Closes the blocking connection.
+   * handler fails, stays pending for another consumer). Entries delivered but not started are handed
+   * back: they stay pending, marked idle past the visibility timeout, so another consumer's next claim
+   * takes them at once. Closes the blocking connection.
    */
   stop(): Promise<void>
   readonly running: boolean
@@ -172,8 +173,8 @@ export function createStreamConsumer(redis: RedisClient, options: StreamConsumer
         consumer,
       )) as Array<[string, string, number, number]>
       const counts = new Map(pending.map(([id, , , deliveries]) => [id, Number(deliveries)]))
-      for (const [id, list] of claimed) {
-        if (stopping) return
+      for (const [index, [id, list]] of claimed.entries()) {
+        if (stopping) return handBack(claimed.slice(index).map(([entryId]) => entryId))
         await handle({ id, fields: toFields(list), deliveries: counts.get(id) ?? maxDeliveries + 1 })
       }
     } while (cursor !== '0-0')
@@ -193,12 +194,24 @@ export function createStreamConsumer(redis: RedisClient, options: StreamConsumer
       '>',
     )) as ReadReply
     for (const [, entries] of reply ?? []) {
-      for (const [id, list] of entries) {
-        // Delivered to this consumer: if stopping now, they stay pending for XAUTOCLAIM.
-        if (stopping) return
+      for (const [index, [id, list]] of entries.entries()) {
+        // Delivered to this consumer: if stopping now, they are handed back to the group.
+        if (stopping) return handBack(entries.slice(index).map(([entryId]) => entryId))
         await handle({ id, fields: toFields(list), deliveries: 1 })
       }
     }
+  }
+
+  /**
+   * Entries delivered here and not started, on stop: still pending, but marked idle for the visibility
+   * timeout (XCLAIM IDLE, JUSTID so their delivery count is not raised), so the next XAUTOCLAIM of any
+   * consumer takes them at once. If Redis cannot be asked, they are claimed after the timeout anyway.
+   */
+  async function handBack(ids: string[]): Promise<void> {
+    if (ids.length === 0) return
+    await redis
+      .call('XCLAIM', stream, group, consumer, '0', ...ids, 'IDLE', String(visibilityTimeoutMs), 'JUSTID')
+      .catch(onError)
   }
 
   async function run(): Promise<void> {

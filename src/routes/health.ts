@@ -50,7 +50,7 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
         tags: ['operations'],
         summary: 'Readiness probe',
         description:
-          'Answers 200 when Redis and Postgres both answer within 1 s, else 503 naming the one that did not.',
+          'Answers 200 when Redis and Postgres both answer within 1 s, else 503 naming the one that did not; 503 too once the instance is shutting down (its drain period), while its other routes still answer.',
         response: {
           200: json(Type.Object({ status: Type.Literal('ready'), ...Checks }), 'Redis and Postgres answer.'),
           ...problems({ 400: ['validation'], 503: ['not-ready'] }, { extra: { 503: Checks } }),
@@ -62,7 +62,9 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
         probe(() => app.redis.ping()),
         probe(() => app.db.query('SELECT 1')),
       ])
-      if (redis === 'ok' && postgres === 'ok') return { status: 'ready' as const, redis, postgres }
+      const draining = app.lifecycle?.draining === true
+      if (redis === 'ok' && postgres === 'ok' && !draining)
+        return { status: 'ready' as const, redis, postgres }
       const down = [redis === 'down' && 'Redis', postgres === 'down' && 'Postgres']
         .filter(Boolean)
         .join(' and ')
@@ -74,7 +76,7 @@ const healthRoutes: FastifyPluginAsyncTypebox = async (app) => {
           type: '/problems/not-ready',
           title: 'Not ready',
           status: 503,
-          detail: `${down} not answering.`,
+          detail: draining ? 'This instance is shutting down.' : `${down} not answering.`,
           redis,
           postgres,
         })

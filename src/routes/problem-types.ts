@@ -236,7 +236,7 @@ export const PROBLEM_TYPES = [
     slug: 'not-ready',
     status: 503,
     title: 'Not ready',
-    when: '`GET /ready` while Redis or Postgres does not answer; `redis` and `postgres` say which (`Retry-After: 1`)',
+    when: '`GET /ready` while Redis or Postgres does not answer (`redis` and `postgres` say which), or once the instance is shutting down (`Retry-After: 1`)',
     source: 'demo',
   },
   {

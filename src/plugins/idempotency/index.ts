@@ -135,6 +135,8 @@ async function idempotencyPlugin(app: FastifyInstance, rawOptions: IdempotencyPl
     observePluginRedis(app, metrics, redis, 'idempotency')
   })
   const claims = new WeakMap<FastifyRequest, Claim>()
+  // The claims of requests still running: what onClose releases when requests were cut (shutdown).
+  const inFlight = new Set<Claim>()
   // A guard behind the plugin (the transfer row's unique key) answering with the plugin's own
   // mismatch problem: releasing keeps the key free for the payload it really belongs to.
   const guardMismatches = new WeakSet<FastifyRequest>()
@@ -231,7 +233,11 @@ async function idempotencyPlugin(app: FastifyInstance, rawOptions: IdempotencyPl
         default:
           outcomes.inc({ outcome: result.kind })
           request.idempotency = { key, fingerprint, claimed: true }
-          claims.set(request, { recordKey, token, renewal: store.keepAlive(recordKey, token, request.log) })
+          {
+            const claim = { recordKey, token, renewal: store.keepAlive(recordKey, token, request.log) }
+            claims.set(request, claim)
+            inFlight.add(claim)
+          }
       }
     }
 
@@ -240,6 +246,7 @@ async function idempotencyPlugin(app: FastifyInstance, rawOptions: IdempotencyPl
     const claim = claims.get(request)
     if (!claim) return payload
     claims.delete(request)
+    inFlight.delete(claim)
     clearInterval(claim.renewal)
     const status = reply.statusCode
     try {
@@ -285,8 +292,20 @@ async function idempotencyPlugin(app: FastifyInstance, rawOptions: IdempotencyPl
   // Safety net: whatever path a response took, the renewal ends with it.
   const stopRenewal = async (request: FastifyRequest) => {
     const claim = claims.get(request)
-    if (claim) clearInterval(claim.renewal)
+    if (!claim) return
+    clearInterval(claim.renewal)
+    inFlight.delete(claim)
   }
+
+  // Closing with requests still running (cut at the end of a shutdown's grace period): their claims
+  // are released, so a retry elsewhere runs at once instead of waiting out the lease. A handler that
+  // still completes after this finds its claim gone (`lost`); the route's own guard covers that case.
+  app.addHook('onClose', async () => {
+    const open = [...inFlight]
+    inFlight.clear()
+    for (const claim of open) clearInterval(claim.renewal)
+    await Promise.allSettled(open.map((claim) => store.release(claim.recordKey, claim.token)))
+  })
 
   const noteGuardMismatch = async (request: FastifyRequest, _reply: FastifyReply, error: Error) => {
     if (error instanceof HttpProblem && error.type === MISMATCH_TYPE) guardMismatches.add(request)
