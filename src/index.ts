@@ -9,6 +9,7 @@ export {
   default as cache,
   type GetOrLoadOptions,
 } from './plugins/cache/index.ts'
+export { HttpProblem, PROBLEM_CONTENT_TYPE, type ProblemBody, sendProblem } from './plugins/common/problem.ts'
 export {
   default as idempotency,
   type IdempotencyContext,
@@ -66,7 +67,6 @@ export {
   type SessionValue,
   sessionCookieName,
 } from './plugins/session/index.ts'
-export { HttpProblem, PROBLEM_CONTENT_TYPE, type ProblemBody, sendProblem } from './plugins/shared/problem.ts'
 // Primitives for use outside Fastify: a lock with fencing tokens and a delayed job queue (each also
 // the named exports of its subpath, `fastify-redis-gateway/lock` and `fastify-redis-gateway/delayed-queue`).
 export {

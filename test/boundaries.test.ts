@@ -5,7 +5,7 @@ import { test } from 'node:test'
 import { fileURLToPath } from 'node:url'
 
 // The library (src/index.ts, src/plugins, src/primitives, src/lua) stands without the demo, each
-// plugin on its own folder plus the shared ones, the primitives on their own folder, lua and the
+// plugin on its own folder plus the common one, the primitives on their own folder, lua and the
 // shared plugin helpers, and the demo reaches the library only through its public entry.
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '..')
 const src = join(root, 'src')
@@ -35,12 +35,12 @@ const isLibrary = (path: string) =>
 /** What `file` (relative to src/) may import, or null when it may import anything. */
 function allowed(file: string): ((target: string) => boolean) | null {
   const plugin = /^plugins\/([^/]+)\//.exec(file)?.[1]
-  if (plugin === 'shared') return (t) => t.startsWith('plugins/shared/') || t.startsWith('lua/')
+  if (plugin === 'common') return (t) => t.startsWith('plugins/common/') || t.startsWith('lua/')
   if (plugin)
     return (t) =>
-      t.startsWith(`plugins/${plugin}/`) || t.startsWith('plugins/shared/') || t.startsWith('lua/')
+      t.startsWith(`plugins/${plugin}/`) || t.startsWith('plugins/common/') || t.startsWith('lua/')
   if (file.startsWith('primitives/'))
-    return (t) => t.startsWith('primitives/') || t.startsWith('lua/') || t.startsWith('plugins/shared/')
+    return (t) => t.startsWith('primitives/') || t.startsWith('lua/') || t.startsWith('plugins/common/')
   if (file.startsWith('lua/')) return (t) => t.startsWith('lua/')
   if (file === 'index.ts') return (t) => isLibrary(t)
   // The demo: anything of its own, and of the library only the public entry.
@@ -80,7 +80,7 @@ test('the check catches a plugin importing the demo or another plugin, and the d
   assert.deepEqual(probe('plugins/cache/index.ts', "import { x } from '../redis/index.ts'"), [
     'plugins/redis/index.ts',
   ])
-  assert.deepEqual(probe('plugins/shared/problem.ts', "import type { Config } from '../../config.ts'"), [
+  assert.deepEqual(probe('plugins/common/problem.ts', "import type { Config } from '../../config.ts'"), [
     'config.ts',
   ])
   assert.deepEqual(probe('lua/index.ts', "export { y } from '../db/database.ts'"), ['db/database.ts'])
@@ -89,7 +89,7 @@ test('the check catches a plugin importing the demo or another plugin, and the d
     ['plugins/idempotency/problems.ts'],
   )
   assert.deepEqual(probe('ledger/ledger.ts', "import { idempotencyKeyMismatch } from '../index.ts'"), [])
-  assert.deepEqual(probe('plugins/session/index.ts', "import '../shared/principal.ts'"), [])
+  assert.deepEqual(probe('plugins/session/index.ts', "import '../common/principal.ts'"), [])
 })
 
 test('the check catches a primitive importing the demo or a plugin, and the demo reaching inside a primitive', () => {
@@ -111,7 +111,7 @@ test('the check catches a primitive importing the demo or a plugin, and the demo
   ])
   assert.deepEqual(probe('primitives/delayed-queue.ts', "import { runScript } from '../lua/index.ts'"), [])
   assert.deepEqual(
-    probe('primitives/lock.ts', "import type { RedisClient } from '../plugins/shared/redis.ts'"),
+    probe('primitives/lock.ts', "import type { RedisClient } from '../plugins/common/redis.ts'"),
     [],
   )
   assert.deepEqual(probe('primitives/delayed-queue.ts', "import { createLock } from './lock.ts'"), [])

@@ -2,9 +2,9 @@ import assert from 'node:assert/strict'
 import { after, before, describe, test } from 'node:test'
 import Fastify, { type FastifyInstance } from 'fastify'
 import { type RedisServerProcess, startRedisServer } from '../src/embedded/redis-server.ts'
+import { HttpProblem } from '../src/plugins/common/problem.ts'
 import { connectRedis, createRedisClient, type RedisClient } from '../src/plugins/redis/index.ts'
 import sessionPlugin, { SessionStore } from '../src/plugins/session/index.ts'
-import { HttpProblem } from '../src/plugins/shared/problem.ts'
 import {
   buildTestApp,
   cookieHeader,

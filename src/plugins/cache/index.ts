@@ -1,7 +1,7 @@
 import type { FastifyBaseLogger, FastifyInstance } from 'fastify'
 import fp from 'fastify-plugin'
-import { observePluginRedis, whenMetricsReady } from '../shared/metrics.ts'
-import { awaitRedisAtBoot, pluginRedis, type RedisClient } from '../shared/redis.ts'
+import { observePluginRedis, whenMetricsReady } from '../common/metrics.ts'
+import { awaitRedisAtBoot, pluginRedis, type RedisClient } from '../common/redis.ts'
 import {
   type CacheApi,
   type CacheLoadErrorMode,

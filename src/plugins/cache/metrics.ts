@@ -1,5 +1,5 @@
 import { Counter, type Registry } from 'prom-client'
-import { adoptMetric } from '../shared/metrics.ts'
+import { adoptMetric } from '../common/metrics.ts'
 
 /**
  * Counters labelled by the key's namespace (`account` for `account:42`), a set fixed by the code;

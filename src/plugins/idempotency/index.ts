@@ -7,10 +7,10 @@ import type {
 } from 'fastify'
 import fp from 'fastify-plugin'
 import { Counter } from 'prom-client'
-import { adoptMetric, observePluginRedis, whenMetricsReady } from '../shared/metrics.ts'
-import { type PrincipalFunction, resolvePrincipal } from '../shared/principal.ts'
-import { HttpProblem, PROBLEM_CONTENT_TYPE, sendProblem } from '../shared/problem.ts'
-import { awaitRedisAtBoot, pluginRedis } from '../shared/redis.ts'
+import { adoptMetric, observePluginRedis, whenMetricsReady } from '../common/metrics.ts'
+import { type PrincipalFunction, resolvePrincipal } from '../common/principal.ts'
+import { HttpProblem, PROBLEM_CONTENT_TYPE, sendProblem } from '../common/problem.ts'
+import { awaitRedisAtBoot, pluginRedis } from '../common/redis.ts'
 import { parseIdempotencyKey, requestFingerprint } from './key.ts'
 import {
   defaultScope,

@@ -1,8 +1,8 @@
 import { setTimeout as sleep } from 'node:timers/promises'
 import { Counter, type Registry } from 'prom-client'
 import type { RedisClient } from '../../lua/index.ts'
-import { adoptMetric } from '../shared/metrics.ts'
-import { connectRedis } from '../shared/redis.ts'
+import { adoptMetric } from '../common/metrics.ts'
+import { connectRedis } from '../common/redis.ts'
 import {
   IdempotencyInFlightError,
   IdempotencyKeyInvalidError,

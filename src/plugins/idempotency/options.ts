@@ -1,6 +1,6 @@
 import type { FastifyReply, FastifyRequest } from 'fastify'
-import type { PrincipalFunction } from '../shared/principal.ts'
-import type { RedisClient } from '../shared/redis.ts'
+import type { PrincipalFunction } from '../common/principal.ts'
+import type { RedisClient } from '../common/redis.ts'
 
 /** When Redis cannot be asked: 'closed' answers 503; 'open' runs the handler on its own guard. */
 export type IdempotencyFailureMode = 'closed' | 'open'

@@ -1,4 +1,4 @@
-import { HttpProblem } from '../shared/problem.ts'
+import { HttpProblem } from '../common/problem.ts'
 
 // Each outcome has its own problem type, so clients can tell "retry later" from "never retry".
 

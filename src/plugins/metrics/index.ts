@@ -3,9 +3,9 @@ import fp from 'fastify-plugin'
 import type { Command } from 'ioredis'
 import { Counter, collectDefaultMetrics, Registry } from 'prom-client'
 import { type RedisClient, scriptSources } from '../../lua/index.ts'
-import type { MetricsApi } from '../shared/metrics.ts'
-import '../shared/redis.ts'
-import { type HistogramSeries, TalliedHistogram } from '../shared/tallied-histogram.ts'
+import type { MetricsApi } from '../common/metrics.ts'
+import '../common/redis.ts'
+import { type HistogramSeries, TalliedHistogram } from '../common/tallied-histogram.ts'
 
 export type { MetricsApi }
 

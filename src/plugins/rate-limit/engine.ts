@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto'
 import type { FastifyBaseLogger, FastifyRequest } from 'fastify'
 import { type RedisClient, runScript } from '../../lua/index.ts'
-import type { PrincipalFunction } from '../shared/principal.ts'
+import type { PrincipalFunction } from '../common/principal.ts'
 import { identityTag, MAX_KEY_INPUT } from './keys.ts'
 import { MemoryStore } from './memory.ts'
 import type { RateLimitMetrics } from './metrics.ts'

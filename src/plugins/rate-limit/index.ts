@@ -7,10 +7,10 @@ import type {
   RouteOptions,
 } from 'fastify'
 import fp from 'fastify-plugin'
-import { observePluginRedis, whenMetricsReady } from '../shared/metrics.ts'
-import { checkPrincipalOption, type PrincipalFunction, resolvePrincipal } from '../shared/principal.ts'
-import { HttpProblem, sendProblem } from '../shared/problem.ts'
-import { awaitRedisAtBoot, pluginRedis, type RedisClient } from '../shared/redis.ts'
+import { observePluginRedis, whenMetricsReady } from '../common/metrics.ts'
+import { checkPrincipalOption, type PrincipalFunction, resolvePrincipal } from '../common/principal.ts'
+import { HttpProblem, sendProblem } from '../common/problem.ts'
+import { awaitRedisAtBoot, pluginRedis, type RedisClient } from '../common/redis.ts'
 import { type Duration, durationOption, parseDuration } from './duration.ts'
 import {
   type Decision,

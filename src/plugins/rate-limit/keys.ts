@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto'
 import type { FastifyRequest } from 'fastify'
-import type { PrincipalFunction } from '../shared/principal.ts'
+import type { PrincipalFunction } from '../common/principal.ts'
 
 /**
  * Returns the identity a request's quota belongs to; null or undefined: the policy does not apply.

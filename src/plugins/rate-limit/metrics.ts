@@ -1,5 +1,5 @@
 import { Counter, type Registry } from 'prom-client'
-import { type HistogramSeries, TalliedHistogram } from '../shared/tallied-histogram.ts'
+import { type HistogramSeries, TalliedHistogram } from '../common/tallied-histogram.ts'
 
 export interface RateLimitMetrics {
   /** Counts one decision; cheap enough for every request (see `tallies`). */

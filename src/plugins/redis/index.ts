@@ -3,7 +3,7 @@ import type { FastifyInstance } from 'fastify'
 import fp from 'fastify-plugin'
 import { Cluster, type Command, Redis } from 'ioredis'
 import type { RedisClient } from '../../lua/index.ts'
-import { connectRedis } from '../shared/redis.ts'
+import { connectRedis } from '../common/redis.ts'
 
 export type { RedisClient }
 export { connectRedis }

@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto'
 import { type RedisClient, runScript } from '../../lua/index.ts'
-import { HttpProblem } from '../shared/problem.ts'
+import { HttpProblem } from '../common/problem.ts'
 import {
   type AnonymousSessionHooks,
   checkFieldName,
