@@ -267,8 +267,9 @@ describe('three gateway processes', {
         4 * watchdogIntervalMs,
       )
       assert.notEqual(next.instance_id, holder.instanceId)
+      // One watchdog tick re-seeds the token; the queue's mover (1 s) then delivers it: a bound, not a timing.
       assert.ok(
-        next.started_at.getTime() - killedAt.getTime() <= watchdogIntervalMs,
+        next.started_at.getTime() - killedAt.getTime() <= watchdogIntervalMs + 1000 + 2000,
         `ran again ${next.started_at.getTime() - killedAt.getTime()} ms after the kill`,
       )
       // Some more periods with two processes, then the whole table once more.
