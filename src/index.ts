@@ -5,6 +5,7 @@ export {
   type CacheLoadErrorMode,
   CacheLoadTimeoutError,
   type CachePluginOptions,
+  type CacheRouteConfig,
   type CacheSetOptions,
   default as cache,
   type GetOrLoadOptions,
@@ -90,10 +91,30 @@ export {
 } from './primitives/lock.ts'
 // A consumer-group runtime for Redis Streams (also the named exports of `fastify-redis-gateway/stream-consumer`).
 export {
+  type AppendEachOnceOptions,
+  type AppendOnceEntry,
   type AppendOnceOptions,
+  appendEachOnce,
   appendOnce,
   createStreamConsumer,
   type StreamConsumer,
   type StreamConsumerOptions,
   type StreamEntry,
 } from './primitives/stream-consumer.ts'
+// Counting without hot keys, and leaderboards fed by at-least-once events (also the named exports of
+// `fastify-redis-gateway/sharded-counter` and `fastify-redis-gateway/leaderboard`).
+export {
+  createLeaderboard,
+  type Leaderboard,
+  type LeaderboardAddOptions,
+  type LeaderboardEntry,
+  type LeaderboardItem,
+  type LeaderboardOptions,
+} from './primitives/leaderboard.ts'
+export {
+  createShardedCounter,
+  type ShardedCounter,
+  type ShardedCounterItem,
+  type ShardedCounterOptions,
+  type ShardedCounterTotals,
+} from './primitives/sharded-counter.ts'

@@ -1,8 +1,8 @@
 // A relay or notifier process for test/events-crash.test.ts, killed by itself mid-work:
 //   MODE=relay:    relays in batches of 10 and SIGKILLs itself in batch CRASH_AT, after its XADDs
-//                  reached Redis and before its UPDATE and COMMIT;
+//                  reached Redis and before its COMMIT;
 //   MODE=notifier: consumes `notifier` and SIGKILLs itself right after its CRASH_AT-th notification
-//                  script ran (one customer of an event notified, the entry still pending).
+//                  script replied (a batch's notifications partly written, its entries still pending).
 // DATABASE_URL, REDIS_URL and PREFIX name the shared database, Redis and key prefix.
 import { Redis } from 'ioredis'
 import { createPgDatabase, type Database } from '../src/db/database.ts'
@@ -24,15 +24,13 @@ if (MODE === 'relay') {
       return db.queryCount
     },
     query: db.query.bind(db),
+    // The batch's work (claim and XADDs) done, its COMMIT not sent.
     transaction: (fn) =>
-      db.transaction((tx) =>
-        fn({
-          query: (sql, params) => {
-            if (/^UPDATE outbox_events/.test(sql) && ++batches === crashAt) die()
-            return tx.query(sql, params)
-          },
-        }),
-      ),
+      db.transaction(async (tx) => {
+        const result = await fn(tx)
+        if (++batches === crashAt) die()
+        return result
+      }),
   }
   const relay = createOutboxRelay({
     db: dying,

@@ -167,3 +167,115 @@ test('a graceful stop lets the entry in hand finish and acknowledges it', async 
   assert.equal(consumer.running, false)
   assert.equal(await pendingCount(stream, 'g'), 0)
 })
+
+test('a stop hands back entries Redis delivered to it whose read reply never arrived', async () => {
+  const stream = `${prefix}lost-reply`
+  await redis.xgroup('CREATE', stream, 'g', '0', 'MKSTREAM')
+  const ids = await addEntries(stream, 3)
+  // What a stop racing a blocked read leaves: the entries are pending under c1's name, and c1 never saw them.
+  await redis.xreadgroup('GROUP', 'g', 'c1', 'COUNT', 10, 'STREAMS', stream, '>')
+  const handled: string[] = []
+  const consumer = start({
+    stream,
+    group: 'g',
+    consumer: 'c1',
+    visibilityTimeoutMs: 600_000,
+    handler: async (entry) => void handled.push(entry.id),
+  })
+  await consumer.start()
+  await consumer.stop()
+  assert.equal(handled.length, 0)
+  const pending = (await redis.xpending(stream, 'g', '-', '+', 10)) as Array<[string, string, number, number]>
+  assert.deepEqual(
+    pending.map(([id, , idle, deliveries]) => ({ id, handedBack: idle >= 600_000, deliveries })),
+    ids.map((id) => ({ id, handedBack: true, deliveries: 1 })),
+  )
+  // Another consumer's first claim takes them at once, not after ten minutes.
+  const other = start({
+    stream,
+    group: 'g',
+    consumer: 'c2',
+    visibilityTimeoutMs: 600_000,
+    handler: async (entry) => void handled.push(entry.id),
+  })
+  await other.start()
+  await until(async () => handled.length === 3 && (await pendingCount(stream, 'g')) === 0, 'the claim')
+  assert.deepEqual(handled, ids)
+  await other.stop()
+})
+
+test('handleBatch: a read is handled in one call and acknowledged in one XACK; a failing entry is isolated', async () => {
+  const stream = `${prefix}batch`
+  await redis.xgroup('CREATE', stream, 'g', '0', 'MKSTREAM')
+  const ids = await addEntries(stream, 6, {})
+  const [poison] = await addEntries(stream, 1, { poison: 'yes' })
+  const calls: string[][] = []
+  const done = new Set<string>()
+  const consumer = start({
+    stream,
+    group: 'g',
+    consumer: 'c1',
+    batch: 50,
+    visibilityTimeoutMs: 600_000,
+    handleBatch: async (entries) => {
+      calls.push(entries.map((e) => e.id))
+      if (entries.some((e) => e.fields.poison)) throw new Error('cannot parse this')
+      for (const e of entries) done.add(e.id)
+    },
+  })
+  await consumer.start()
+  await until(() => done.size === 6, 'the good entries')
+  // All seven together, then each alone: six succeed and are acknowledged, the poison stays pending.
+  assert.deepEqual(calls[0], [...ids, poison])
+  assert.deepEqual(
+    calls.slice(1),
+    [...ids, poison].map((id) => [id]),
+  )
+  await until(async () => (await pendingCount(stream, 'g')) === 1, 'the acknowledgements')
+  const pending = (await redis.xpending(stream, 'g', '-', '+', 10)) as Array<[string]>
+  assert.deepEqual(
+    pending.map(([id]) => id),
+    [poison],
+  )
+  await consumer.stop()
+})
+
+test('appendEachOnce: several entries in one call, each once per marker, published once', async () => {
+  const { appendEachOnce } = await import('../src/index.ts')
+  const stream = `${prefix}append:{c}`
+  const channel = `${prefix}append-channel:{c}`
+  const listener = new Redis(TEST_REDIS_URL)
+  const messages: string[] = []
+  await listener.subscribe(channel)
+  listener.on('message', (_channel, message) => messages.push(message))
+  try {
+    const entries = ['e1', 'e2', 'e3'].map((event) => ({
+      marker: `${prefix}append-seen:{c}:${event}`,
+      fields: { event },
+      message: { event },
+    }))
+    const first = await appendEachOnce(redis, { stream, channel, markerTtlMs: 60_000, entries })
+    const again = await appendEachOnce(redis, {
+      stream,
+      channel,
+      markerTtlMs: 60_000,
+      entries: [entries[1]!, { marker: `${prefix}append-seen:{c}:e4`, fields: { event: 'e4' } }],
+    })
+    assert.deepEqual(
+      first.map((r) => r.appended),
+      [true, true, true],
+    )
+    assert.deepEqual(again[0], { id: first[1]!.id, appended: false })
+    assert.equal(again[1]!.appended, true)
+    const stored = (await redis.xrange(stream, '-', '+')) as Array<[string, string[]]>
+    assert.deepEqual(
+      stored.map(([id, fields]) => [id, fields[1]]),
+      [...first.map((r, i) => [r.id, `e${i + 1}`]), [again[1]!.id, 'e4']],
+    )
+    await until(() => messages.length === 4, 'the messages')
+    assert.deepEqual(JSON.parse(messages[0]!), { id: first[0]!.id, event: 'e1' })
+    assert.deepEqual(JSON.parse(messages[3]!), { id: again[1]!.id })
+  } finally {
+    await listener.quit()
+  }
+})

@@ -1,4 +1,10 @@
-import { appendOnce, createStreamConsumer, type RedisClient, type StreamConsumer } from '../index.ts'
+import {
+  appendEachOnce,
+  createStreamConsumer,
+  type RedisClient,
+  type StreamConsumer,
+  type StreamEntry,
+} from '../index.ts'
 import type { TransferEvent } from './outbox-relay.ts'
 
 /** Redis names of one customer's notifications, all under the customer's hash tag. */
@@ -38,33 +44,81 @@ export interface NotifierOptions {
 
 export const NOTIFIER_GROUP = 'notifier'
 
-/** Appends one notification for one customer, once per event id and name; resolves with its stream id. */
-export async function notifyCustomer(
+/** One notification for one customer. */
+export interface Notification {
+  customerId: number
+  event: NotificationEvent
+  data: NotificationData
+}
+
+/**
+ * Appends notifications, each once per customer, event id and name: one script call per customer
+ * (their keys share the customer's hash tag), all in flight together. Resolves with the stream ids,
+ * in the order given.
+ */
+export async function notifyCustomers(
   redis: RedisClient,
   prefix: string,
-  customerId: number,
-  event: NotificationEvent,
-  data: NotificationData,
+  notifications: readonly Notification[],
   retention: number,
   dedupTtlMs: number,
-): Promise<string> {
-  const keys = notificationKeys(prefix, customerId)
-  const payload = JSON.stringify(data)
-  const { id } = await appendOnce(redis, {
-    stream: keys.stream,
-    marker: keys.marker(data.eventId, event),
-    markerTtlMs: dedupTtlMs,
-    maxLen: retention,
-    fields: { event, data: payload },
-    channel: keys.channel,
-    message: { event, data: payload },
+): Promise<string[]> {
+  const byCustomer = new Map<number, number[]>()
+  notifications.forEach((n, index) => {
+    const list = byCustomer.get(n.customerId)
+    if (list) list.push(index)
+    else byCustomer.set(n.customerId, [index])
   })
-  return id
+  const ids: string[] = new Array(notifications.length)
+  await Promise.all(
+    [...byCustomer].map(async ([customerId, indexes]) => {
+      const keys = notificationKeys(prefix, customerId)
+      const results = await appendEachOnce(redis, {
+        stream: keys.stream,
+        channel: keys.channel,
+        markerTtlMs: dedupTtlMs,
+        maxLen: retention,
+        entries: indexes.map((index) => {
+          const { event, data } = notifications[index]!
+          const payload = JSON.stringify(data)
+          return {
+            marker: keys.marker(data.eventId, event),
+            fields: { event, data: payload },
+            message: { event, data: payload },
+          }
+        }),
+      })
+      results.forEach((result, i) => {
+        ids[indexes[i]!] = result.id
+      })
+    }),
+  )
+  return ids
+}
+
+/** The two notifications of one transfer event; none for other event types. */
+function notificationsOf(entry: StreamEntry): Notification[] {
+  const event = JSON.parse(entry.fields.data ?? '') as TransferEvent
+  if (event.type !== 'transfer.completed') return []
+  const data: NotificationData = {
+    eventId: event.eventId,
+    transferId: event.transferId,
+    fromAccountId: event.fromAccountId,
+    toAccountId: event.toAccountId,
+    amount: event.amount,
+    currency: event.currency,
+    occurredAt: event.occurredAt,
+  }
+  return [
+    { customerId: event.fromCustomerId, event: 'transfer.sent', data },
+    { customerId: event.toCustomerId, event: 'transfer.received', data },
+  ]
 }
 
 /**
  * The `notifier` consumer group on the transfer events: the sender gets `transfer.sent`, the
  * recipient `transfer.received`, each on their notification stream and their Pub/Sub channel.
+ * A read's entries are handled together: one script call per customer involved, one XACK.
  */
 export function createNotifier(options: NotifierOptions): StreamConsumer {
   const { redis, prefix, retention, dedupTtlMs = 7 * 24 * 3_600_000, onError } = options
@@ -75,29 +129,10 @@ export function createNotifier(options: NotifierOptions): StreamConsumer {
     visibilityTimeoutMs: options.visibilityTimeoutMs ?? 30_000,
     maxDeliveries: options.maxDeliveries ?? 5,
     blockMs: options.blockMs ?? 2000,
+    batch: 100,
     onError,
-    async handler(entry) {
-      const event = JSON.parse(entry.fields.data ?? '') as TransferEvent
-      if (event.type !== 'transfer.completed') return
-      const data: NotificationData = {
-        eventId: event.eventId,
-        transferId: event.transferId,
-        fromAccountId: event.fromAccountId,
-        toAccountId: event.toAccountId,
-        amount: event.amount,
-        currency: event.currency,
-        occurredAt: event.occurredAt,
-      }
-      await notifyCustomer(redis, prefix, event.fromCustomerId, 'transfer.sent', data, retention, dedupTtlMs)
-      await notifyCustomer(
-        redis,
-        prefix,
-        event.toCustomerId,
-        'transfer.received',
-        data,
-        retention,
-        dedupTtlMs,
-      )
+    async handleBatch(entries) {
+      await notifyCustomers(redis, prefix, entries.flatMap(notificationsOf), retention, dedupTtlMs)
     },
   })
 }

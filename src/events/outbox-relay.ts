@@ -79,14 +79,22 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
   let again = false
   let stopped = true
 
+  /**
+   * Claims and marks a batch in one statement; the mark only counts if the XADDs succeed and the
+   * transaction commits (a failure rolls it back and the rows stay unrelayed).
+   */
   async function relayBatch(tx: Queryable): Promise<number> {
     const rows = await tx.query<OutboxRow>(
-      `SELECT id, type, transfer_id, from_customer_id, to_customer_id, from_account_id, to_account_id,
-              amount, currency, occurred_at
-       FROM outbox_events WHERE relayed_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`,
+      `UPDATE outbox_events SET relayed_at = now()
+       WHERE id IN (SELECT id FROM outbox_events WHERE relayed_at IS NULL ORDER BY id LIMIT $1
+                    FOR UPDATE SKIP LOCKED)
+       RETURNING id, type, transfer_id, from_customer_id, to_customer_id, from_account_id, to_account_id,
+                 amount, currency, occurred_at`,
       [batch],
     )
     if (rows.length === 0) return 0
+    // RETURNING has no order: the stream gets them in commit (id) order.
+    rows.sort((a, b) => Number(a.id) - Number(b.id))
     const pipeline = redis.pipeline()
     for (const row of rows) {
       const event = toEvent(row)
@@ -107,9 +115,6 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
     const results = (await pipeline.exec()) ?? []
     const failed = results.find(([err]) => err)
     if (failed || results.length !== rows.length) throw failed?.[0] ?? new Error('XADD pipeline incomplete')
-    await tx.query('UPDATE outbox_events SET relayed_at = now() WHERE id = ANY($1::bigint[])', [
-      rows.map((r) => r.id),
-    ])
     return rows.length
   }
 
@@ -139,8 +144,9 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
     )
   }
 
-  async function relayPending(): Promise<number> {
-    await refillAfterLoss()
+  /** `checkLoss`: on the timer's passes and direct calls; a commit's wake-up only relays. */
+  async function relayPending(checkLoss = true): Promise<number> {
+    if (checkLoss) await refillAfterLoss()
     let total = 0
     for (;;) {
       const moved = await db.transaction(relayBatch)
@@ -149,33 +155,34 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
     }
   }
 
-  function pass(): void {
+  function pass(checkLoss: boolean): void {
     if (running) {
       again = true
       return
     }
-    running = relayPending()
+    running = relayPending(checkLoss)
       .catch(onError)
       .finally(() => {
         running = null
         if (again && !stopped) {
           again = false
-          pass()
+          pass(false)
         }
       })
   }
 
   return {
-    relayPending,
+    relayPending: () => relayPending(),
     wake() {
-      if (!stopped) setImmediate(pass)
+      // Commits arriving while a pass runs are taken by one more pass after it, not one each.
+      if (!stopped) setImmediate(pass, false)
     },
     start() {
       if (!stopped) return
       stopped = false
-      timer = setInterval(pass, intervalMs)
+      timer = setInterval(pass, intervalMs, true)
       timer.unref()
-      pass()
+      pass(true)
     },
     async stop() {
       stopped = true

@@ -20,9 +20,15 @@ export interface StreamConsumerOptions {
   /**
    * Processes one entry. Resolving acknowledges it (XACK); throwing leaves it pending, so it is
    * delivered again once idle longer than `visibilityTimeoutMs`. Make it idempotent: delivery is
-   * at-least-once.
+   * at-least-once. Give this or `handleBatch`.
    */
-  handler: (entry: StreamEntry) => Promise<void>
+  handler?: (entry: StreamEntry) => Promise<void>
+  /**
+   * Processes the entries of one read together (one Redis round trip for all, say); resolving
+   * acknowledges them all in one XACK. If it throws, each entry is tried again alone through it, so
+   * one failing entry neither holds back nor re-runs the others' acknowledgement. Idempotent, as `handler`.
+   */
+  handleBatch?: (entries: StreamEntry[]) => Promise<void>
   /** An entry pending this long (its consumer died or failed it) is claimed again (XAUTOCLAIM). Default 30 s. */
   visibilityTimeoutMs?: number
   /** After this many deliveries an entry goes to the dead-letter stream and is acknowledged. Default 5. */
@@ -45,10 +51,11 @@ export interface StreamConsumer {
   /** Creates the group if needed (XGROUP CREATE MKSTREAM) and starts the read loop. */
   start(): Promise<void>
   /**
-   * Graceful stop: no new reads; the entry being handled finishes and is acknowledged (or, if its
-   * handler fails, stays pending for another consumer). Entries delivered but not started are handed
-   * back: they stay pending, marked idle past the visibility timeout, so another consumer's next claim
-   * takes them at once. Closes the blocking connection.
+   * Graceful stop: no new reads; the entry (or batch) being handled finishes and is acknowledged
+   * (or, if its handler fails, stays pending). Then every entry still pending for this consumer
+   * (delivered and not started, a failed one, or one whose read reply the stop cut off) is handed
+   * back: it stays pending, marked idle past the visibility timeout, so another consumer's next
+   * claim takes it at once. Closes the blocking connection.
    */
   stop(): Promise<void>
   readonly running: boolean
@@ -92,6 +99,7 @@ export function createStreamConsumer(redis: RedisClient, options: StreamConsumer
     group,
     consumer,
     handler,
+    handleBatch,
     visibilityTimeoutMs = 30_000,
     maxDeliveries = 5,
     deadLetterStream = `${stream}:dead`,
@@ -100,6 +108,8 @@ export function createStreamConsumer(redis: RedisClient, options: StreamConsumer
     startId = '0',
     onError = () => {},
   } = options
+  if (!handler === !handleBatch)
+    throw new TypeError('createStreamConsumer needs handler or handleBatch, not both')
   const claimIntervalMs = options.claimIntervalMs ?? Math.min(5000, Math.max(10, visibilityTimeoutMs / 2))
   let blocking: RedisClient | null = null
   let stopping = false
@@ -131,13 +141,15 @@ export function createStreamConsumer(redis: RedisClient, options: StreamConsumer
     await redis.xack(stream, group, entry.id)
   }
 
+  const runOne = handler ?? ((entry: StreamEntry) => handleBatch!([entry]))
+
   async function handle(entry: StreamEntry): Promise<void> {
     if (entry.deliveries > maxDeliveries) {
       await deadLetter(entry, 'delivered more often than maxDeliveries (its consumers kept dying)')
       return
     }
     try {
-      await handler(entry)
+      await runOne(entry)
     } catch (err) {
       onError(err, entry)
       if (entry.deliveries >= maxDeliveries) await deadLetter(entry, String((err as Error)?.message ?? err))
@@ -145,6 +157,31 @@ export function createStreamConsumer(redis: RedisClient, options: StreamConsumer
       return
     }
     await redis.xack(stream, group, entry.id)
+  }
+
+  /**
+   * The entries of one read or claim, in stream order: one at a time through `handler` (stopping
+   * hands back those not started), or together through `handleBatch` with one XACK.
+   */
+  async function handleAll(entries: StreamEntry[]): Promise<void> {
+    if (!handleBatch) {
+      for (const [index, entry] of entries.entries()) {
+        if (stopping) return handBack(entries.slice(index).map((e) => e.id))
+        await handle(entry)
+      }
+      return
+    }
+    const fresh = entries.filter((e) => e.deliveries <= maxDeliveries)
+    for (const entry of entries) if (entry.deliveries > maxDeliveries) await handle(entry)
+    if (fresh.length <= 1) return fresh[0] && handle(fresh[0])
+    try {
+      await handleBatch(fresh)
+    } catch (err) {
+      onError(err)
+      for (const entry of fresh) await handle(entry)
+      return
+    }
+    await redis.xack(stream, group, ...fresh.map((e) => e.id))
   }
 
   /** Entries pending longer than the visibility timeout, with their delivery counts (XPENDING). */
@@ -173,10 +210,13 @@ export function createStreamConsumer(redis: RedisClient, options: StreamConsumer
         consumer,
       )) as Array<[string, string, number, number]>
       const counts = new Map(pending.map(([id, , , deliveries]) => [id, Number(deliveries)]))
-      for (const [index, [id, list]] of claimed.entries()) {
-        if (stopping) return handBack(claimed.slice(index).map(([entryId]) => entryId))
-        await handle({ id, fields: toFields(list), deliveries: counts.get(id) ?? maxDeliveries + 1 })
-      }
+      await handleAll(
+        claimed.map(([id, list]) => ({
+          id,
+          fields: toFields(list),
+          deliveries: counts.get(id) ?? maxDeliveries + 1,
+        })),
+      )
     } while (cursor !== '0-0')
   }
 
@@ -194,11 +234,7 @@ export function createStreamConsumer(redis: RedisClient, options: StreamConsumer
       '>',
     )) as ReadReply
     for (const [, entries] of reply ?? []) {
-      for (const [index, [id, list]] of entries.entries()) {
-        // Delivered to this consumer: if stopping now, they are handed back to the group.
-        if (stopping) return handBack(entries.slice(index).map(([entryId]) => entryId))
-        await handle({ id, fields: toFields(list), deliveries: 1 })
-      }
+      await handleAll(entries.map(([id, list]) => ({ id, fields: toFields(list), deliveries: 1 })))
     }
   }
 
@@ -212,6 +248,21 @@ export function createStreamConsumer(redis: RedisClient, options: StreamConsumer
     await redis
       .call('XCLAIM', stream, group, consumer, '0', ...ids, 'IDLE', String(visibilityTimeoutMs), 'JUSTID')
       .catch(onError)
+  }
+
+  /**
+   * On stop, once nothing is being handled: everything still pending for this consumer is handed
+   * back. That includes entries of a read whose reply the stop cut off (Redis delivered them, the
+   * closed connection never brought them here), which no one would otherwise see before the timeout.
+   */
+  async function handBackPending(): Promise<void> {
+    let start = '-'
+    for (;;) {
+      const pending = (await redis.xpending(stream, group, start, '+', 100, consumer)) as Array<[string]>
+      await handBack(pending.map(([id]) => id))
+      if (pending.length < 100) return
+      start = `(${pending[pending.length - 1]![0]}`
+    }
   }
 
   async function run(): Promise<void> {
@@ -254,47 +305,64 @@ export function createStreamConsumer(redis: RedisClient, options: StreamConsumer
       // Ends a blocked XREADGROUP now; an entry being handled still finishes on the main client.
       blocking?.disconnect()
       await loop
+      await handBackPending().catch(onError)
       loop = null
       blocking = null
     },
   }
 }
 
-export interface AppendOnceOptions {
-  stream: string
+export interface AppendOnceEntry {
   /** Names the source event (e.g. `<prefix>seen:{tag}:<eventId>`); must share the stream's hash tag. */
   marker: string
-  /** How long the marker is remembered: longer than any redelivery of the source event. */
-  markerTtlMs: number
-  /** Approximate cap of the stream (MAXLEN ~). Default none. */
-  maxLen?: number
   fields: Record<string, string>
-  /** Published (PUBLISH) with the new entry, when appended now. */
-  channel?: string
-  /** The published JSON object, sent with `"id"` (the entry's id) put first. Default `{}`. */
+  /** The published JSON object (when `channel` is set), sent with `"id"` (the entry's id) put first. Default `{}`. */
   message?: Record<string, unknown>
 }
 
+export interface AppendEachOnceOptions {
+  stream: string
+  /** How long each marker is remembered: longer than any redelivery of the source event. */
+  markerTtlMs: number
+  /** Approximate cap of the stream (MAXLEN ~). Default none. */
+  maxLen?: number
+  /** Published (PUBLISH) with each entry appended now. */
+  channel?: string
+  entries: readonly AppendOnceEntry[]
+}
+
+export type AppendOnceOptions = Omit<AppendEachOnceOptions, 'entries'> & AppendOnceEntry
+
 /**
- * Appends an entry to a stream once per marker, in one script: the marker (SET PX) with the
- * entry's id, the XADD and the PUBLISH happen together or not at all. A handler running again for
- * the same source event gets the first entry's id back and `appended: false`.
+ * Appends entries to one stream, each once per marker, in one script (one round trip): for each
+ * entry the marker (SET PX) with its id, the XADD and the PUBLISH happen together or not at all. A
+ * handler running again for the same source events gets the first ids back and `appended: false`.
  */
+export async function appendEachOnce(
+  redis: RedisClient,
+  options: AppendEachOnceOptions,
+): Promise<Array<{ id: string; appended: boolean }>> {
+  if (options.entries.length === 0) return []
+  const args: Array<string | number> = [options.maxLen ?? 0, options.markerTtlMs, options.channel ?? '']
+  for (const entry of options.entries) {
+    const fields = Object.entries(entry.fields).flat()
+    args.push(JSON.stringify(entry.message ?? {}), fields.length, ...fields)
+  }
+  const replies = await runScript<Array<[string, number]>>(
+    redis,
+    'streamAppendOnce',
+    [options.stream, ...options.entries.map((e) => e.marker)],
+    args,
+  )
+  return replies.map(([id, appended]) => ({ id: String(id), appended: appended === 1 }))
+}
+
+/** `appendEachOnce` for one entry. */
 export async function appendOnce(
   redis: RedisClient,
   options: AppendOnceOptions,
 ): Promise<{ id: string; appended: boolean }> {
-  const [id, appended] = await runScript<[string, number]>(
-    redis,
-    'streamAppendOnce',
-    [options.stream, options.marker],
-    [
-      options.maxLen ?? 0,
-      options.markerTtlMs,
-      options.channel ?? '',
-      JSON.stringify(options.message ?? {}),
-      ...Object.entries(options.fields).flat(),
-    ],
-  )
-  return { id: String(id), appended: appended === 1 }
+  const { marker, fields, message, ...stream } = options
+  const [result] = await appendEachOnce(redis, { ...stream, entries: [{ marker, fields, message }] })
+  return result!
 }
