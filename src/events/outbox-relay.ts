@@ -39,13 +39,18 @@ export interface OutboxRelayOptions {
   batch?: number
   /** The poll period; `wake()` runs a pass sooner. */
   intervalMs: number
+  /**
+   * How long a wake-up waits for more commits to join its pass. Default 5 ms: under load one pass
+   * (three statements) relays the commits of those milliseconds together instead of one each.
+   */
+  wakeDelayMs?: number
   onError?: (err: unknown) => void
 }
 
 export interface OutboxRelay {
   /** Relays every committed, unrelayed event now; resolves with how many went to the stream. */
   relayPending(): Promise<number>
-  /** Asks for a pass soon (after a commit in this process); passes never overlap. */
+  /** Asks for a pass soon (after a commit in this process); wake-ups close together share one pass. */
   wake(): void
   start(): void
   /** Stops the timer and waits for a running pass (its transaction commits or rolls back). */
@@ -73,8 +78,18 @@ const toEvent = (row: OutboxRow): TransferEvent => ({
  * which consumers absorb by event id.
  */
 export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
-  const { db, redis, stream, retention, batch = 100, intervalMs, onError = () => {} } = options
+  const {
+    db,
+    redis,
+    stream,
+    retention,
+    batch = 100,
+    intervalMs,
+    wakeDelayMs = 5,
+    onError = () => {},
+  } = options
   let timer: NodeJS.Timeout | null = null
+  let wakeTimer: NodeJS.Timeout | null = null
   let running: Promise<unknown> | null = null
   let again = false
   let stopped = true
@@ -175,7 +190,11 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
     relayPending: () => relayPending(),
     wake() {
       // Commits arriving while a pass runs are taken by one more pass after it, not one each.
-      if (!stopped) setImmediate(pass, false)
+      if (stopped || wakeTimer) return
+      wakeTimer = setTimeout(() => {
+        wakeTimer = null
+        pass(false)
+      }, wakeDelayMs)
     },
     start() {
       if (!stopped) return
@@ -187,7 +206,9 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
     async stop() {
       stopped = true
       if (timer) clearInterval(timer)
+      if (wakeTimer) clearTimeout(wakeTimer)
       timer = null
+      wakeTimer = null
       await running
     },
   }
