@@ -1,5 +1,5 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
-import type { FastifyInstance } from 'fastify'
+import type { FastifyInstance, FastifyRequest } from 'fastify'
 import { Type } from 'typebox'
 import { accountNotFound, getAccountWithOwner, listAccounts } from '../ledger/ledger.ts'
 import { json, problems } from './openapi.ts'
@@ -9,6 +9,17 @@ import { Account, IdParam } from './schemas.ts'
 const MAX_ACCOUNT_ID = 2_147_483_647
 export const accountCacheKey = (accountId: number) => `account:${accountId}`
 export const accountsCacheKey = (customerId: number) => `accounts:${customerId}`
+
+/**
+ * The balance route's key, from its raw path parameter (onRequest runs before validation): only an
+ * id the route will read, so the key is the one its handler asks for; anything else, none.
+ */
+function balanceCacheKey(request: FastifyRequest): string | undefined {
+  const raw = (request.params as { accountId?: unknown }).accountId
+  if (typeof raw !== 'string' || !/^[1-9][0-9]{0,9}$/.test(raw)) return undefined
+  const accountId = Number(raw)
+  return accountId > MAX_ACCOUNT_ID ? undefined : accountCacheKey(accountId)
+}
 
 /**
  * Called once a transfer has committed: drops both balances and both owners' account lists.
@@ -68,7 +79,9 @@ const accountRoutes: FastifyPluginAsyncTypebox = async (app) => {
   app.get(
     '/accounts/:accountId/balance',
     {
-      config: { session: 'required' },
+      // The entry is peeked in the round trip that loads the session and checks the rate limits;
+      // a miss is loaded (lease and all) only by the handler, once both have passed.
+      config: { session: 'required', cache: { prefetch: balanceCacheKey } },
       schema: {
         operationId: 'getBalance',
         tags: ['accounts'],

@@ -119,6 +119,23 @@ type GetState = 'fresh' | 'early' | 'refresh' | 'stale' | 'load' | 'wait'
 /** cache-get.lua's reply; the 4th element, once checked, is what a fill records for the entry's tags. */
 type GetReply = [GetState, string, string, string?]
 type Arg = string | number
+/** cache-peek.lua: empty when there is nothing fresh to serve, else the payload (and a tagged entry's tags). */
+type PeekReply = [payload?: string, recorded?: string]
+
+/**
+ * A read-only peek at a key, sent before a route's checks ran (its `config.cache.prefetch`): it
+ * takes no lease, creates no generation and counts nothing; `getOrLoad` of the same key, called
+ * from that request's handler, takes its answer as its first read.
+ */
+export interface Prefetch {
+  readonly key: string
+  /** cache-peek.lua's reply, or the error it failed with (it never rejects). */
+  readonly reply: Promise<PeekReply | Error>
+  /** The XFetch draw the peek used: the read that follows it uses the same one. */
+  readonly draw: number
+  /** The L1 epoch when it was sent: a drop since then keeps its answer out of the L1. */
+  readonly epoch: number
+}
 
 const token = () => randomBytes(12).toString('base64url')
 const namespace = (key: string) => {
@@ -200,6 +217,10 @@ export function withDeadline<T>(
 export class RedisCache implements CacheApi {
   readonly enabled = true
   private readonly flights = new Map<string, Promise<unknown>>()
+  /** Peeks in flight by key: a request prefetching the same key meanwhile shares the one sent. */
+  private readonly peeks = new Map<string, Prefetch>()
+  /** The prefetch of the request whose handler is running right now, synchronously (`whilePrefetched`). */
+  private prefetched: Prefetch | undefined
   /** The tags of flights that have tags (known at the call, or learned from the entry read). */
   private readonly flightTags = new Map<string, readonly string[]>()
   private readonly redis: RedisClient
@@ -261,7 +282,9 @@ export class RedisCache implements CacheApi {
     }
     const existing = this.flights.get(key)
     if (existing) return existing as Promise<T | null>
-    const flight = this.fetch(key, loader, options, tags).finally(() => {
+    // A tagged call checks its tags' generations with its first read: it reads the usual way.
+    const prefetched = !tags && this.prefetched?.key === key ? this.prefetched : undefined
+    const flight = this.fetch(key, loader, options, tags, prefetched).finally(() => {
       if (this.flights.get(key) === flight) {
         this.flights.delete(key)
         if (this.flightTags.size) this.flightTags.delete(key)
@@ -272,11 +295,53 @@ export class RedisCache implements CacheApi {
     return flight
   }
 
+  /**
+   * Starts a read-only peek at `key` for a request that will read it (or shares the one in flight):
+   * undefined when the key is malformed, the L1 holds it or the cache Redis is down, and the read
+   * then goes its usual way.
+   */
+  prefetch(key: string): Prefetch | undefined {
+    if (typeof key !== 'string' || !CACHE_KEY.test(key) || !this.redisUp() || this.parts.l1?.get(key))
+      return undefined
+    const pending = this.peeks.get(key)
+    if (pending) return pending
+    const draw = 1 - Math.random()
+    const beta = this.settings.earlyRefreshBeta
+    const prefetch: Prefetch = {
+      key,
+      draw,
+      epoch: this.parts.l1?.epoch ?? 0,
+      reply: runScript<PeekReply>(this.redis, 'cachePeek', [this.keys(key)[0]!], beta > 0 ? [beta, draw] : [])
+        .catch((err: unknown) => (err instanceof Error ? err : new Error(String(err))))
+        .finally(() => {
+          if (this.peeks.get(key) === prefetch) this.peeks.delete(key)
+        }),
+    }
+    this.peeks.set(key, prefetch)
+    return prefetch
+  }
+
+  /**
+   * Runs a route handler with its request's prefetch: a `getOrLoad` of that key made before the
+   * handler's first await takes the peek's answer. Synchronous on purpose: no other request's code
+   * can run in between, so a prefetch is only ever taken by the request that sent it.
+   */
+  whilePrefetched<T>(prefetch: Prefetch, run: () => T): T {
+    const outer = this.prefetched
+    this.prefetched = prefetch
+    try {
+      return run()
+    } finally {
+      this.prefetched = outer
+    }
+  }
+
   private async fetch<T>(
     key: string,
     loader: () => Promise<T | null>,
     options: GetOrLoadOptions,
     tags: readonly string[] | undefined,
+    prefetched: Prefetch | undefined,
   ) {
     const name = namespace(key)
     const keys = this.keys(key)
@@ -289,6 +354,19 @@ export class RedisCache implements CacheApi {
     // The entry's tags with their current generations, once read: what a fill records.
     let recorded: string | undefined
     let pause = 5
+    if (prefetched) {
+      const peeked = await prefetched.reply
+      if (peeked instanceof Error) return this.readFailed(key, loader, peeked, hardAt, hardMs)
+      const [payload, tagged] = peeked
+      if (payload !== undefined && tagged === undefined) {
+        this.metrics.hits.inc({ name })
+        const value = JSON.parse(payload) as T | null
+        this.parts.l1?.set(key, value, prefetched.epoch)
+        return value
+      }
+      // Absent, past its soft TTL, due for an early refresh or tagged: cache-get.lua tells which
+      // and takes the lease if there is one to take. Only this read, past the route's checks, may.
+    }
     for (let first = true; ; first = false) {
       const owner = token()
       let reply: GetReply
@@ -298,7 +376,7 @@ export class RedisCache implements CacheApi {
           owner,
           this.settings.leaseTtlMs,
           this.settings.earlyRefreshBeta,
-          1 - Math.random(),
+          first && prefetched ? prefetched.draw : 1 - Math.random(),
           this.generationTtlMs,
           token(),
         ]
@@ -314,10 +392,7 @@ export class RedisCache implements CacheApi {
           if (reply[3] !== undefined) reply = await this.checkRecordedTags(key, keys, args, reply)
         }
       } catch (err) {
-        this.metrics.redisErrors.inc({ name })
-        this.parts.log.warn({ err, key }, 'cache read failed; loading from the source')
-        if (hardMs > 0 && !hardAt) hardAt = Date.now() + hardMs
-        return this.bounded(this.load(name, loader), key, hardAt, hardMs)
+        return this.readFailed(key, loader, err, hardAt, hardMs)
       }
       const [state, payload] = reply
       generation = reply[2]
@@ -371,6 +446,21 @@ export class RedisCache implements CacheApi {
     // The lease holder is slow or gone and there is no stale value to serve: load here, under the
     // cap, and fill without the lease (the generation still fences it).
     return this.bounded(this.fill(key, loader, generation, '', options, epoch, recorded), key, hardAt, hardMs)
+  }
+
+  /** The cache Redis failed a read: the loader answers it, under the cap and the read's hard timeout. */
+  private readFailed<T>(
+    key: string,
+    loader: () => Promise<T | null>,
+    err: unknown,
+    hardAt: number,
+    hardMs: number,
+  ): Promise<T | null> {
+    const name = namespace(key)
+    this.metrics.redisErrors.inc({ name })
+    this.parts.log.warn({ err, key }, 'cache read failed; loading from the source')
+    const at = hardAt || (hardMs > 0 ? Date.now() + hardMs : 0)
+    return this.bounded(this.load(name, loader), key, at, hardMs)
   }
 
   /**
@@ -681,6 +771,8 @@ export class RedisCache implements CacheApi {
   dropLocal(keys: readonly string[]): void {
     for (const key of keys) {
       this.flights.delete(key)
+      // A request arriving from now on sends a peek of its own (one already sent is a read in flight).
+      if (this.peeks.size) this.peeks.delete(key)
       if (this.flightTags.size) this.flightTags.delete(key)
     }
     this.parts.l1?.drop(keys)

@@ -1,4 +1,12 @@
-import type { FastifyBaseLogger, FastifyInstance } from 'fastify'
+import type {
+  FastifyBaseLogger,
+  FastifyInstance,
+  FastifyReply,
+  FastifyRequest,
+  HookHandlerDoneFunction,
+  onRequestHookHandler,
+  RouteOptions,
+} from 'fastify'
 import fp from 'fastify-plugin'
 import { observePluginRedis, whenMetricsReady } from '../common/metrics.ts'
 import { awaitRedisAtBoot, pluginRedis, type RedisClient } from '../common/redis.ts'
@@ -7,6 +15,7 @@ import {
   type CacheLoadErrorMode,
   type CacheSettings,
   type GetOrLoadOptions,
+  type Prefetch,
   RedisCache,
   withDeadline,
 } from './cache.ts'
@@ -76,10 +85,77 @@ export interface CachePluginOptions {
   fence?: boolean
 }
 
+/** A route's `config.cache`. */
+export interface CacheRouteConfig {
+  /**
+   * The key this route's handler reads with `getOrLoad`, from what is known in onRequest (params,
+   * query, headers: not the body, not the session), or undefined. The entry is peeked (read-only: no
+   * lease) while the other plugins' onRequest commands are in flight, and a `getOrLoad` of that key
+   * made before the handler's first await takes the answer: a fresh entry costs no round trip of its
+   * own, anything else is read as usual, once the route's checks have passed.
+   */
+  prefetch?: (request: FastifyRequest) => string | undefined
+}
+
 declare module 'fastify' {
   interface FastifyInstance {
     cache: CacheApi
   }
+  interface FastifyContextConfig {
+    cache?: CacheRouteConfig
+  }
+}
+
+type KeyOf = (request: FastifyRequest) => string | undefined
+
+/** A route's prefetch function, its `config.cache` checked when the route is added. */
+function routePrefetch(route: RouteOptions): KeyOf | undefined {
+  const config = route.config?.cache as unknown
+  if (config === undefined) return undefined
+  const fail = (message: string): never => {
+    throw new Error(`cache plugin: route ${route.method} ${route.url}: ${message}`)
+  }
+  if (typeof config !== 'object' || config === null) fail('`config.cache` must be an object')
+  const { prefetch, ...rest } = config as CacheRouteConfig
+  const unknown = Object.keys(rest)
+  if (unknown.length) fail(`unknown \`config.cache\` option '${unknown[0]}'`)
+  if (prefetch !== undefined && typeof prefetch !== 'function')
+    fail('`config.cache.prefetch` must be a function of the request returning a key or undefined')
+  return prefetch
+}
+
+/**
+ * Prefetching on the routes that ask for it: an onRequest hook, first among the route's own (after
+ * the instance's, like the session load), sends the peek without awaiting anything, so it shares a
+ * round trip with the session load and the rate limits; the handler runs with its request's prefetch.
+ */
+function addPrefetching(app: FastifyInstance, cache: RedisCache): void {
+  const prefetches = new WeakMap<FastifyRequest, Prefetch>()
+  const startPrefetch = (keyOf: KeyOf): onRequestHookHandler =>
+    function cachePrefetch(request: FastifyRequest, _reply: FastifyReply, done: HookHandlerDoneFunction) {
+      let key: unknown
+      try {
+        key = keyOf(request)
+      } catch (err) {
+        request.log.error({ err }, 'cache prefetch function threw; the route reads without it')
+      }
+      if (typeof key === 'string') {
+        const prefetch = cache.prefetch(key)
+        if (prefetch) prefetches.set(request, prefetch)
+      }
+      done()
+    }
+  app.addHook('onRoute', (route) => {
+    const keyOf = routePrefetch(route)
+    if (!keyOf) return
+    route.onRequest = [startPrefetch(keyOf), ...(route.onRequest ? [route.onRequest].flat() : [])]
+    const handler = route.handler as (this: FastifyInstance, ...args: unknown[]) => unknown
+    route.handler = function prefetchedHandler(this: FastifyInstance, request: FastifyRequest, reply) {
+      const prefetch = prefetches.get(request)
+      if (!prefetch) return handler.call(this, request, reply)
+      return cache.whilePrefetched(prefetch, () => handler.call(this, request, reply))
+    } as RouteOptions['handler']
+  })
 }
 
 /** Every read calls its loader (bounded by `hardTimeoutMs` if set); nothing is stored. */
@@ -162,6 +238,8 @@ async function cachePlugin(app: FastifyInstance, options: CachePluginOptions) {
   const settings = validate(options)
   if (options.enabled === false) {
     app.decorate('cache', disabledCache(settings.hardTimeoutMs, app.log.child({ plugin: 'cache' })))
+    // Nothing to prefetch: every read calls its loader. Routes' options are still checked.
+    app.addHook('onRoute', (route) => void routePrefetch(route))
     return
   }
   const redis = pluginRedis(app, 'cache', options.redis)
@@ -234,6 +312,7 @@ async function cachePlugin(app: FastifyInstance, options: CachePluginOptions) {
   })
   app.addHook('onClose', async () => cache.close())
   app.decorate('cache', cache)
+  addPrefetching(app, cache)
 }
 
 export default fp(cachePlugin, { name: 'fastify-redis-gateway/cache', fastify: '5.x' })

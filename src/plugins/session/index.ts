@@ -246,8 +246,8 @@ async function sessionPlugin(app: FastifyInstance, rawOptions: SessionPluginOpti
   })
 
   // The load starts in onRequest and is awaited in preParsing, so later onRequest hooks (the rate
-  // limiter's per-IP bucket) send their Redis commands while it is in flight: one round trip for
-  // both instead of two. `request.session` is therefore set from preParsing on.
+  // limiter's per-IP bucket, the cache's prefetch) send their Redis commands while it is in flight:
+  // one round trip for all of them. `request.session` is therefore set from preParsing on.
   const loading = new WeakMap<FastifyRequest, Promise<void>>()
 
   // An HMAC per request is a measurable share of a cached read. A signature that verified once
