@@ -3,7 +3,15 @@ import pg from 'pg'
 import { HttpProblem } from '../errors.ts'
 
 export interface Queryable {
-  query<R = Record<string, unknown>>(sql: string, params?: unknown[]): Promise<R[]>
+  query<R = Record<string, unknown>>(sql: string, params?: unknown[], options?: QueryOptions): Promise<R[]>
+}
+
+export interface QueryOptions {
+  /**
+   * Prepares the statement once per connection under this name and reuses its plan (pg): for a hot
+   * statement whose planning costs more than its execution. One name, one SQL text. PGlite ignores it.
+   */
+  prepare?: string
 }
 
 /** The one interface the gateway uses for Postgres, satisfied by a pg pool and by embedded PGlite. */
@@ -113,10 +121,19 @@ export function createPgDatabase(options: PostgresOptions): Database {
   pool.on('error', () => {})
   let queryCount = 0
   const watch = observers()
-  const run = async <R>(client: pg.Pool | pg.PoolClient, sql: string, params?: unknown[]) => {
+  const run = async <R>(
+    client: pg.Pool | pg.PoolClient,
+    sql: string,
+    params?: unknown[],
+    options?: QueryOptions,
+  ) => {
     queryCount++
     try {
-      const result = await watch.timed(sql, () => client.query(sql, params as unknown[]))
+      const result = await watch.timed(sql, () =>
+        options?.prepare
+          ? client.query({ name: options.prepare, text: sql, values: params as unknown[] })
+          : client.query(sql, params as unknown[]),
+      )
       return result.rows as R[]
     } catch (err) {
       throw databaseUnavailable(err)
@@ -127,7 +144,7 @@ export function createPgDatabase(options: PostgresOptions): Database {
     get queryCount() {
       return queryCount
     },
-    query: (sql, params) => run(pool, sql, params),
+    query: (sql, params, options) => run(pool, sql, params, options),
     async transaction(fn) {
       const client = await pool.connect().catch((err) => Promise.reject(databaseUnavailable(err)))
       // A checked-out client that loses its connection emits 'error'; unheard, that crashes the
@@ -138,7 +155,7 @@ export function createPgDatabase(options: PostgresOptions): Database {
       let broken = false
       try {
         await run(client, 'BEGIN')
-        const result = await fn({ query: (sql, params) => run(client, sql, params) })
+        const result = await fn({ query: (sql, params, options) => run(client, sql, params, options) })
         await run(client, 'COMMIT')
         watch.transactionDone(start, 'commit')
         return result

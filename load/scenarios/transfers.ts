@@ -1,0 +1,556 @@
+// Realistic transfer load: 10,000 customers with one funded VND account each, each signed in, and
+// POST /transfers between random pairs (a new Idempotency-Key each), then a hot account (every
+// customer paying one merchant). Each phase is measured on the demo gateway and, as a reference,
+// with pgbench running the gateway's own transfer statement (TRANSFER_SQL) with the same
+// parameters, the same number of clients and the same CPU placement: gateway transfers/s as a
+// share of pgbench's is what HTTP, sessions, idempotency, cache invalidation and Node cost on top
+// of the statement itself.
+import { createHash, randomInt, randomUUID } from 'node:crypto'
+import { readFileSync } from 'node:fs'
+import fastifyCookie from '@fastify/cookie'
+import { Redis } from 'ioredis'
+import pg from 'pg'
+import { loadConfig } from '../../src/config.ts'
+import { hashPassword } from '../../src/ledger/passwords.ts'
+import { SessionStore, sessionCookieName } from '../../src/plugins/session/index.ts'
+import type { RatioBar } from '../lib/chart.ts'
+import { pinned } from '../lib/cpus.ts'
+import {
+  PGBENCH_MISSING,
+  type PgbenchRun,
+  pgbenchAvailable,
+  runPgbench,
+  transferStatementForPgbench,
+} from '../lib/pgbench.ts'
+import {
+  formatTable,
+  type LoadSpec,
+  measure,
+  median,
+  type Sample,
+  type ServerHandle,
+  startServer,
+} from '../lib/runner.ts'
+import type { Scenario } from '../lib/scenario.ts'
+import { startBenchServices } from '../lib/services.ts'
+import { BENCH_SECRET } from '../servers/cache-cluster.ts'
+
+const CUSTOMERS = 10_000
+const CONNECTIONS = 20
+const OPENING_BALANCE = 1_000_000_000
+const TARGET = 0.8
+const PASSWORD = 'bench-password'
+/** The gateway with GET /__bench/counters (statements and requests), configured by the environment. */
+const entry = new URL('../servers/chain.ts', import.meta.url).pathname
+/** pgbench sends one fingerprint for all its transfers: the gateway's are sha256 hex, as long as this. */
+const PGBENCH_FINGERPRINT = createHash('sha256').update('pgbench').digest('hex')
+
+interface Seeded {
+  /** Account ids first..last, one per customer; customer id = account id + customerOffset. */
+  first: number
+  last: number
+  customerOffset: number
+}
+
+/**
+ * The customers and their accounts in two bulk statements (one password hash for all of them).
+ * Their ids come out consecutive and in step, which the pgbench script relies on: it is checked.
+ */
+async function seed(db: pg.Client): Promise<Seeded> {
+  const hash = await hashPassword(PASSWORD)
+  const { rows } = await db.query<{ id: number; customer_id: number }>(
+    `WITH c AS (
+       INSERT INTO customers (username, password_hash)
+       SELECT 'load-' || i, $1 FROM generate_series(1, $2::integer) AS i ORDER BY i RETURNING id
+     )
+     INSERT INTO accounts (customer_id, currency, balance, opening_balance)
+     SELECT id, 'VND', $3::bigint, $3::bigint FROM c ORDER BY id
+     RETURNING id, customer_id`,
+    [hash, CUSTOMERS, OPENING_BALANCE],
+  )
+  rows.sort((a, b) => a.id - b.id)
+  const first = rows[0]!.id
+  const customerOffset = rows[0]!.customer_id - first
+  rows.forEach((row, i) => {
+    if (row.id !== first + i || row.customer_id - row.id !== customerOffset)
+      throw new Error('seeded account ids are not consecutive and in step with their customers')
+  })
+  await db.query('ANALYZE')
+  return { first, last: first + CUSTOMERS - 1, customerOffset }
+}
+
+/**
+ * One session per customer, created in Redis by the session store exactly as login creates it and
+ * signed with the gateway's secret: 10,000 logins would cost 10,000 scrypt verifications (minutes
+ * of CPU) and measure nothing this scenario is about. Returns the Cookie header per account index.
+ */
+async function signIn(redisUrl: string, env: Record<string, string>, seeded: Seeded): Promise<string[]> {
+  const config = loadConfig({ ...env, NODE_ENV: 'production' })
+  const redis = new Redis(redisUrl)
+  try {
+    const store = new SessionStore(redis, {
+      keyPrefix: 'sess:',
+      idleTimeoutMs: config.session.idleTimeoutMs,
+      absoluteTimeoutMs: config.session.absoluteTimeoutMs,
+    })
+    const signer = fastifyCookie.signerFactory(config.session.secrets)
+    const name = sessionCookieName({ secure: config.session.secure })
+    const cookies: string[] = []
+    for (let start = 0; start < CUSTOMERS; start += 500) {
+      const batch = await Promise.all(
+        Array.from({ length: Math.min(500, CUSTOMERS - start) }, async (_, j) => {
+          const session = await store.create(String(seeded.first + start + j + seeded.customerOffset))
+          return `${name}=${encodeURIComponent(signer.sign(session.id))}`
+        }),
+      )
+      cookies.push(...batch)
+    }
+    return cookies
+  } finally {
+    redis.disconnect()
+  }
+}
+
+interface Counters {
+  dbQueries: number
+  requests: number
+}
+
+async function counters(url: string): Promise<Counters> {
+  return (await (await fetch(`${url}/__bench/counters`)).json()) as Counters
+}
+
+/** autocannon stops without waiting for answers: wait until the transfers still queued have run. */
+async function settle(url: string): Promise<Counters> {
+  let last = await counters(url)
+  for (;;) {
+    await new Promise((resolve) => setTimeout(resolve, 200))
+    const now = await counters(url)
+    if (now.dbQueries === last.dbQueries) return now
+    last = now
+  }
+}
+
+async function transferCount(db: pg.Client): Promise<number> {
+  const { rows } = await db.query<{ n: number }>('SELECT count(*)::int AS n FROM transfers')
+  return rows[0]!.n
+}
+
+/** A /proc file, or '' off Linux (the CPU figures are then 0). */
+const readProc = (path: string) => {
+  try {
+    return readFileSync(path, 'utf8')
+  } catch {
+    return ''
+  }
+}
+
+/** Clock ticks per second of /proc (USER_HZ: 100 on Linux). */
+const TICK_MICROS = 10_000
+
+/**
+ * Busy and total ticks of the CPUs under test (every CPU but the load generator's 0 when pinned,
+ * all of them otherwise), from /proc/stat: where Postgres, Redis and the gateway all run.
+ */
+function cpuUnderTest(): { busy: number; total: number } {
+  let busy = 0
+  let total = 0
+  for (const line of readProc('/proc/stat').split('\n')) {
+    const match = /^cpu(\d+) (.*)$/.exec(line)
+    if (!match || (pinned && match[1] === '0')) continue
+    // user nice system idle iowait irq softirq steal ...
+    const [user, nice, system, idle, iowait, irq, softirq, steal] = match[2]!
+      .split(' ')
+      .map(Number) as number[]
+    const working = user! + nice! + system! + irq! + softirq! + steal!
+    busy += working
+    total += working + idle! + iowait!
+  }
+  return { busy, total }
+}
+
+/** CPU ticks (user and system, all threads) of one process, from /proc/<pid>/stat; 0 off Linux. */
+function processTicks(pid: number): number {
+  const stat = readProc(`/proc/${pid}/stat`)
+  if (!stat) return 0
+  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
+  return Number(fields[11]) + Number(fields[12])
+}
+
+/** What one run cost the CPUs under test, per transfer committed. */
+interface CpuCost {
+  transfers: number
+  /** Share of the CPUs under test busy during the run (1 = saturated). */
+  busy: number
+  /** µs of the CPUs under test per transfer: Postgres, Redis and the gateway together. */
+  underTestMicros: number
+  /** µs of the gateway process per transfer (0 for pgbench runs, where it is idle). */
+  gatewayMicros: number
+  /** µs of redis-server per transfer (INFO cpu). */
+  redisMicros: number
+}
+
+/** CPU seconds redis-server has used (user and system, INFO cpu). */
+async function redisCpuSeconds(redis: Redis): Promise<number> {
+  const info = await redis.info('cpu')
+  const read = (name: string) => Number(new RegExp(`^${name}:([0-9.]+)`, 'm').exec(info)?.[1] ?? 0)
+  return read('used_cpu_user') + read('used_cpu_sys')
+}
+
+async function costOf<T>(
+  probes: { db: pg.Client; redis: Redis; gatewayPid: number },
+  run: () => Promise<T>,
+): Promise<{ result: T; cost: CpuCost }> {
+  const transfersBefore = await transferCount(probes.db)
+  const redisBefore = await redisCpuSeconds(probes.redis)
+  const cpuBefore = cpuUnderTest()
+  const gatewayBefore = processTicks(probes.gatewayPid)
+  const result = await run()
+  const cpuAfter = cpuUnderTest()
+  const gatewayAfter = processTicks(probes.gatewayPid)
+  const redisAfter = await redisCpuSeconds(probes.redis)
+  const transfers = (await transferCount(probes.db)) - transfersBefore
+  const per = (ticks: number) => (transfers ? (ticks * TICK_MICROS) / transfers : 0)
+  return {
+    result,
+    cost: {
+      transfers,
+      busy: (cpuAfter.busy - cpuBefore.busy) / Math.max(1, cpuAfter.total - cpuBefore.total),
+      underTestMicros: per(cpuAfter.busy - cpuBefore.busy),
+      gatewayMicros: per(gatewayAfter - gatewayBefore),
+      redisMicros: transfers ? ((redisAfter - redisBefore) * 1e6) / transfers : 0,
+    },
+  }
+}
+
+interface Phase {
+  name: string
+  /** The pair of one request: account indexes 0..CUSTOMERS-1. */
+  pair(): [number, number]
+  /** pgbench meta-commands choosing the same pair (ids, not indexes). */
+  pgbench(seeded: Seeded): string[]
+}
+
+const PHASES: Phase[] = [
+  {
+    name: 'random pairs',
+    pair() {
+      const from = randomInt(CUSTOMERS)
+      const to = randomInt(CUSTOMERS - 1)
+      return [from, to >= from ? to + 1 : to]
+    },
+    pgbench: ({ first, last }) => [
+      `\\set from_account_id random(${first}, ${last})`,
+      `\\set to_account_id random(${first}, ${last - 1})`,
+      '\\set to_account_id :to_account_id + case when :to_account_id >= :from_account_id then 1 else 0 end',
+    ],
+  },
+  {
+    // Every customer but the merchant (account index 0) pays the merchant: one row lock for all.
+    name: 'hot account',
+    pair: () => [1 + randomInt(CUSTOMERS - 1), 0],
+    pgbench: ({ first, last }) => [
+      `\\set from_account_id random(${first + 1}, ${last})`,
+      `\\set to_account_id ${first}`,
+    ],
+  },
+]
+
+interface GatewaySample extends Sample {
+  statementsPerRequest: number
+  cost: CpuCost
+}
+
+const spread = (values: number[]) => ({
+  median: median(values),
+  min: Math.min(...values),
+  max: Math.max(...values),
+})
+
+/** Medians of the CPU figures over rounds. */
+const costSpread = (costs: CpuCost[]) => ({
+  busy: median(costs.map((c) => c.busy)),
+  underTestMicros: median(costs.map((c) => c.underTestMicros)),
+  gatewayMicros: median(costs.map((c) => c.gatewayMicros)),
+  redisMicros: median(costs.map((c) => c.redisMicros)),
+})
+
+const transfers: Scenario = async ({ quick }) => {
+  const services = await startBenchServices()
+  let server: ServerHandle | undefined
+  const db = new pg.Client({ connectionString: services.databaseUrl })
+  const redis = new Redis(services.redisUrl)
+  try {
+    // The demo gateway as shipped (idempotency, sessions, cache invalidation, the outbox row in the
+    // transfer statement) but no rate limits (10,000 customers from one IP), no scheduler, and no
+    // event workers: the relay would drain the outbox on the CPU under test, and pgbench has none.
+    const env = {
+      REDIS_URL: services.redisUrl,
+      DATABASE_URL: services.databaseUrl,
+      SESSION_SECRET: BENCH_SECRET,
+      RATE_LIMITS: 'off',
+      SCHEDULER: 'off',
+      EVENT_WORKERS: 'off',
+    }
+    server = await startServer(entry, env)
+    await db.connect()
+    const seeded = await seed(db)
+    const cookies = await signIn(services.redisUrl, env, seeded)
+    const check = await fetch(`${server.url}/accounts`, { headers: { cookie: cookies[CUSTOMERS - 1]! } })
+    const listed = (await check.json()) as { accounts?: Array<{ accountId: number }> }
+    if (check.status !== 200 || listed.accounts?.[0]?.accountId !== seeded.last)
+      throw new Error(`a seeded session does not work: ${check.status} ${JSON.stringify(listed)}`)
+
+    const durationSec = quick ? 1 : 5
+    const rounds = quick ? 2 : 5
+    const gatewaySpec = (phase: Phase): LoadSpec => ({
+      method: 'POST',
+      path: '/transfers',
+      headers: { 'content-type': 'application/json' },
+      setupRequest: (request) => {
+        const [from, to] = phase.pair()
+        return {
+          ...request,
+          headers: { ...request.headers, cookie: cookies[from]!, 'idempotency-key': randomUUID() },
+          body: JSON.stringify({
+            fromAccountId: seeded.first + from,
+            toAccountId: seeded.first + to,
+            amount: 1,
+            currency: 'VND',
+          }),
+        }
+      },
+      connections: CONNECTIONS,
+      durationSec,
+    })
+    const statement = transferStatementForPgbench()
+    const pgbenchScript = (phase: Phase) =>
+      [
+        ...phase.pgbench(seeded),
+        `\\set customer_id :from_account_id + ${seeded.customerOffset}`,
+        // A new key per transfer, as the gateway's clients send (digits instead of a UUID).
+        '\\set idempotency_key random(1, 9223372036854775806)',
+        statement,
+      ].join('\n')
+    const define = { amount: '1', currency: 'VND', request_fingerprint: PGBENCH_FINGERPRINT, outbox: 'true' }
+
+    const probes = { db, redis, gatewayPid: server.pid }
+    const runGateway = async (phase: Phase, seconds = durationSec): Promise<GatewaySample> => {
+      const before = await settle(server!.url)
+      // The CPU window closes once the transfers still queued at the deadline have run.
+      const { result: sample, cost } = await costOf(probes, async () => {
+        const sample = await measure(server!.url, { ...gatewaySpec(phase), durationSec: seconds })
+        await settle(server!.url)
+        return sample
+      })
+      const after = await counters(server!.url)
+      const statementsPerRequest = (after.dbQueries - before.dbQueries) / (after.requests - before.requests)
+      return { ...sample, statementsPerRequest, cost }
+    }
+    let pgbenchCpus = ''
+    const runReference = async (
+      phase: Phase,
+      seconds = durationSec,
+    ): Promise<PgbenchRun & { cost: CpuCost }> => {
+      const { result: run, cost } = await costOf(probes, () =>
+        runPgbench({
+          databaseUrl: services.databaseUrl,
+          script: pgbenchScript(phase),
+          clients: CONNECTIONS,
+          durationSec: seconds,
+          define,
+        }),
+      )
+      pgbenchCpus = run.cpus
+      // Every pgbench transaction must have been a transfer, not a refusal the script cannot see.
+      if (cost.transfers !== run.transactions)
+        throw new Error(
+          `pgbench ran ${run.transactions} statements but ${cost.transfers} transfers were made`,
+        )
+      return { ...run, cost }
+    }
+
+    // Warm-up: the gateway's code paths and both phases' plans.
+    for (const phase of PHASES) {
+      await runGateway(phase, 1)
+      if (pgbenchAvailable) await runReference(phase, 1)
+    }
+    const gateway = new Map<string, GatewaySample[]>(PHASES.map((p) => [p.name, []]))
+    const reference = new Map<string, Array<PgbenchRun & { cost: CpuCost }>>(PHASES.map((p) => [p.name, []]))
+    for (let round = 0; round < rounds; round++) {
+      for (const phase of PHASES) {
+        const order = round % 2 === 0 ? ['gateway', 'pgbench'] : ['pgbench', 'gateway']
+        for (const who of order) {
+          if (who === 'gateway') {
+            const sample = await runGateway(phase)
+            gateway.get(phase.name)!.push(sample)
+            const bad = sample.non2xx + sample.errors + sample.timeouts
+            console.error(
+              `transfers round ${round + 1}/${rounds} ${phase.name}, gateway: ${Math.round(sample.rps)} transfers/s, p99 ${sample.p99} ms${bad ? `, ${bad} non-2xx/errors` : ''}`,
+            )
+          } else if (pgbenchAvailable) {
+            const run = await runReference(phase)
+            reference.get(phase.name)!.push(run)
+            console.error(
+              `transfers round ${round + 1}/${rounds} ${phase.name}, pgbench: ${Math.round(run.tps)} transfers/s, p99 ${run.p99.toFixed(1)} ms`,
+            )
+          }
+        }
+      }
+    }
+
+    const { rows: ledger } = await db.query<{
+      conserved: boolean
+      negative: number
+      mismatched: number
+      transfers: number
+    }>(
+      `SELECT (SELECT sum(balance) = sum(opening_balance) FROM accounts) AS conserved,
+              (SELECT count(*)::int FROM accounts WHERE balance < 0) AS negative,
+              (SELECT count(*)::int FROM accounts a WHERE a.balance <> a.opening_balance +
+                 coalesce((SELECT sum(amount) FROM ledger_entries e WHERE e.account_id = a.id), 0)) AS mismatched,
+              (SELECT count(*)::int FROM transfers) AS transfers`,
+    )
+    const invariants = ledger[0]!
+
+    const results = PHASES.map((phase) => {
+      const g = gateway.get(phase.name)!
+      const r = reference.get(phase.name)!
+      const ratios = r.length ? g.map((s, i) => s.rps / r[i]!.tps) : []
+      return {
+        phase: phase.name,
+        gateway: {
+          transfersPerSecond: spread(g.map((s) => s.rps)),
+          p50: spread(g.map((s) => s.p50)),
+          p99: spread(g.map((s) => s.p99)),
+          statementsPerTransfer: median(g.map((s) => s.statementsPerRequest)),
+          cpu: costSpread(g.map((s) => s.cost)),
+          failures: g.reduce((n, s) => n + s.non2xx + s.errors + s.timeouts, 0),
+          samples: g,
+        },
+        pgbench: r.length
+          ? {
+              transfersPerSecond: spread(r.map((x) => x.tps)),
+              p50: spread(r.map((x) => x.p50)),
+              p99: spread(r.map((x) => x.p99)),
+              cpu: costSpread(r.map((x) => x.cost)),
+              failed: r.reduce((n, x) => n + x.failed, 0),
+              samples: r,
+            }
+          : null,
+        ratio: ratios.length ? { ...spread(ratios), ratios } : null,
+      }
+    })
+
+    const cell = (s: { median: number; min: number; max: number }, digits = 0) =>
+      `${s.median.toFixed(digits)} (${s.min.toFixed(digits)}-${s.max.toFixed(digits)})`
+    const cpuCells = (c: ReturnType<typeof costSpread>) => [
+      `${Math.round(c.busy * 100)} %`,
+      c.underTestMicros.toFixed(0),
+      c.gatewayMicros.toFixed(0),
+      c.redisMicros.toFixed(0),
+    ]
+    const rows = results.flatMap((r) => [
+      [
+        `${r.phase}, gateway`,
+        cell(r.gateway.transfersPerSecond),
+        cell(r.gateway.p50, 1),
+        cell(r.gateway.p99, 1),
+        r.gateway.statementsPerTransfer.toFixed(2),
+        ...cpuCells(r.gateway.cpu),
+        r.gateway.failures,
+      ],
+      r.pgbench
+        ? [
+            `${r.phase}, pgbench`,
+            cell(r.pgbench.transfersPerSecond),
+            cell(r.pgbench.p50, 1),
+            cell(r.pgbench.p99, 1),
+            '1.00',
+            ...cpuCells(r.pgbench.cpu),
+            r.pgbench.failed,
+          ]
+        : [`${r.phase}, pgbench`, 'not run', '', '', '', '', '', '', '', ''],
+    ])
+    const ratioRows = results.map((r) => [
+      `${r.phase}: gateway / pgbench`,
+      r.ratio ? `${r.ratio.median.toFixed(2)}x` : 'n/a',
+      r.ratio ? `${r.ratio.min.toFixed(2)}x` : '',
+      r.ratio ? `${r.ratio.max.toFixed(2)}x` : '',
+      r.phase === 'random pairs'
+        ? r.ratio
+          ? `>= ${TARGET}x: ${r.ratio.median >= TARGET ? 'met' : 'NOT met'}`
+          : 'not measured'
+        : 'reported',
+    ])
+    const markdown = [
+      formatTable(
+        [
+          'POST /transfers, new key each',
+          'transfers/s median (min-max)',
+          'p50 ms median (min-max)',
+          'p99 ms median (min-max)',
+          'Postgres statements/transfer',
+          'CPU under test busy (median)',
+          'CPU under test µs/transfer (median)',
+          'of which gateway process µs/transfer',
+          'of which redis-server µs/transfer',
+          'non-2xx, errors or failed',
+        ],
+        rows,
+      ),
+      '',
+      formatTable(['ratio of transfers/s', 'median', 'min', 'max', 'target'], ratioRows),
+      '',
+      ...results.flatMap((r) =>
+        r.pgbench
+          ? [
+              `- ${r.phase}: the CPUs under test (Postgres, Redis and the gateway share them) spend ` +
+                `${r.gateway.cpu.underTestMicros.toFixed(0)} µs per gateway transfer (${r.gateway.cpu.gatewayMicros.toFixed(0)} in the ` +
+                `gateway process, ${r.gateway.cpu.redisMicros.toFixed(0)} in redis-server, the rest in Postgres and the kernel), ` +
+                `against ${r.pgbench.cpu.underTestMicros.toFixed(0)} µs per pgbench transfer: where they are ` +
+                `saturated, transfers/s can be at most ${(r.pgbench.cpu.underTestMicros / r.gateway.cpu.underTestMicros).toFixed(2)}x pgbench's.`,
+            ]
+          : [],
+      ),
+      '',
+      `${quick ? 'Quick run: ' : ''}${rounds} interleaved rounds of ${durationSec} s per phase (ratio: median of the per-round ratios), ` +
+        `${CONNECTIONS} connections (gateway: autocannon, HTTP keep-alive; its Postgres pool has 10) and ${CONNECTIONS} pgbench clients ` +
+        `(one thread, prepared statement as the gateway's, CPUs ${pgbenchCpus || 'n/a'}). ${CUSTOMERS.toLocaleString('en')} customers with one VND account ` +
+        'each, each with a session created in Redis as login creates it; 1 VND per transfer, a new Idempotency-Key each. ' +
+        'Random pairs: any account to any other; hot account: every other customer pays the first one. pgbench runs ' +
+        'TRANSFER_SQL of src/ledger/ledger.ts with the same parameters (its keys are random integers, its fingerprint a ' +
+        'constant sha256 hex). Gateway: RATE_LIMITS=off, SCHEDULER=off, EVENT_WORKERS=off (outbox rows written, not relayed, as by pgbench).',
+      '',
+      `Ledger after the run: ${invariants.transfers.toLocaleString('en')} transfers; total of balances ${invariants.conserved ? 'unchanged' : 'CHANGED'}, ` +
+        `${invariants.negative} negative balances, ${invariants.mismatched} accounts not equal to opening balance + entries.`,
+      ...(pgbenchAvailable ? [] : ['', PGBENCH_MISSING]),
+    ].join('\n')
+    const ratios: RatioBar[] = results.flatMap((r) =>
+      r.ratio
+        ? [
+            {
+              label: `${r.phase}: gateway / pgbench`,
+              median: r.ratio.median,
+              min: r.ratio.min,
+              max: r.ratio.max,
+              ...(r.phase === 'random pairs' ? { target: TARGET } : {}),
+            },
+          ]
+        : [],
+    )
+    return {
+      title: 'Transfers: 10,000 accounts, random pairs and a hot account, against pgbench',
+      markdown,
+      data: { customers: CUSTOMERS, connections: CONNECTIONS, target: TARGET, phases: results, invariants },
+      ratios,
+    }
+  } finally {
+    await db.end().catch(() => {})
+    redis.disconnect()
+    await server?.stop()
+    await services.stop()
+  }
+}
+
+export default transfers
