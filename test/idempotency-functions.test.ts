@@ -18,6 +18,7 @@ import type { RedisClient } from '../src/lua/index.ts'
 import * as subpath from '../src/plugins/idempotency/index.ts'
 import { createRedisClient } from '../src/plugins/redis/index.ts'
 import { scanKeys, testRedisConnection, uniquePrefix } from './helpers.ts'
+import { readIdempotencyRecord } from './idempotency-record.ts'
 
 /** A promise the test resolves, so "still running" needs no timing. */
 function gate() {
@@ -164,9 +165,9 @@ describe('makeIdempotent: one run per key', () => {
     assert.equal(runs(), 1)
     const [recordKey, ...others] = await scanKeys(shared, prefix)
     assert.deepEqual(others, [])
-    const record = await shared.hgetall(recordKey!)
-    assert.equal(record.state, 'done')
-    assert.deepEqual(JSON.parse(record.body!), results[0])
+    const record = await readIdempotencyRecord(shared, recordKey!)
+    assert.equal(record!.state, 'done')
+    assert.deepEqual(JSON.parse(record!.body!.toString()), results[0])
     const ttl = await shared.pttl(recordKey!)
     assert.ok(ttl > 10_000 && ttl <= 24 * 3_600_000, String(ttl))
     assert.equal(await counted(registry, 'idempotent_function_calls_total', 'outcome', 'new'), 1)
@@ -258,12 +259,15 @@ describe('makeIdempotent: one run per key', () => {
     for (const result of results) assert.deepEqual(result, { shipped: 'order-crash', by: 'survivor' })
     assert.equal(await counted(registry, 'idempotent_function_calls_total', 'outcome', 'takeover'), 1)
     const [recordKey] = await scanKeys(shared, prefix)
-    assert.equal(await shared.hget(recordKey!, 'state'), 'done')
+    assert.equal((await readIdempotencyRecord(shared, recordKey!))?.state, 'done')
     // The crashed owner finishing late gets its own value, and never overwrites the record.
     never.open()
     assert.deepEqual(await abandoned, { shipped: 'order-crash', by: 'crashed' })
     assert.ok(crashedLog.lines.some((l) => l.message === 'idempotency record could not be written'))
-    assert.deepEqual(JSON.parse((await shared.hget(recordKey!, 'body'))!), results[0])
+    assert.deepEqual(
+      JSON.parse((await readIdempotencyRecord(shared, recordKey!))!.body!.toString()),
+      results[0],
+    )
   })
 
   test('a claim taken over while its owner still ran is not overwritten by the owner (lost)', async () => {

@@ -24,6 +24,39 @@ export function ownerToken(): string {
   return randomBytes(16).toString('base64url')
 }
 
+const FINGERPRINT = /^[A-Za-z0-9_-]{43}$/
+
+/**
+ * Header lines common enough to be kept as their index in this list: `[0]` rather than
+ * `[["content-type","application/json; charset=utf-8"]]` is what keeps the record of a typical JSON
+ * answer (a transfer: 119 bytes of body) within one 160-byte allocation. Records outlive deploys,
+ * so entries are only ever appended: an index must mean the same line to every version that reads it.
+ */
+const COMMON_HEADERS: ReadonlyArray<readonly [string, string]> = [
+  ['content-type', 'application/json; charset=utf-8'],
+  ['content-type', 'application/problem+json; charset=utf-8'],
+  ['content-type', 'text/plain; charset=utf-8'],
+  ['content-type', 'text/html; charset=utf-8'],
+  ['content-type', 'application/octet-stream'],
+]
+const commonIndex = new Map(COMMON_HEADERS.map(([name, value], i) => [`${name}\n${value}`, i]))
+
+/** The stored headers as JSON: an array of [name, value] pairs, or of indexes into COMMON_HEADERS for common lines. */
+function encodeHeaders(headers: ReadonlyArray<[string, string]>): string {
+  return JSON.stringify(headers.map((pair) => commonIndex.get(`${pair[0]}\n${pair[1]}`) ?? pair))
+}
+
+/** Reads encodeHeaders' JSON (plain pairs, as records written without the common lines hold, read alike). */
+function decodeHeaders(json: string): Array<[string, string]> {
+  return (JSON.parse(json) as Array<number | [string, string]>).map((entry) => {
+    if (typeof entry !== 'number') return entry
+    const common = COMMON_HEADERS[entry]
+    // A record from a version with a longer list: replaying it without the header would not be the same answer.
+    if (!common) throw new Error(`idempotency record names common header ${entry}, unknown to this version`)
+    return [common[0], common[1]]
+  })
+}
+
 export interface IdempotencyStoreOptions {
   keyPrefix: string
   leaseMs: number
@@ -31,9 +64,10 @@ export interface IdempotencyStoreOptions {
 }
 
 /**
- * Idempotency records, one Hash per (scope, key) under its own hash tag. Every state change is one
- * script that checks the owner token, so only the request that claimed a record completes,
- * releases or renews it. Replies come back as Buffers, so stored bodies stay byte-exact.
+ * Idempotency records, one key per (scope, key) under its own hash tag: a Hash while the request
+ * runs, one packed String once its response is kept (a few hundred bytes less per retained record).
+ * Every state change is one script that checks the owner token, so only the request that claimed a
+ * record completes, releases or renews it. Replies come back as Buffers, so stored bodies stay byte-exact.
  */
 export class IdempotencyStore {
   readonly redis: RedisClient
@@ -50,8 +84,15 @@ export class IdempotencyStore {
     return `${this.options.keyPrefix}{${digest}}`
   }
 
+  /**
+   * `fingerprint`: a SHA-256 digest in base64url, as `requestFingerprint` and the functions' fingerprints
+   * are; a completed record keeps its first 22 characters (132 bits), so a shorter or free-form string
+   * could not be told apart.
+   */
   async claim(recordKey: string, fingerprint: string, token: string): Promise<ClaimResult> {
     const { leaseMs, retentionMs } = this.options
+    if (!FINGERPRINT.test(fingerprint))
+      throw new TypeError('an idempotency fingerprint is a SHA-256 digest in base64url (43 characters)')
     const reply = await runScript<Buffer[]>(
       this.redis,
       'idempotencyClaim',
@@ -67,7 +108,7 @@ export class IdempotencyStore {
         kind,
         response: {
           status: Number(status),
-          headers: JSON.parse(String(headers)),
+          headers: decodeHeaders(String(headers)),
           body: String(kept) === '1' ? body! : null,
         },
       }
@@ -109,12 +150,15 @@ export class IdempotencyStore {
     return renewal
   }
 
-  /** False when the caller no longer owns the record (its lease was taken over). */
+  /** False when the caller no longer owns the record (its lease was taken over). `status`: 100 to 999. */
   async complete(recordKey: string, token: string, response: StoredResponse): Promise<boolean> {
+    // The record keeps the status as three digits at a fixed place.
+    if (!Number.isInteger(response.status) || response.status < 100 || response.status > 999)
+      throw new TypeError('an idempotency record keeps a three-digit status')
     const args = [
       token,
       response.status,
-      JSON.stringify(response.headers),
+      encodeHeaders(response.headers),
       response.body ?? '',
       response.body ? '1' : '0',
       this.options.retentionMs,
