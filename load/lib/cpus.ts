@@ -29,8 +29,16 @@ let postgresPinned = false
 /** One line for the results: where things ran. */
 export const placement = () =>
   pinned
-    ? `load generator (autocannon) pinned to CPU ${LOAD_GENERATOR_CPUS}; servers under test, their redis-server${postgresPinned ? ' and Postgres' : ''} to CPU ${UNDER_TEST_CPUS}${postgresPinned ? '' : ' (Postgres unpinned: not on this machine, or not allowed)'}`
+    ? `load generator (autocannon, and wrk where a scenario runs it) pinned to CPU ${LOAD_GENERATOR_CPUS}; servers under test, their redis-server${postgresPinned ? ' and Postgres' : ''} to CPU ${UNDER_TEST_CPUS}${postgresPinned ? '' : ' (Postgres unpinned: not on this machine, or not allowed)'}`
     : 'unpinned: load generator and servers share every CPU'
+
+/**
+ * A load generator run as its own program (wrk) on the load generator's CPU: `[command, args]` to
+ * spawn, prefixed with taskset when pinned.
+ */
+export function onLoadGeneratorCpu(command: string, args: string[]): [string, string[]] {
+  return pinned ? ['taskset', ['-c', LOAD_GENERATOR_CPUS, command, ...args]] : [command, args]
+}
 
 /** Pins this process, all of its threads, to the load generator's CPU. */
 export function pinLoadGenerator(): void {

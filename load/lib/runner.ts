@@ -140,15 +140,22 @@ const spread = (values: number[]) => ({
  */
 export async function interleave(
   contenders: Contender[],
-  options: { rounds?: number; warmupSec?: number; label?: string } = {},
+  options: {
+    rounds?: number
+    warmupSec?: number
+    label?: string
+    /** The load generator: autocannon (`measure`) unless given, e.g. wrk (load/lib/wrk.ts). */
+    measure?: (url: string, spec: LoadSpec) => Promise<Sample>
+  } = {},
 ): Promise<Summary[]> {
   const rounds = options.rounds ?? 5
-  for (const c of contenders) await measure(c.url, { ...c.spec, durationSec: options.warmupSec ?? 1 })
+  const run = options.measure ?? measure
+  for (const c of contenders) await run(c.url, { ...c.spec, durationSec: options.warmupSec ?? 1 })
   const samples = new Map<string, Sample[]>(contenders.map((c) => [c.name, []]))
   for (let round = 0; round < rounds; round++) {
     const order = round % 2 === 0 ? contenders : [...contenders].reverse()
     for (const c of order) {
-      const sample = await measure(c.url, c.spec)
+      const sample = await run(c.url, c.spec)
       samples.get(c.name)!.push(sample)
       const bad = sample.non2xx + sample.errors + sample.timeouts
       console.error(

@@ -4,6 +4,13 @@
 import { randomUUID } from 'node:crypto'
 import { createPgDatabase } from '../../src/db/database.ts'
 import { hashPassword } from '../../src/ledger/passwords.ts'
+import {
+  gib,
+  idempotencyRecordMemory,
+  mib,
+  processMemory,
+  RECORDS_PER_DAY_AT_100_PER_S,
+} from '../lib/memory.ts'
 import { perRequest, roundTrips } from '../lib/roundtrips.ts'
 import {
   type Contender,
@@ -21,6 +28,8 @@ import { startBenchServices } from '../lib/services.ts'
 
 const SECRET = 'bench-secret-0123456789-abcdefghijklmnop'
 const TARGET = 0.9
+/** Bytes of Redis one retained record may take (MEMORY USAGE of a completed transfer's record). */
+const RECORD_BYTES_TARGET = 300
 const CUSTOMERS = 16
 const entry = new URL('../servers/idempotency-transfers.ts', import.meta.url).pathname
 
@@ -199,6 +208,10 @@ const idempotency: Scenario = async ({ quick }) => {
       ),
     ]
     const redisPerTransfer = work.map((w) => w.redisExecuted)
+    // After every run: what the retained records cost Redis, and what each server holds resident.
+    const recordMemory = await idempotencyRecordMemory(services.redisUrl)
+    const recordMet = recordMemory.bytes.max <= RECORD_BYTES_TARGET
+    const rss = { withPlugin: processMemory(withPlugin.pid), withoutPlugin: processMemory(withoutPlugin.pid) }
 
     const cell = (s: { median: number; min: number; max: number }, digits = 0) =>
       `${s.median.toFixed(digits)} (${s.min.toFixed(digits)}-${s.max.toFixed(digits)})`
@@ -263,6 +276,39 @@ const idempotency: Scenario = async ({ quick }) => {
         ],
       ),
       '',
+      formatTable(
+        [
+          'retained idempotency records',
+          'bytes/record',
+          `one day at 100 transfers/s (x ${RECORDS_PER_DAY_AT_100_PER_S})`,
+          'target',
+        ],
+        [
+          [
+            `MEMORY USAGE, median (min-max) of ${recordMemory.records} completed transfers`,
+            `${recordMemory.bytes.median} (${recordMemory.bytes.min}-${recordMemory.bytes.max})`,
+            gib(recordMemory.day.bytes),
+            `<= ${RECORD_BYTES_TARGET} B: ${recordMet ? 'met' : 'NOT met'}`,
+          ],
+          [
+            `used_memory growth over ${recordMemory.copies} copies with a TTL`,
+            recordMemory.keyspaceBytes.toFixed(0),
+            gib(recordMemory.day.keyspaceBytes),
+            '',
+          ],
+        ],
+      ),
+      '',
+      'MEMORY USAGE counts the key, the value and their allocations; Redis also keeps, per key, a main-dictionary bucket and, because every record expires, an entry in the expires dictionary: the second row (copies of the median record in an empty database) includes them.',
+      '',
+      formatTable(
+        ['server RSS after the runs (VmRSS)', 'RSS', 'peak (VmHWM)'],
+        [
+          ['with Idempotency-Key plugin', mib(rss.withPlugin?.rssBytes), mib(rss.withPlugin?.peakRssBytes)],
+          ['without the plugin', mib(rss.withoutPlugin?.rssBytes), mib(rss.withoutPlugin?.peakRssBytes)],
+        ],
+      ),
+      '',
       `${quick ? 'Quick run: ' : ''}${rounds} interleaved rounds of ${durationSec} s (ratio: median of the per-round ratios), 20 connections, ${CUSTOMERS} customers each paying the next 1 VND per request.`,
     ].join('\n')
     return {
@@ -277,6 +323,8 @@ const idempotency: Scenario = async ({ quick }) => {
           postgresStatements: stormQueries,
           redisCommandsPerRequest: stormCommands,
         },
+        recordMemory: { ...recordMemory, target: RECORD_BYTES_TARGET, met: recordMet },
+        serverMemory: rss,
       },
     }
   } finally {

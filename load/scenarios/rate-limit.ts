@@ -17,6 +17,7 @@ import {
 } from '../lib/runner.ts'
 import type { Scenario } from '../lib/scenario.ts'
 import { startBenchServices } from '../lib/services.ts'
+import { compareGenerators, generatorReport, measureWrk, WRK_MISSING, wrkAvailable } from '../lib/wrk.ts'
 
 const ALGORITHMS = ['fixed-window', 'sliding-log', 'sliding-counter', 'token-bucket', 'gcra'] as const
 /** The issue's targets: minimum throughput ratio against each peer. */
@@ -91,6 +92,25 @@ const rateLimitScenario: Scenario = async ({ quick }) => {
       label: 'rate-limit',
     })
     const byName = new Map(summaries.map((s) => [s.name, s]))
+    // The headline ratio again with wrk as the load generator: same placement, connections and rounds.
+    const headline = contenders.filter((c) => c.name === 'fixed-window' || c.name === FASTIFY)
+    const wrkSummaries = wrkAvailable
+      ? await interleave(headline, {
+          rounds: quick ? 1 : 8,
+          warmupSec: quick ? 0.5 : 2,
+          label: 'rate-limit (wrk)',
+          measure: measureWrk,
+        })
+      : null
+    const generators = wrkSummaries
+      ? [
+          compareGenerators(
+            `fixed-window / ${FASTIFY}`,
+            ratio(byName.get('fixed-window')!, byName.get(FASTIFY)!),
+            ratio(wrkSummaries[0]!, wrkSummaries[1]!),
+          ),
+        ]
+      : []
     const trips = new Map<string, Awaited<ReturnType<typeof roundTrips>>>()
     for (const c of contenders) {
       trips.set(
@@ -153,11 +173,34 @@ const rateLimitScenario: Scenario = async ({ quick }) => {
         ['algorithm', 'MEMORY USAGE of one key after 100 requests at limit 100 (bytes)'],
         ALGORITHMS.map((a) => [a, memory[a]!]),
       ),
+      '',
+      wrkSummaries
+        ? [
+            formatTable(
+              ['measured with wrk', 'req/s median (min–max)', 'p99 ms', 'non-2xx or errors'],
+              wrkSummaries.map((s) => [
+                s.name,
+                `${Math.round(s.rps.median)} (${Math.round(s.rps.min)}–${Math.round(s.rps.max)})`,
+                s.p99.median,
+                s.samples.reduce((n, x) => n + x.non2xx + x.errors + x.timeouts, 0),
+              ]),
+            ),
+            '',
+            generatorReport(generators),
+            `fixed-window / ${FASTIFY} with wrk: ${generators[0]!.wrk.median >= TARGETS['fixed-window'].fastify ? `≥ ${TARGETS['fixed-window'].fastify} ✓` : `< ${TARGETS['fixed-window'].fastify} ✗`}.`,
+          ].join('\n')
+        : WRK_MISSING,
     ].join('\n')
     return {
       title: 'Rate limiting: our algorithms vs @fastify/rate-limit and rate-limiter-flexible',
       markdown,
-      data: { summaries, roundTrips: Object.fromEntries(trips), memory, failures },
+      data: {
+        summaries,
+        roundTrips: Object.fromEntries(trips),
+        memory,
+        failures,
+        wrk: wrkSummaries ? { summaries: wrkSummaries, generators } : { skipped: WRK_MISSING },
+      },
     }
   } finally {
     for (const s of servers) await s.stop()

@@ -8,11 +8,19 @@ import { seedDemo } from '../../src/ledger/ledger.ts'
 
 // A Redis round trip starts whenever a command leaves while none is in flight, on any client of the
 // process (main and cache). Only a run with one connection attributes them to single requests.
+// The event consumers' blocking reads wait for seconds on their own connections, serve no request,
+// and would hold the count still: they are left out.
+const BLOCKING = new Set(['xreadgroup', 'xread', 'blpop', 'brpop', 'blmove', 'brpoplpush', 'bzpopmin'])
 let redisRoundTrips = 0
 let inFlight = 0
-type SendCommand = (this: Redis, command: { promise: Promise<unknown> }, ...rest: unknown[]) => unknown
+type SendCommand = (
+  this: Redis,
+  command: { name: string; promise: Promise<unknown> },
+  ...rest: unknown[]
+) => unknown
 const send = Redis.prototype.sendCommand as unknown as SendCommand
 ;(Redis.prototype as unknown as { sendCommand: SendCommand }).sendCommand = function (command, ...rest) {
+  if (BLOCKING.has(command.name)) return send.call(this, command, ...rest)
   if (inFlight++ === 0) redisRoundTrips++
   const settled = () => void inFlight--
   command.promise.then(settled, settled)
