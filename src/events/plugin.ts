@@ -3,6 +3,8 @@ import { hostname } from 'node:os'
 import type { FastifyInstance } from 'fastify'
 import fp from 'fastify-plugin'
 import { Gauge, type Registry } from 'prom-client'
+import { LEADERBOARD_GROUP } from '../campaigns/leaderboard.ts'
+import { STATS_GROUP } from '../campaigns/stats.ts'
 import type { Database } from '../db/database.ts'
 import type { RedisClient, StreamConsumer } from '../index.ts'
 import { createNotifier, NOTIFIER_GROUP } from './notifier.ts'
@@ -42,7 +44,7 @@ declare module 'fastify' {
 }
 
 /** The groups reading the transfer events whose pending entries and lag are reported. */
-const GROUPS = [NOTIFIER_GROUP]
+const GROUPS = [NOTIFIER_GROUP, LEADERBOARD_GROUP, STATS_GROUP]
 
 function observeEvents(registry: Registry, db: Database, redis: RedisClient, api: EventsApi): void {
   const registers = [registry]

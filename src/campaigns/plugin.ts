@@ -1,0 +1,65 @@
+import { randomBytes } from 'node:crypto'
+import { hostname } from 'node:os'
+import type { FastifyInstance } from 'fastify'
+import fp from 'fastify-plugin'
+import { createLeaderboard, type Leaderboard, type StreamConsumer } from '../index.ts'
+import { createLeaderboardConsumer } from './leaderboard.ts'
+import { createStatsConsumer } from './stats.ts'
+
+export interface CampaignsPluginOptions {
+  /** Prepended to every key (the gateway's key prefix). */
+  prefix: string
+  /** Run the `leaderboard` and `daily-stats` consumer groups in this process. */
+  workers: boolean
+  /** Consumer tuning (tests shorten the visibility timeout). */
+  visibilityTimeoutMs?: number
+  maxDeliveries?: number
+}
+
+export interface CampaignsApi {
+  /** The gateway's key prefix, for the daily totals' keys (src/campaigns/stats.ts). */
+  prefix: string
+  leaderboard: Leaderboard
+  /** Empty when the workers run elsewhere (EVENT_WORKERS=off, or tests that did not ask for them). */
+  consumers: StreamConsumer[]
+}
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    campaigns: CampaignsApi
+  }
+}
+
+/**
+ * The weekly leaderboard and the daily totals (docs/leaderboard.md): their two consumer groups on
+ * the transfer events (when `workers`), and `app.campaigns` for the routes that read them.
+ */
+async function campaignsPlugin(app: FastifyInstance, options: CampaignsPluginOptions): Promise<void> {
+  const { prefix } = options
+  const redis = app.redis
+  const leaderboard = createLeaderboard(redis, { keyPrefix: `${prefix}lb:` })
+  const onError = (err: unknown) => app.log.warn({ err }, 'campaign events')
+  const common = {
+    redis,
+    stream: app.events.stream,
+    consumer: `${hostname()}-${process.pid}-${randomBytes(3).toString('hex')}`,
+    visibilityTimeoutMs: options.visibilityTimeoutMs,
+    maxDeliveries: options.maxDeliveries,
+    onError,
+  }
+  const consumers = options.workers
+    ? [createLeaderboardConsumer({ ...common, leaderboard }), createStatsConsumer({ ...common, prefix })]
+    : []
+  app.decorate('campaigns', { prefix, leaderboard, consumers })
+
+  app.addHook('onReady', async () => {
+    // Redis unreachable now: each loop creates its group once Redis answers.
+    await Promise.all(consumers.map((consumer) => consumer.start().catch(onError)))
+  })
+  // Entries being handled finish and are acknowledged; those delivered and not started are handed back.
+  app.addHook('onClose', async () => {
+    await Promise.all(consumers.map((consumer) => consumer.stop()))
+  })
+}
+
+export default fp(campaignsPlugin, { name: 'campaigns', dependencies: ['transfer-events'] })

@@ -1,0 +1,107 @@
+import { type RedisClient, runScript } from '../lua/index.ts'
+
+// Leaderboards on Redis sorted sets, fed by at-least-once events: each event's amount is added to
+// its member's score at most once (its id is remembered in a set next to the board, in the same
+// script), scores stay exact integers, and equal scores rank by member so every rank is stable.
+
+export interface LeaderboardOptions {
+  /** Prefix of every key (default `lb:`). A board `name` is `<prefix>{<name>}`, its counted ids `<prefix>{<name>}:ids`. */
+  keyPrefix?: string
+}
+
+/** One amount for one member, counted once per `id` on a board. */
+export interface LeaderboardItem {
+  /** The source event's id: the same id on the same board is counted once, however often it is added. */
+  id: string
+  member: string
+  /** A positive integer (e.g. minor currency units). */
+  amount: number
+}
+
+export interface LeaderboardEntry {
+  /** 1 for the highest score; equal scores rank by member, ascending (byte order). */
+  rank: number
+  member: string
+  /** The sum of the member's amounts: an exact integer, at most 2^53 - 1 (it saturates there). */
+  score: number
+}
+
+export interface LeaderboardAddOptions {
+  /** When the board and its ids expire (epoch ms), e.g. the end of its period plus a grace. Default never. */
+  expireAtMs?: number
+}
+
+export interface Leaderboard {
+  /**
+   * Adds each item's amount to its member's score, except items whose id this board counted
+   * before: one script call, atomic. Resolves with how many items were counted now.
+   */
+  add(name: string, items: readonly LeaderboardItem[], options?: LeaderboardAddOptions): Promise<number>
+  /** The first `limit` entries (highest scores first). */
+  top(name: string, limit: number): Promise<LeaderboardEntry[]>
+  /** One member's rank and score, or null when the member has none on this board. */
+  entry(name: string, member: string): Promise<LeaderboardEntry | null>
+  /** The board's keys (for TTL checks, inspection). */
+  keys(name: string): { board: string; ids: string }
+}
+
+function checkName(name: unknown): asserts name is string {
+  if (typeof name !== 'string' || name.length === 0)
+    throw new TypeError('leaderboard: `name` must be a non-empty string')
+}
+
+/** Scores are stored negated (src/lua/leaderboard-add.lua); `-0` never occurs, amounts are positive. */
+const scoreOf = (stored: string) => -Number(stored)
+
+export function createLeaderboard(
+  redis: RedisClient,
+  { keyPrefix = 'lb:' }: LeaderboardOptions = {},
+): Leaderboard {
+  if (!redis || typeof (redis as { sendCommand?: unknown }).sendCommand !== 'function')
+    throw new TypeError('leaderboard: pass an ioredis client')
+  // One hash tag for both keys of a board, so the script runs on one Cluster slot.
+  const keys = (name: string) => ({ board: `${keyPrefix}{${name}}`, ids: `${keyPrefix}{${name}}:ids` })
+
+  async function add(
+    name: string,
+    items: readonly LeaderboardItem[],
+    { expireAtMs }: LeaderboardAddOptions = {},
+  ): Promise<number> {
+    checkName(name)
+    if (items.length === 0) return 0
+    const args: Array<string | number> = [expireAtMs ?? 0]
+    for (const { id, member, amount } of items) {
+      if (typeof id !== 'string' || id === '' || typeof member !== 'string' || member === '')
+        throw new TypeError('leaderboard: every item needs a non-empty `id` and `member`')
+      if (!Number.isSafeInteger(amount) || amount < 1)
+        throw new TypeError(`leaderboard: the amount of '${id}' must be a positive safe integer`)
+      args.push(id, member, amount)
+    }
+    const { board, ids } = keys(name)
+    return runScript<number>(redis, 'leaderboardAdd', [board, ids], args)
+  }
+
+  async function top(name: string, limit: number): Promise<LeaderboardEntry[]> {
+    checkName(name)
+    if (!Number.isInteger(limit) || limit < 1) throw new TypeError('leaderboard: `limit` must be >= 1')
+    const flat = await redis.zrange(keys(name).board, '0', String(limit - 1), 'WITHSCORES')
+    const entries: LeaderboardEntry[] = []
+    for (let i = 0; i + 1 < flat.length; i += 2)
+      entries.push({ rank: i / 2 + 1, member: flat[i]!, score: scoreOf(flat[i + 1]!) })
+    return entries
+  }
+
+  async function entry(name: string, member: string): Promise<LeaderboardEntry | null> {
+    checkName(name)
+    const { board } = keys(name)
+    // MULTI: the rank and the score of one moment (one key, so one Cluster slot).
+    const replies = (await redis.multi().zrank(board, member).zscore(board, member).exec()) ?? []
+    const failed = replies.find(([err]) => err)
+    if (failed) throw failed[0]
+    const [[, rank], [, score]] = replies as [[null, number | null], [null, string | null]]
+    if (rank === null || score === null) return null
+    return { rank: rank + 1, member, score: scoreOf(score) }
+  }
+
+  return { add, top, entry, keys }
+}
