@@ -2,6 +2,7 @@ import swagger from '@fastify/swagger'
 import swaggerUi from '@fastify/swagger-ui'
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
 import Fastify, { type FastifyInstance } from 'fastify'
+import campaigns from './campaigns/plugin.ts'
 import type { Config } from './config.ts'
 import type { Database } from './db/database.ts'
 import postgres from './db/plugin.ts'
@@ -19,7 +20,9 @@ import {
   session,
 } from './index.ts'
 import accountRoutes from './routes/accounts.ts'
+import campaignRoutes from './routes/campaigns.ts'
 import healthRoutes from './routes/health.ts'
+import historyRoutes from './routes/history.ts'
 import { refuseUnstorableText } from './routes/input.ts'
 import notificationRoutes from './routes/notifications.ts'
 import { openapiOptions, sessionCookieName } from './routes/openapi.ts'
@@ -40,9 +43,9 @@ export interface GatewayDependencies {
    */
   rateLimits?: 'on' | 'off'
   /**
-   * The transfer-event workers (outbox relay, notifier; EVENT_WORKERS=off always wins). Under
-   * NODE_ENV=test they run only when this says 'on', so other suites' statement and round-trip counts
-   * see no background work; production is unchanged.
+   * The transfer-event workers (outbox relay, notifier, leaderboard and daily totals; EVENT_WORKERS=off
+   * always wins). Under NODE_ENV=test they run only when this says 'on', so other suites' statement and
+   * round-trip counts see no background work; production is unchanged.
    */
   eventWorkers?: 'on' | 'off'
   /** Consumer tuning for tests (a short visibility timeout, fewer deliveries before the dead letter). */
@@ -161,15 +164,21 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
   await app.register(healthRoutes)
   await app.register(sessionRoutes, { sessionCookie: sessionCookieName(config) })
   await app.register(accountRoutes)
+  // History cursors are signed with keys derived from the session secrets (src/routes/history.ts).
+  await app.register(historyRoutes, { secrets: config.session.secrets })
+  const eventWorkers =
+    config.events.workers && (deps.eventWorkers ?? (config.nodeEnv === 'test' ? 'off' : 'on')) === 'on'
   await app.register(events, {
     prefix,
     ...config.events,
-    workers:
-      config.events.workers && (deps.eventWorkers ?? (config.nodeEnv === 'test' ? 'off' : 'on')) === 'on',
+    workers: eventWorkers,
     ...deps.eventConsumer,
   })
+  // The leaderboard and daily totals: two more consumer groups on the transfer events, under the same switch.
+  await app.register(campaigns, { prefix, workers: eventWorkers, ...deps.eventConsumer })
   await app.register(transferRoutes, { outbox: config.events.outbox })
   await app.register(notificationRoutes)
+  await app.register(campaignRoutes)
   await registerScheduler(app, {
     config,
     keyPrefix: prefix,

@@ -79,6 +79,15 @@ export {
   type DelayedQueueOptions,
   type DelayedQueueTask,
 } from './primitives/delayed-queue.ts'
+// A leaderboard fed by at-least-once events (also the named exports of `fastify-redis-gateway/leaderboard`).
+export {
+  createLeaderboard,
+  type Leaderboard,
+  type LeaderboardAddOptions,
+  type LeaderboardEntry,
+  type LeaderboardItem,
+  type LeaderboardOptions,
+} from './primitives/leaderboard.ts'
 export {
   createLock,
   type Lock,
@@ -89,6 +98,14 @@ export {
   type LockOptions,
   type WithLockOptions,
 } from './primitives/lock.ts'
+// Counting without a hot key (also the named exports of `fastify-redis-gateway/sharded-counter`).
+export {
+  createShardedCounter,
+  type ShardedCounter,
+  type ShardedCounterItem,
+  type ShardedCounterOptions,
+  type ShardedCounterTotals,
+} from './primitives/sharded-counter.ts'
 // A consumer-group runtime for Redis Streams (also the named exports of `fastify-redis-gateway/stream-consumer`).
 export {
   type AppendEachOnceOptions,
@@ -101,20 +118,3 @@ export {
   type StreamConsumerOptions,
   type StreamEntry,
 } from './primitives/stream-consumer.ts'
-// Counting without hot keys, and leaderboards fed by at-least-once events (also the named exports of
-// `fastify-redis-gateway/sharded-counter` and `fastify-redis-gateway/leaderboard`).
-export {
-  createLeaderboard,
-  type Leaderboard,
-  type LeaderboardAddOptions,
-  type LeaderboardEntry,
-  type LeaderboardItem,
-  type LeaderboardOptions,
-} from './primitives/leaderboard.ts'
-export {
-  createShardedCounter,
-  type ShardedCounter,
-  type ShardedCounterItem,
-  type ShardedCounterOptions,
-  type ShardedCounterTotals,
-} from './primitives/sharded-counter.ts'

@@ -131,6 +131,7 @@ test(`${RUNS} random requests: never a 5xx, never a write on a 4xx, no unbounded
   for (const key of keys) {
     assert.ok(key.length <= 200, `key length bounded: ${key.slice(0, 80)}...`)
     const ttl = await t.redis.pttl(key)
-    assert.ok(ttl > 0, `${key} has a TTL (${ttl})`)
+    // -2: the key expired since the scan (a short rate-limit window), which is what a TTL is for.
+    assert.ok(ttl > 0 || ttl === -2, `${key} has a TTL (${ttl})`)
   }
 })

@@ -281,6 +281,7 @@ export function openapiOptions(config: Config): FastifyDynamicSwaggerOptions {
         { name: 'accounts', description: "The customer's accounts and balances" },
         { name: 'transfers', description: 'Moving money, exactly once per Idempotency-Key' },
         { name: 'notifications', description: 'Live notifications of transfers (Server-Sent Events)' },
+        { name: 'campaigns', description: "The week's leaderboard of senders and today's totals" },
         { name: 'problems', description: 'The documentation of each problem `type`' },
         { name: 'operations', description: 'Liveness and readiness probes' },
       ],

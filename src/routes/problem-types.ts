@@ -37,6 +37,13 @@ export const PROBLEM_TYPES = [
     source: 'demo',
   },
   {
+    slug: 'invalid-cursor',
+    status: 400,
+    title: 'Invalid cursor',
+    when: 'a `cursor` of `GET /accounts/:accountId/transactions` that the gateway did not issue for that account: malformed, altered, another account’s, or signed with a secret no longer configured; page again from the start, without it',
+    source: 'demo',
+  },
+  {
     slug: 'idempotency-key-missing',
     status: 400,
     title: 'Idempotency key required',
@@ -230,6 +237,20 @@ export const PROBLEM_TYPES = [
     status: 503,
     title: 'Service unavailable',
     when: '`GET /notifications` while Redis cannot be subscribed to or read (`Retry-After: 1`)',
+    source: 'demo',
+  },
+  {
+    slug: 'leaderboard-unavailable',
+    status: 503,
+    title: 'Service unavailable',
+    when: '`GET /leaderboard` or `GET /leaderboard/me` while Redis cannot be read (`Retry-After: 1`)',
+    source: 'demo',
+  },
+  {
+    slug: 'stats-unavailable',
+    status: 503,
+    title: 'Service unavailable',
+    when: '`GET /stats/today` while Redis cannot be read (`Retry-After: 1`)',
     source: 'demo',
   },
   {
