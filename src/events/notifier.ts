@@ -130,6 +130,8 @@ export function createNotifier(options: NotifierOptions): StreamConsumer {
     maxDeliveries: options.maxDeliveries ?? 5,
     blockMs: options.blockMs ?? 2000,
     batch: 100,
+    // A notification may wait 50 ms for others to share its read: one read and one XACK for many.
+    batchWaitMs: 50,
     onError,
     async handleBatch(entries) {
       await notifyCustomers(redis, prefix, entries.flatMap(notificationsOf), retention, dedupTtlMs)

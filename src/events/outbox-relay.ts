@@ -40,7 +40,7 @@ export interface OutboxRelayOptions {
   /** The poll period; `wake()` runs a pass sooner. */
   intervalMs: number
   /**
-   * How long a wake-up waits for more commits to join its pass. Default 5 ms: under load one pass
+   * How long a wake-up waits for more commits to join its pass. Default 50 ms: under load one pass
    * (three statements) relays the commits of those milliseconds together instead of one each.
    */
   wakeDelayMs?: number
@@ -85,7 +85,7 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
     retention,
     batch = 100,
     intervalMs,
-    wakeDelayMs = 5,
+    wakeDelayMs = 50,
     onError = () => {},
   } = options
   let timer: NodeJS.Timeout | null = null
