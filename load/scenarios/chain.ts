@@ -73,6 +73,11 @@ const chain: Scenario = async ({ quick }) => {
       RATE_LIMIT_IP: '1000000000,1000000000',
       RATE_LIMIT_TRANSFERS: '1000000000/60s',
       RATE_LIMIT_LOGIN: '1000000/60s',
+      // The transfer's outbox row is written; its relay and consumers (docs/events.md, measured by the
+      // events scenario) run elsewhere, so the counts below are the request's own.
+      EVENT_WORKERS: 'off',
+      // Nor do the scheduled-transfer workers poll in the background.
+      SCHEDULER: 'off',
       // e.g. BENCH_GATEWAY_ENV='CACHE_L1_TTL=1s' to measure another gateway configuration.
       ...Object.fromEntries(
         (process.env.BENCH_GATEWAY_ENV ?? '')
@@ -177,10 +182,10 @@ const chain: Scenario = async ({ quick }) => {
       (balanceTrips.trips.redisRoundTrips ?? Number.POSITIVE_INFINITY) <= 1.05 &&
       (balanceTrips.trips.dbQueries ?? Number.POSITIVE_INFINITY) <= 0.005
     const transferTrips = trips[trips.length - 1]!
-    transferTrips.target = '<= 4 round trips, 1 transaction'
+    transferTrips.target = '<= 4 round trips, 1 Postgres statement'
     transferTrips.met =
       (transferTrips.trips.redisRoundTrips ?? Number.POSITIVE_INFINITY) <= 4.05 &&
-      (transferTrips.trips.dbTransactions ?? 2) <= 1.01
+      (transferTrips.trips.dbQueries ?? 2) <= 1.01
 
     // Every server's resident memory after all of its runs (balance reads, then transfers on the gateway).
     const serverMemory = [
