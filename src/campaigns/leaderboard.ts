@@ -1,14 +1,7 @@
 import type { Database } from '../db/database.ts'
+import { createTransferEventsConsumer, type TransferEventsConsumerOptions } from '../events/consumer.ts'
 import type { TransferEvent } from '../events/outbox-relay.ts'
-import {
-  createStreamConsumer,
-  type Leaderboard,
-  type LeaderboardEntry,
-  type LeaderboardItem,
-  type RedisClient,
-  type StreamConsumer,
-  type StreamEntry,
-} from '../index.ts'
+import type { Leaderboard, LeaderboardEntry, LeaderboardItem, StreamConsumer, StreamEntry } from '../index.ts'
 import { DAY_MS, isoWeek } from './periods.ts'
 
 // The weekly campaign leaderboard (docs/leaderboard.md): the `leaderboard` consumer group adds each
@@ -38,14 +31,8 @@ export function maskUsername(username: string): string {
   return `${chars[0]}***${chars[chars.length - 1]}`
 }
 
-export interface LeaderboardConsumerOptions {
-  redis: RedisClient
+export interface LeaderboardConsumerOptions extends TransferEventsConsumerOptions {
   leaderboard: Leaderboard
-  stream: string
-  consumer: string
-  visibilityTimeoutMs?: number
-  maxDeliveries?: number
-  onError?: (err: unknown) => void
 }
 
 interface BoardBatch {
@@ -78,23 +65,13 @@ export function itemsByBoard(entries: readonly StreamEntry[], now = Date.now()):
  */
 export function createLeaderboardConsumer(options: LeaderboardConsumerOptions): StreamConsumer {
   const { leaderboard } = options
-  return createStreamConsumer(options.redis, {
-    stream: options.stream,
-    group: LEADERBOARD_GROUP,
-    consumer: options.consumer,
-    visibilityTimeoutMs: options.visibilityTimeoutMs ?? 30_000,
-    maxDeliveries: options.maxDeliveries ?? 5,
-    batch: 100,
-    // Nobody watches this live: fuller reads (one script call for many events) are worth 100 ms.
-    batchWaitMs: 100,
-    onError: options.onError,
-    async handleBatch(entries) {
-      await Promise.all(
-        [...itemsByBoard(entries)].map(([name, { items, expireAtMs }]) =>
-          leaderboard.add(name, items, { expireAtMs }),
-        ),
-      )
-    },
+  // Nobody watches this live: fuller reads (one script call for many events) are worth 100 ms.
+  return createTransferEventsConsumer(options, LEADERBOARD_GROUP, 100, async (entries) => {
+    await Promise.all(
+      [...itemsByBoard(entries)].map(([name, { items, expireAtMs }]) =>
+        leaderboard.add(name, items, { expireAtMs }),
+      ),
+    )
   })
 }
 

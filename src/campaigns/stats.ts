@@ -1,7 +1,7 @@
+import { createTransferEventsConsumer, type TransferEventsConsumerOptions } from '../events/consumer.ts'
 import type { TransferEvent } from '../events/outbox-relay.ts'
 import {
   createShardedCounter,
-  createStreamConsumer,
   type RedisClient,
   type ShardedCounter,
   type ShardedCounterItem,
@@ -58,14 +58,8 @@ export function itemsByDay(entries: readonly StreamEntry[]): Map<string, Sharded
   return days
 }
 
-export interface StatsConsumerOptions {
-  redis: RedisClient
+export interface StatsConsumerOptions extends TransferEventsConsumerOptions {
   prefix: string
-  stream: string
-  consumer: string
-  visibilityTimeoutMs?: number
-  maxDeliveries?: number
-  onError?: (err: unknown) => void
 }
 
 /**
@@ -74,21 +68,11 @@ export interface StatsConsumerOptions {
  */
 export function createStatsConsumer(options: StatsConsumerOptions): StreamConsumer {
   const { redis, prefix } = options
-  return createStreamConsumer(redis, {
-    stream: options.stream,
-    group: STATS_GROUP,
-    consumer: options.consumer,
-    visibilityTimeoutMs: options.visibilityTimeoutMs ?? 30_000,
-    maxDeliveries: options.maxDeliveries ?? 5,
-    batch: 100,
-    // Nobody watches this live: fuller reads (one script call for many events) are worth 100 ms.
-    batchWaitMs: 100,
-    onError: options.onError,
-    async handleBatch(entries) {
-      await Promise.all(
-        [...itemsByDay(entries)].map(([day, items]) => dayCounter(redis, prefix, day).add(items)),
-      )
-    },
+  // Nobody watches this live: fuller reads (one script call for many events) are worth 100 ms.
+  return createTransferEventsConsumer(options, STATS_GROUP, 100, async (entries) => {
+    await Promise.all(
+      [...itemsByDay(entries)].map(([day, items]) => dayCounter(redis, prefix, day).add(items)),
+    )
   })
 }
 

@@ -1,10 +1,5 @@
-import {
-  appendEachOnce,
-  createStreamConsumer,
-  type RedisClient,
-  type StreamConsumer,
-  type StreamEntry,
-} from '../index.ts'
+import { appendEachOnce, type RedisClient, type StreamConsumer, type StreamEntry } from '../index.ts'
+import { createTransferEventsConsumer, type TransferEventsConsumerOptions } from './consumer.ts'
 import type { TransferEvent } from './outbox-relay.ts'
 
 /** Redis names of one customer's notifications, all under the customer's hash tag. */
@@ -27,19 +22,12 @@ export interface NotificationData {
   occurredAt: string
 }
 
-export interface NotifierOptions {
-  redis: RedisClient
+export interface NotifierOptions extends TransferEventsConsumerOptions {
   prefix: string
-  stream: string
-  consumer: string
   /** Approximate notifications kept per customer (MAXLEN ~). */
   retention: number
   /** How long an event id is remembered per customer, so a redelivery is not shown twice. Default 7 days. */
   dedupTtlMs?: number
-  visibilityTimeoutMs?: number
-  maxDeliveries?: number
-  blockMs?: number
-  onError?: (err: unknown) => void
 }
 
 export const NOTIFIER_GROUP = 'notifier'
@@ -121,20 +109,9 @@ function notificationsOf(entry: StreamEntry): Notification[] {
  * A read's entries are handled together: one script call per customer involved, one XACK.
  */
 export function createNotifier(options: NotifierOptions): StreamConsumer {
-  const { redis, prefix, retention, dedupTtlMs = 7 * 24 * 3_600_000, onError } = options
-  return createStreamConsumer(redis, {
-    stream: options.stream,
-    group: NOTIFIER_GROUP,
-    consumer: options.consumer,
-    visibilityTimeoutMs: options.visibilityTimeoutMs ?? 30_000,
-    maxDeliveries: options.maxDeliveries ?? 5,
-    blockMs: options.blockMs ?? 2000,
-    batch: 100,
-    // A notification may wait 50 ms for others to share its read: one read and one XACK for many.
-    batchWaitMs: 50,
-    onError,
-    async handleBatch(entries) {
-      await notifyCustomers(redis, prefix, entries.flatMap(notificationsOf), retention, dedupTtlMs)
-    },
+  const { redis, prefix, retention, dedupTtlMs = 7 * 24 * 3_600_000 } = options
+  // A notification may wait 50 ms for others to share its read: one read and one XACK for many.
+  return createTransferEventsConsumer(options, NOTIFIER_GROUP, 50, async (entries) => {
+    await notifyCustomers(redis, prefix, entries.flatMap(notificationsOf), retention, dedupTtlMs)
   })
 }
