@@ -59,10 +59,29 @@ async function todayFromPostgres() {
   }
 }
 
+/** GET /stats/today once per currency, folded into todayFromPostgres's shape. */
 async function statsToday(cookie = customers[0]!.cookie) {
-  const response = await fetch(`${url}/stats/today`, { headers: { cookie } })
-  assert.equal(response.status, 200)
-  return response.json()
+  const read = async (currency: string) => {
+    const response = await fetch(`${url}/stats/today?currency=${currency}`, { headers: { cookie } })
+    assert.equal(response.status, 200)
+    const body = (await response.json()) as {
+      date: string
+      transfers: number
+      currency: string
+      volume: number
+      distinctSenders: number
+    }
+    assert.equal(body.currency, currency)
+    return body
+  }
+  const [usd, vnd] = [await read('USD'), await read('VND')]
+  assert.deepEqual({ ...usd, volume: 0, currency: '' }, { ...vnd, volume: 0, currency: '' })
+  return {
+    date: vnd.date,
+    transfers: vnd.transfers,
+    volume: { USD: usd.volume, VND: vnd.volume },
+    distinctSenders: vnd.distinctSenders,
+  }
 }
 
 /** Transfers at once over HTTP from the first ten customers (the last two never send): VND, and USD from its holders. */

@@ -2,7 +2,7 @@
 // each library configured as its README recommends, on the same Redis and Postgres as the gateway:
 //   @fastify/rate-limit with its Redis store (ioredis options from its example: connectTimeout 500,
 //     maxRetriesPerRequest 1), global, high limit so nothing is rejected;
-//   @fastify/session with connect-redis v9 on a node-redis v5 client (defaults: rolling sessions;
+//   @fastify/session with connect-redis v10 on a node-redis v6 client (defaults: rolling sessions;
 //     saveUninitialized false as connect-redis recommends; secure 'auto' since the bench is plain HTTP);
 //   bentocache for the balance: the docs' multi-tier store (memory L1 + Redis L2 + Redis bus), or
 //     Redis only with PEER_CACHE=redis.

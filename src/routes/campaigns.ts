@@ -55,25 +55,24 @@ const LeaderboardPage = Type.Object({
 const MyEntry = Type.Object({
   period: WeekName,
   currency: Currency,
-  entry: Type.Unsafe<{ rank: number; volume: number } | null>({
-    type: 'object',
-    nullable: true,
-    properties: { rank: Rank, volume: Volume },
-    required: ['rank', 'volume'],
-    additionalProperties: false,
-    description: 'Your rank and volume; null when you sent nothing in this currency this period.',
+  rank: Type.Union([Rank, Type.Null()], {
+    description: 'Your rank; null when you sent nothing in this currency this period.',
+  }),
+  volume: Type.Integer({
+    minimum: 0,
+    maximum: Number.MAX_SAFE_INTEGER,
+    description: 'Your sent volume this period, in the currency’s minor unit (0 when you sent nothing).',
   }),
 })
 
 const TodayStats = Type.Object({
   date: Type.String({ format: 'date', description: 'Today (UTC).', example: '2026-11-30' }),
   transfers: Type.Integer({ minimum: 0, description: 'Transfers made today, by everyone.' }),
-  volume: Type.Unsafe<Record<string, number>>({
-    type: 'object',
-    additionalProperties: { type: 'integer', minimum: 0, maximum: Number.MAX_SAFE_INTEGER },
-    description:
-      'Money moved today per currency: ISO 4217 code to the sum in its minor unit (saturates at 2^53 - 1).',
-    example: { VND: 1250000 },
+  currency: Currency,
+  volume: Type.Integer({
+    minimum: 0,
+    maximum: Number.MAX_SAFE_INTEGER,
+    description: 'Money moved today in `currency`, in its minor unit (saturates at 2^53 - 1).',
   }),
   distinctSenders: Type.Integer({
     minimum: 0,
@@ -177,13 +176,13 @@ const campaignRoutes: FastifyPluginAsyncTypebox = async (app) => {
         summary: 'Your place on the week’s leaderboard',
         description:
           'Your rank and sent volume this ISO week (UTC) in one currency, ranked as `GET /leaderboard` ranks ' +
-          'everyone; `entry` is null when you sent nothing in that currency this week.',
+          'everyone; `rank` null and `volume` 0 when you sent nothing in that currency this week.',
         querystring: Type.Object(
           { period: Type.Optional(Period), currency: Type.Optional(CurrencyQuery) },
           { additionalProperties: false },
         ),
         response: {
-          200: json(MyEntry, 'Your entry, or null.'),
+          200: json(MyEntry, 'Your rank and volume (rank null when you have none).'),
           ...problems({
             400: ['validation'],
             401: ['unauthenticated'],
@@ -199,7 +198,7 @@ const campaignRoutes: FastifyPluginAsyncTypebox = async (app) => {
       const entry = await fromRedis(request.log, leaderboardUnavailable, () =>
         app.campaigns.leaderboard.entry(weekBoard(week, currency), member),
       )
-      return { period: week, currency, entry: entry && { rank: entry.rank, volume: entry.score } }
+      return { period: week, currency, rank: entry?.rank ?? null, volume: entry?.score ?? 0 }
     },
   )
 
@@ -212,9 +211,17 @@ const campaignRoutes: FastifyPluginAsyncTypebox = async (app) => {
         tags: ['campaigns'],
         summary: 'Today’s totals of the whole bank',
         description:
-          'How many transfers were made today (UTC), how much money they moved per currency, and how many ' +
+          'How many transfers were made today (UTC), how much money they moved in one currency, and how many ' +
           'customers sent one. Counted from the transfer events a few moments after each transfer commits, ' +
           'each transfer exactly once.',
+        querystring: Type.Object(
+          {
+            currency: Type.Optional(
+              Type.String({ ...Currency, description: 'The currency of `volume` (ISO 4217). Default `VND`.' }),
+            ),
+          },
+          { additionalProperties: false },
+        ),
         response: {
           200: json(TodayStats, 'Today’s totals (zeros before the first transfer of the day).'),
           ...problems({
@@ -225,10 +232,19 @@ const campaignRoutes: FastifyPluginAsyncTypebox = async (app) => {
         },
       },
     },
-    async (request) =>
-      fromRedis(request.log, statsUnavailable, () =>
+    async (request) => {
+      const currency = request.query.currency ?? DEFAULT_CURRENCY
+      const day = await fromRedis(request.log, statsUnavailable, () =>
         readDay(app.redis, app.campaigns.prefix, utcDay(Date.now()).name),
-      ),
+      )
+      return {
+        date: day.date,
+        transfers: day.transfers,
+        currency,
+        volume: day.volume[currency] ?? 0,
+        distinctSenders: day.distinctSenders,
+      }
+    },
   )
 }
 
