@@ -217,7 +217,10 @@ const campaignRoutes: FastifyPluginAsyncTypebox = async (app) => {
         querystring: Type.Object(
           {
             currency: Type.Optional(
-              Type.String({ ...Currency, description: 'The currency of `volume` (ISO 4217). Default `VND`.' }),
+              Type.String({
+                ...Currency,
+                description: 'The currency of `volume` (ISO 4217). Default `VND`.',
+              }),
             ),
           },
           { additionalProperties: false },
