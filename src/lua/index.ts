@@ -17,11 +17,21 @@ function scriptName(file: string): string {
   return file.replace(/\.lua$/, '').replace(/-([a-z])/g, (_, c: string) => c.toUpperCase())
 }
 
+/**
+ * Redis runs each script as one text, so code several scripts share lives in include/<name>.lua and
+ * a line `-- #include <name>` is replaced by it when the script is read.
+ */
+function withIncludes(lua: string): string {
+  return lua.replace(/^-- #include ([a-z0-9-]+)\n/gm, (_, name: string) =>
+    readFileSync(new URL(`include/${name}.lua`, dir), 'utf8'),
+  )
+}
+
 const scripts = new Map<string, Script>(
   readdirSync(dir)
     .filter((file) => file.endsWith('.lua'))
     .map((file) => {
-      const lua = readFileSync(new URL(file, dir), 'utf8')
+      const lua = withIncludes(readFileSync(new URL(file, dir), 'utf8'))
       return [scriptName(file), { lua, sha: createHash('sha1').update(lua).digest('hex') }]
     }),
 )

@@ -46,29 +46,7 @@ if #KEYS == 1 and ARGV[1] == 'c' then
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
--- Blocks (policies with blockMs): after the n policy keys come one block key per such policy,
--- KEYS[n + j], with ARGV[2 + 4n + 2j - 1] the index of its policy and ARGV[2 + 4n + 2j] its block ms.
-local n = (#ARGV - 2) / 2 - #KEYS
-local requested = ARGV[1]
-local op = requested
-local blocked, anyBlocked, over = {}, false, {}
-if op ~= 'r' then
-  for j = 1, #KEYS - n do
-    local at = 2 + 4 * n + 2 * j
-    local ttl = redis.call('PTTL', KEYS[n + j])
-    -- A block without a TTL would never end: it gets its policy's block time.
-    if ttl == -1 then
-      ttl = tonumber(ARGV[at])
-      redis.call('PEXPIRE', KEYS[n + j], ttl)
-    end
-    if ttl > 0 then
-      blocked[tonumber(ARGV[at - 1])] = ttl
-      anyBlocked = true
-    end
-  end
-  -- A blocked request is only looked at: nothing is counted while any of its policies is blocked.
-  if anyBlocked then op = 'p' end
-end
+-- #include rate-limit-blocks-read
 local nonce = ARGV[2]
 local reply = { 1, 0 }
 local counts = {}
@@ -115,23 +93,5 @@ for i = 1, n do
   reply[#reply + 1] = retry
   reply[#reply + 1] = 0
 end
--- A policy that went over its limit on a consume starts its block; a blocked policy reports it.
-if #KEYS > n then
-  for j = 1, #KEYS - n do
-    local at = 2 + 4 * n + 2 * j
-    local i = tonumber(ARGV[at - 1])
-    local ttl = blocked[i]
-    if not ttl and requested == 'c' and not anyBlocked and over[i] then
-      ttl = tonumber(ARGV[at])
-      redis.call('SET', KEYS[n + j], 1, 'PX', ttl)
-    end
-    if ttl then
-      local r = 2 + (i - 1) * 4
-      reply[r + 1] = 0
-      if ttl > reply[r + 2] then reply[r + 2] = ttl end
-      if ttl > reply[r + 3] then reply[r + 3] = ttl end
-    end
-  end
-  if anyBlocked then reply[1], reply[2] = 0, 0 end
-end
+-- #include rate-limit-blocks-apply
 return reply
