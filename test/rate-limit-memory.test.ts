@@ -98,6 +98,45 @@ test('expired keys are swept as Redis expires them', () => {
   }
 })
 
+test('fixed-window refunds: one within its window gives back; one after a newer window opened gives nothing', async () => {
+  const key = `${uniquePrefix('refund')}{k}`
+  let now = 5_000_000
+  const memory = new MemoryStore(100, () => now)
+  // The same calls to both stores; Redis's clock moves by sleeping, the memory store's is set.
+  const consume = async (advanceMs = 0) => {
+    if (advanceMs > 0) await new Promise((r) => setTimeout(r, advanceMs))
+    now += advanceMs
+    const argv = ['c', '', 10, 60_000, 2, 0]
+    const fromRedis = await runScript<number[]>(redis, 'rateLimitFixedWindow', [key], argv)
+    // Each store's TTL at the consume is the tag its refund carries.
+    return { redis: fromRedis[3]!, memory: memory.run('fixed-window', [key], argv)[3]! }
+  }
+  const refund = async (tags: { redis: number; memory: number }) => {
+    await runScript(redis, 'rateLimitFixedWindow', [key], ['r', '', 10, 60_000, 2, tags.redis])
+    memory.run('fixed-window', [key], ['r', '', 10, 60_000, 2, tags.memory])
+  }
+  const counts = async () => ({ redis: Number(await redis.get(key)), memory: memory.inspect(key)?.n })
+  try {
+    await consume()
+    const second = await consume(30)
+    assert.ok(second.redis < 60_000 && second.memory < 60_000, 'the second consume came later in the window')
+    assert.deepEqual(await counts(), { redis: 4, memory: 4 })
+    await refund(second)
+    assert.deepEqual(await counts(), { redis: 2, memory: 2 }, 'refunded within its window')
+    // The window ends (here: a reset) and a newer one opens; a refund of a consume made 30 ms into
+    // the old window must not take from it.
+    const stale = await consume(30)
+    await redis.del(key)
+    memory.delete([key])
+    await consume()
+    await refund(stale)
+    assert.deepEqual(await counts(), { redis: 2, memory: 2 }, 'the newer window kept its count')
+  } finally {
+    memory.close()
+    await redis.del(key)
+  }
+})
+
 test('plugin instances sharing a key prefix share the memory store, as they would share Redis keys', async () => {
   const keyPrefix = uniquePrefix('mem')
   const policy = { name: 'shared', algorithm: 'gcra', limit: 3, windowMs: 60_000 } as const
@@ -216,6 +255,11 @@ describe('the memory store answers every script call as the Lua script does', ()
             const keys = policies.flatMap((p) => [p.key, p.block])
             await redis.del(...keys)
             memory.delete(keys)
+            // A refund tells windows apart by TTL, to the millisecond; the memory store runs at the
+            // time before the script, so a refund into a window opened since the consume could be
+            // taken by one store and refused by the other at a millisecond edge. Refunds across a
+            // reset are tested on their own (a newer window gives nothing back).
+            refundable.length = 0
             continue
           }
           if (roll < 0.12 && refundable.length > 0) {
