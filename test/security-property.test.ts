@@ -151,6 +151,20 @@ test('plausible and broken transfers from a signed-in customer: no 5xx, no write
     { weight: 3, arbitrary: plausibleTransfer.map((v) => JSON.stringify(v)) },
     { weight: 1, arbitrary: nearTransfer.map((v) => JSON.stringify(v)) },
     { weight: 1, arbitrary: anyJson.map((v) => JSON.stringify(v)) },
+    // Surely valid ones too, so that some money always moves (a plausible body is often refused).
+    {
+      weight: 1,
+      arbitrary: fc
+        .integer({ min: 1, max: 1000 })
+        .map((amount) =>
+          JSON.stringify({
+            fromAccountId: alice.accountIds[0],
+            toAccountId: bob.accountIds[0],
+            amount,
+            currency: 'VND',
+          }),
+        ),
+    },
   )
   // The first property may have ended the shared session (logins and logouts among its requests).
   cookie = await login(t.app, alice)
