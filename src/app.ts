@@ -3,7 +3,7 @@ import swaggerUi from '@fastify/swagger-ui'
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
 import Fastify, { type FastifyInstance } from 'fastify'
 import campaigns from './campaigns/plugin.ts'
-import type { Config } from './config.ts'
+import { type Config, NO_EVENT_WORKERS } from './config.ts'
 import type { Database } from './db/database.ts'
 import postgres from './db/plugin.ts'
 import { registerProblemHandlers } from './errors.ts'
@@ -43,8 +43,8 @@ export interface GatewayDependencies {
    */
   rateLimits?: 'on' | 'off'
   /**
-   * The transfer-event workers (outbox relay, notifier, leaderboard and daily totals; EVENT_WORKERS=off
-   * always wins). Under NODE_ENV=test they run only when this says 'on', so other suites' statement and
+   * The transfer-event workers (outbox relay, notifier, leaderboard and daily totals; EVENT_WORKERS
+   * chooses which, and its choice always wins). Under NODE_ENV=test they run only when this says 'on', so other suites' statement and
    * round-trip counts see no background work; production is unchanged.
    */
   eventWorkers?: 'on' | 'off'
@@ -167,15 +167,17 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
   // History cursors are signed with keys derived from the session secrets (src/routes/history.ts).
   await app.register(historyRoutes, { secrets: config.session.secrets })
   const eventWorkers =
-    config.events.workers && (deps.eventWorkers ?? (config.nodeEnv === 'test' ? 'off' : 'on')) === 'on'
+    (deps.eventWorkers ?? (config.nodeEnv === 'test' ? 'off' : 'on')) === 'on'
+      ? config.events.workers
+      : NO_EVENT_WORKERS
   await app.register(events, {
     prefix,
     ...config.events,
     workers: eventWorkers,
     ...deps.eventConsumer,
   })
-  // The leaderboard and daily totals: two more consumer groups on the transfer events, under the same switch.
-  await app.register(campaigns, { prefix, workers: eventWorkers, ...deps.eventConsumer })
+  // The leaderboard and daily totals: two more consumer groups on the transfer events.
+  await app.register(campaigns, { prefix, workers: eventWorkers.campaigns, ...deps.eventConsumer })
   await app.register(transferRoutes, { outbox: config.events.outbox })
   await app.register(notificationRoutes)
   await app.register(campaignRoutes)

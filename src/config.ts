@@ -35,7 +35,9 @@ const EnvSchema = Type.Object({
   SCHEDULER: Type.Optional(Type.Union([Type.Literal('on'), Type.Literal('off')])),
   RECONCILIATION_PERIOD: Type.Optional(Type.String({ pattern: '^[0-9]*[1-9][0-9]*(ms|s|m|h)$' })),
   OUTBOX: Type.Optional(Type.Union([Type.Literal('on'), Type.Literal('off')])),
-  EVENT_WORKERS: Type.Optional(Type.Union([Type.Literal('on'), Type.Literal('off')])),
+  EVENT_WORKERS: Type.Optional(
+    Type.String({ pattern: '^(on|off|(relay|notifier|campaigns)(,(relay|notifier|campaigns))*)$' }),
+  ),
   OUTBOX_RELAY_INTERVAL: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*(ms|s|m|h)$' })),
   EVENTS_RETENTION: Type.Optional(Type.String({ pattern: '^[1-9][0-9]{0,8}$' })),
   NOTIFICATIONS_RETENTION: Type.Optional(Type.String({ pattern: '^[1-9][0-9]{0,8}$' })),
@@ -69,7 +71,7 @@ const HINTS: Record<string, string> = {
   SCHEDULER: 'on or off',
   RECONCILIATION_PERIOD: 'a duration above zero like 24h',
   OUTBOX: 'on or off',
-  EVENT_WORKERS: 'on or off',
+  EVENT_WORKERS: 'on, off, or a comma list of relay, notifier, campaigns',
   OUTBOX_RELAY_INTERVAL: 'a duration above zero like 1s',
   EVENTS_RETENTION: 'a positive integer (stream entries kept)',
   NOTIFICATIONS_RETENTION: 'a positive integer (notifications kept per customer)',
@@ -87,6 +89,22 @@ export class ConfigError extends Error {
 export interface WindowLimit {
   limit: number
   windowMs: number
+}
+
+/** The transfer-event workers an instance can run: the outbox relay and the consumer groups. */
+export interface EventWorkers {
+  relay: boolean
+  notifier: boolean
+  /** The leaderboard and daily-totals consumer groups. */
+  campaigns: boolean
+}
+
+export const NO_EVENT_WORKERS: EventWorkers = { relay: false, notifier: false, campaigns: false }
+
+function parseEventWorkers(value: string): EventWorkers {
+  if (value === 'on') return { relay: true, notifier: true, campaigns: true }
+  const listed = new Set(value.split(','))
+  return { relay: listed.has('relay'), notifier: listed.has('notifier'), campaigns: listed.has('campaigns') }
 }
 
 export interface Config {
@@ -120,7 +138,8 @@ export interface Config {
   /** Transfer events (docs/events.md): outbox, relay and notifier workers, SSE notifications. */
   events: {
     outbox: boolean
-    workers: boolean
+    /** Which transfer-event workers this instance runs (EVENT_WORKERS; `on`: all three). */
+    workers: EventWorkers
     relayIntervalMs: number
     streamRetention: number
     notificationsRetention: number
@@ -228,7 +247,7 @@ export function loadConfig(env: Record<string, string | undefined> = process.env
     },
     events: {
       outbox: (e.OUTBOX ?? 'on') === 'on',
-      workers: (e.EVENT_WORKERS ?? 'on') === 'on',
+      workers: parseEventWorkers(e.EVENT_WORKERS ?? 'on'),
       relayIntervalMs: parseDuration(e.OUTBOX_RELAY_INTERVAL ?? '1s'),
       streamRetention: Number(e.EVENTS_RETENTION ?? 100_000),
       notificationsRetention: Number(e.NOTIFICATIONS_RETENTION ?? 1000),

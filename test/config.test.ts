@@ -15,6 +15,7 @@ test('defaults follow docs/http-api.md', () => {
   assert.equal(config.session.secrets.length, 1)
   assert.ok(config.session.secrets[0]!.length >= 32, 'a random per-process secret in development')
   assert.equal(config.session.secure, false)
+  assert.deepEqual(config.events.workers, { relay: true, notifier: true, campaigns: true })
 })
 
 test('parses every variable', () => {
@@ -43,6 +44,10 @@ test('parses every variable', () => {
     { host: 'a', port: 7000 },
     { host: 'b', port: 7001 },
   ])
+  const workers = (value: string) => loadConfig({ EVENT_WORKERS: value }).events.workers
+  assert.deepEqual(workers('off'), { relay: false, notifier: false, campaigns: false })
+  assert.deepEqual(workers('relay'), { relay: true, notifier: false, campaigns: false })
+  assert.deepEqual(workers('notifier,campaigns'), { relay: false, notifier: true, campaigns: true })
 })
 
 test('a bad variable fails the boot with a message naming it', () => {
@@ -62,6 +67,10 @@ test('a bad variable fails the boot with a message naming it', () => {
       "Invalid environment variable REDIS_URL: expected a redis:// or rediss:// URL, got 'localhost:6379'",
     ],
     [{ RATE_LIMITS: 'maybe' }, "Invalid environment variable RATE_LIMITS: expected on or off, got 'maybe'"],
+    [
+      { EVENT_WORKERS: 'relay,mailer' },
+      "Invalid environment variable EVENT_WORKERS: expected on, off, or a comma list of relay, notifier, campaigns, got 'relay,mailer'",
+    ],
     [
       { SESSION_SECRET: 'short' },
       'Invalid environment variable SESSION_SECRET: expected at least 32 characters (comma list for rotation; the first signs), got (hidden)',

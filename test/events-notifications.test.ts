@@ -17,7 +17,8 @@ import {
 } from './helpers.ts'
 
 // Live notifications end to end over real HTTP: two gateway instances on one Redis and one
-// database, each with its relay and notifier; a transfer on one reaches the SSE stream on the other.
+// database, A running the outbox relay and B the consumers (EVENT_WORKERS); a transfer on A reaches
+// the SSE stream on B through B's notifier.
 
 let database: TestDatabase
 let a: TestApp
@@ -35,8 +36,8 @@ before(async () => {
   database = await createTestDatabase()
   const env = { SSE_MAX_STREAMS: '3', SSE_HEARTBEAT: '200ms', OUTBOX_RELAY_INTERVAL: '200ms' }
   const deps = { testDatabase: database, keyPrefix: prefix, eventWorkers: 'on' as const }
-  a = await buildTestApp(env, deps)
-  b = await buildTestApp(env, deps)
+  a = await buildTestApp({ ...env, EVENT_WORKERS: 'relay' }, deps)
+  b = await buildTestApp({ ...env, EVENT_WORKERS: 'notifier,campaigns' }, deps)
   urlA = await listen(a.app)
   urlB = await listen(b.app)
   alice = await createCustomer(database.db, 'alice', [1_000_000])
@@ -185,6 +186,15 @@ test('without a session: 401; logout in this process and a session ended elsewhe
   const out = await fetch(`${urlA}/session`, { method: 'DELETE', headers: { cookie: other } })
   assert.equal(out.status, 204)
   await there.ended
+})
+
+test('EVENT_WORKERS splits the workers: A runs no consumer, each group has one (on B)', async () => {
+  assert.equal(a.app.events.notifier, null)
+  assert.deepEqual(a.app.campaigns.consumers, [])
+  for (const group of ['notifier', 'leaderboard', 'daily-stats']) {
+    const consumers = (await a.redis.xinfo('CONSUMERS', a.app.events.stream, group)) as unknown[][]
+    assert.equal(consumers.length, 1, `${group}: one consumer`)
+  }
 })
 
 test('a redelivered event is notified once per customer', async () => {

@@ -154,16 +154,14 @@ test('plausible and broken transfers from a signed-in customer: no 5xx, no write
     // Surely valid ones too, so that some money always moves (a plausible body is often refused).
     {
       weight: 1,
-      arbitrary: fc
-        .integer({ min: 1, max: 1000 })
-        .map((amount) =>
-          JSON.stringify({
-            fromAccountId: alice.accountIds[0],
-            toAccountId: bob.accountIds[0],
-            amount,
-            currency: 'VND',
-          }),
-        ),
+      arbitrary: fc.integer({ min: 1, max: 1000 }).map((amount) =>
+        JSON.stringify({
+          fromAccountId: alice.accountIds[0],
+          toAccountId: bob.accountIds[0],
+          amount,
+          currency: 'VND',
+        }),
+      ),
     },
   )
   // The first property may have ended the shared session (logins and logouts among its requests).

@@ -20,7 +20,7 @@ export interface CampaignsApi {
   /** The gateway's key prefix, for the daily totals' keys (src/campaigns/stats.ts). */
   prefix: string
   leaderboard: Leaderboard
-  /** Empty when the workers run elsewhere (EVENT_WORKERS=off, or tests that did not ask for them). */
+  /** Empty when these consumers run elsewhere (EVENT_WORKERS, or tests that did not ask for them). */
   consumers: StreamConsumer[]
 }
 

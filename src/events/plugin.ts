@@ -5,6 +5,7 @@ import fp from 'fastify-plugin'
 import { Gauge, type Registry } from 'prom-client'
 import { LEADERBOARD_GROUP } from '../campaigns/leaderboard.ts'
 import { STATS_GROUP } from '../campaigns/stats.ts'
+import type { EventWorkers } from '../config.ts'
 import type { Database } from '../db/database.ts'
 import type { RedisClient, StreamConsumer } from '../index.ts'
 import { createNotifier, NOTIFIER_GROUP } from './notifier.ts'
@@ -14,8 +15,8 @@ import { SseHub } from './sse-hub.ts'
 export interface EventsPluginOptions {
   /** Prepended to every key and channel (the gateway's key prefix). */
   prefix: string
-  /** Run the relay and the notifier in this process. */
-  workers: boolean
+  /** Which of the relay and the notifier run in this process. */
+  workers: Pick<EventWorkers, 'relay' | 'notifier'>
   relayIntervalMs: number
   streamRetention: number
   notificationsRetention: number
@@ -31,7 +32,7 @@ export interface EventsApi {
   stream: string
   deadLetterStream: string
   relay: OutboxRelay
-  /** Null when the workers run elsewhere (EVENT_WORKERS=off, or tests that did not ask for them). */
+  /** Null when the notifier runs elsewhere (EVENT_WORKERS, or tests that did not ask for it). */
   notifier: StreamConsumer | null
   hub: SseHub
   maxStreamsPerCustomer: number
@@ -113,7 +114,7 @@ function observeEvents(registry: Registry, db: Database, redis: RedisClient, api
 }
 
 /**
- * Transfer events (docs/events.md): the outbox relay and the notifier consumer (when `workers`),
+ * Transfer events (docs/events.md): the outbox relay and the notifier consumer (as `workers` says),
  * and the SSE hub behind GET /notifications. Decorates `app.events`.
  */
 async function eventsPlugin(app: FastifyInstance, options: EventsPluginOptions): Promise<void> {
@@ -130,7 +131,7 @@ async function eventsPlugin(app: FastifyInstance, options: EventsPluginOptions):
     intervalMs: options.relayIntervalMs,
     onError,
   })
-  const notifier = options.workers
+  const notifier = options.workers.notifier
     ? createNotifier({
         redis,
         prefix,
@@ -179,8 +180,7 @@ async function eventsPlugin(app: FastifyInstance, options: EventsPluginOptions):
   })
   app.addHook('onReady', async () => {
     if (app.hasDecorator('metrics')) observeEvents(app.metrics.registry, app.db, redis, api)
-    if (!options.workers) return
-    relay.start()
+    if (options.workers.relay) relay.start()
     await notifier?.start().catch(onError)
   })
   app.addHook('preClose', async () => {
