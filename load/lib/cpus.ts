@@ -51,6 +51,15 @@ export function pinUnderTest(pid: number): void {
   if (pinned) execFileSync('taskset', ['-a', '-p', '-c', UNDER_TEST_CPUS, String(pid)], { stdio: 'ignore' })
 }
 
+/**
+ * Pins a running process to the load generator's CPU: work the measured layout runs on machines
+ * of its own (the transfer-event consumers of the events scenario), kept off the CPUs under test.
+ */
+export function pinBesideLoadGenerator(pid: number): void {
+  if (pinned)
+    execFileSync('taskset', ['-a', '-p', '-c', LOAD_GENERATOR_CPUS, String(pid)], { stdio: 'ignore' })
+}
+
 /** The parent pid of a process: field 4 of /proc/<pid>/stat (the name, field 2, may hold spaces). */
 function parentOf(pid: number | string): number {
   const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')

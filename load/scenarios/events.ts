@@ -1,17 +1,19 @@
-// The transactional outbox on POST /transfers: the gateway with OUTBOX=on EVENT_WORKERS=on (the
-// transfer statement writes an outbox row; the relay and the notifier of this process move it to
-// events:transfers and to the customers' notification streams) against the gateway with OUTBOX=off
-// EVENT_WORKERS=off, interleaved, on the same database, Redis and accounts. During the outbox-on
-// rounds a few recipients keep GET /notifications (SSE) open on that server, and each transfer to
-// them is timed from its 201 at the load generator to its `transfer.received` message, and from its
-// createdAt; then every committed transfer is checked to have been notified to both customers.
-import { randomUUID } from 'node:crypto'
+// The transactional outbox on POST /transfers: the gateway with OUTBOX=on (the transfer statement
+// writes an outbox row; the relay moves it to events:transfers, the notifier to the customers'
+// notification streams) against the gateway with OUTBOX=off EVENT_WORKERS=off, interleaved, on the
+// same database, Redis and accounts, in two layouts: the API instance running the relay with the
+// consumer groups in a worker instance on the load generator's CPU (the verdict), then every worker
+// in the API process. During the first layout's outbox-on rounds a few recipients keep
+// GET /notifications (SSE) open on the API instance, and each transfer to them is timed from its 201
+// at the load generator to its `transfer.received` message, and from its createdAt; then every
+// committed transfer is checked to have been notified to both customers.
+import { randomInt, randomUUID } from 'node:crypto'
 import { request as httpRequest } from 'node:http'
 import autocannon from 'autocannon'
 import { Redis } from 'ioredis'
 import pg from 'pg'
-import { createPgDatabase } from '../../src/db/database.ts'
-import { hashPassword } from '../../src/ledger/passwords.ts'
+import { pinBesideLoadGenerator } from '../lib/cpus.ts'
+import { seedCustomers, signInCustomers } from '../lib/customers.ts'
 import {
   formatTable,
   median,
@@ -26,53 +28,14 @@ import { startBenchServices } from '../lib/services.ts'
 import { BENCH_SECRET, GATEWAY_ENTRY } from '../servers/cache-cluster.ts'
 
 const TARGET = 0.9
-const CUSTOMERS = 16
-/** Customers (every fourth of the ring) whose notifications are streamed: "a few recipients". */
-const WATCHED = [0, 4, 8, 12]
+const CUSTOMERS = 10_000
+/** Customers (account indexes) whose notifications are streamed: "a few recipients". */
+const WATCHED = [0, 1, 2, 3]
+/** One transfer in this many pays a watched recipient, so their delays are measured by the thousand. */
+const WATCHED_EVERY = 8
 const CONNECTIONS = 20
-const PASSWORD = 'bench-password'
+const _PASSWORD = 'bench-password'
 const STREAM = 'events:transfers'
-
-interface BenchCustomer {
-  cookie: string
-  accountId: number
-}
-
-/** Seeded as load/scenarios/idempotency.ts does: one funded VND account each, logged in. */
-async function benchCustomers(databaseUrl: string, url: string, count: number): Promise<BenchCustomer[]> {
-  const db = createPgDatabase({ connectionString: databaseUrl })
-  const hash = await hashPassword(PASSWORD)
-  const created: Array<{ username: string; accountId: number }> = []
-  try {
-    for (let i = 0; i < count; i++) {
-      const username = `bench${i}`
-      const [customer] = await db.query<{ id: number }>(
-        'INSERT INTO customers (username, password_hash) VALUES ($1, $2) RETURNING id',
-        [username, hash],
-      )
-      const [account] = await db.query<{ id: number }>(
-        "INSERT INTO accounts (customer_id, currency, balance, opening_balance) VALUES ($1, 'VND', $2, $2) RETURNING id",
-        [customer!.id, 1_000_000_000],
-      )
-      created.push({ username, accountId: account!.id })
-    }
-  } finally {
-    await db.close()
-  }
-  return Promise.all(
-    created.map(async ({ username, accountId }) => {
-      const response = await fetch(`${url}/session`, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json' },
-        body: JSON.stringify({ username, password: PASSWORD }),
-      })
-      const cookie = response.headers.getSetCookie()[0]?.split(';')[0]
-      if (response.status !== 200 || !cookie)
-        throw new Error(`login of ${username} failed: ${response.status}`)
-      return { cookie, accountId }
-    }),
-  )
-}
 
 /** A notification as it arrived at the SSE client: when (both clocks) and what it said. */
 interface Arrival {
@@ -166,23 +129,36 @@ const events: Scenario = async ({ quick }) => {
       RATE_LIMITS: 'off',
       SCHEDULER: 'off',
     }
-    // The first server migrates and seeds; the second starts on the same database after it.
-    const outboxOn = await startServer(GATEWAY_ENTRY, { ...env, OUTBOX: 'on', EVENT_WORKERS: 'on' })
-    servers.push(outboxOn)
+    // The first server migrates and seeds; the others start on the same database after it. The
+    // layout measured first (the verdict): the API instance runs the outbox relay, a worker instance
+    // on the load generator's CPU (a machine of its own in production) runs the consumer groups.
+    const api = await startServer(GATEWAY_ENTRY, { ...env, OUTBOX: 'on', EVENT_WORKERS: 'relay' })
+    servers.push(api)
     const outboxOff = await startServer(GATEWAY_ENTRY, { ...env, OUTBOX: 'off', EVENT_WORKERS: 'off' })
     servers.push(outboxOff)
+    const worker = await startServer(GATEWAY_ENTRY, { ...env, EVENT_WORKERS: 'notifier,campaigns' })
+    servers.push(worker)
+    pinBesideLoadGenerator(worker.pid)
     await db.connect()
 
     // Sessions live in the shared Redis: a cookie from one server is valid on the other.
-    const customers = await benchCustomers(services.databaseUrl, outboxOn.url, CUSTOMERS)
-    const watchedAccounts = new Set(WATCHED.map((i) => customers[i]!.accountId))
+    const seeded = await seedCustomers(db, CUSTOMERS, 1_000_000_000)
+    const cookies = await signInCustomers(services.redisUrl, env, seeded)
+    const watchedAccounts = new Set(WATCHED.map((i) => seeded.first + i))
     const received = new Map<number, Arrival>()
-    for (const i of WATCHED)
-      streams.push(await openNotifications(outboxOn.url, customers[i]!.cookie, received))
+    for (const i of WATCHED) streams.push(await openNotifications(api.url, cookies[i]!, received))
 
     const durationSec = quick ? 1 : 5
     const rounds = quick ? 2 : 7
-    let next = 0
+    let turn = 0
+    /** A random pair of account indexes; every WATCHED_EVERY-th pays a watched recipient, in turn. */
+    const pair = (): [number, number] => {
+      turn++
+      const to =
+        turn % WATCHED_EVERY === 0 ? WATCHED[(turn / WATCHED_EVERY) % WATCHED.length]! : randomInt(CUSTOMERS)
+      const from = (to + 1 + randomInt(CUSTOMERS - 1)) % CUSTOMERS
+      return [from, to]
+    }
     /** One autocannon run of POST /transfers (new key each, customer i pays i+1, 1 VND). */
     const run = async (url: string, seconds: number, created: Created[] | null): Promise<Sample> => {
       const result = await autocannon({
@@ -194,15 +170,13 @@ const events: Scenario = async ({ quick }) => {
         requests: [
           {
             setupRequest: (request) => {
-              const i = next++ % customers.length
-              const from = customers[i]!
-              const to = customers[(i + 1) % customers.length]!
+              const [from, to] = pair()
               return {
                 ...request,
-                headers: { ...request.headers, cookie: from.cookie, 'idempotency-key': randomUUID() },
+                headers: { ...request.headers, cookie: cookies[from]!, 'idempotency-key': randomUUID() },
                 body: JSON.stringify({
-                  fromAccountId: from.accountId,
-                  toAccountId: to.accountId,
+                  fromAccountId: seeded.first + from,
+                  toAccountId: seeded.first + to,
                   amount: 1,
                   currency: 'VND',
                 }),
@@ -272,45 +246,70 @@ const events: Scenario = async ({ quick }) => {
       }
     }
 
-    const contenders = [
-      { name: 'OUTBOX=on, EVENT_WORKERS=on', url: outboxOn.url, on: true },
-      { name: 'OUTBOX=off, EVENT_WORKERS=off', url: outboxOff.url, on: false },
-    ]
-    for (const c of contenders) {
-      await run(c.url, quick ? 1 : 2, null)
-      await settle([])
-    }
-    const samples = new Map<string, Sample[]>(contenders.map((c) => [c.name, []]))
-    /** 201s of the outbox-on rounds addressed to a watched recipient. */
+    /** 201s of the verdict layout's rounds addressed to a watched recipient. */
     const watched: Created[] = []
     let createdOn = 0
-    for (let round = 0; round < rounds; round++) {
-      const order = round % 2 === 0 ? contenders : [...contenders].reverse()
-      for (const c of order) {
-        const created: Created[] = []
-        const sample = await run(c.url, durationSec, c.on ? created : null)
-        samples.get(c.name)!.push(sample)
-        const mine = created.filter((t) => watchedAccounts.has(t.toAccountId))
-        if (c.on) {
+    type Contender = { name: string; url: string; on: boolean }
+    /** Warm-up, then `rounds` interleaved runs of each; the 201s of outbox-on runs are kept if `timed`. */
+    const interleave = async (contenders: Contender[], timed: boolean): Promise<Summary[]> => {
+      for (const c of contenders) {
+        await run(c.url, quick ? 1 : 2, null)
+        await settle([])
+      }
+      const samples = new Map<string, Sample[]>(contenders.map((c) => [c.name, []]))
+      for (let round = 0; round < rounds; round++) {
+        const order = round % 2 === 0 ? contenders : [...contenders].reverse()
+        for (const c of order) {
+          const created: Created[] = []
+          const sample = await run(c.url, durationSec, c.on && timed ? created : null)
+          samples.get(c.name)!.push(sample)
+          const mine = created.filter((t) => watchedAccounts.has(t.toAccountId))
           createdOn += created.length
           watched.push(...mine)
+          await settle(mine)
+          const bad = sample.non2xx + sample.errors + sample.timeouts
+          console.error(
+            `events round ${round + 1}/${rounds} ${c.name}: ${Math.round(sample.rps)} req/s, p99 ${sample.p99} ms${bad ? `, ${bad} non-2xx/errors` : ''}`,
+          )
         }
-        await settle(mine)
-        const bad = sample.non2xx + sample.errors + sample.timeouts
-        console.error(
-          `events round ${round + 1}/${rounds} ${c.name}: ${Math.round(sample.rps)} req/s, p99 ${sample.p99} ms${bad ? `, ${bad} non-2xx/errors` : ''}`,
-        )
       }
+      return contenders.map((c) => {
+        const list = samples.get(c.name)!
+        return {
+          name: c.name,
+          rps: spread(list.map((s) => s.rps)),
+          p99: spread(list.map((s) => s.p99)),
+          samples: list,
+        }
+      })
     }
-    const summaries: Summary[] = contenders.map((c) => {
-      const list = samples.get(c.name)!
-      return {
-        name: c.name,
-        rps: spread(list.map((s) => s.rps)),
-        p99: spread(list.map((s) => s.p99)),
-        samples: list,
-      }
-    })
+
+    const offName = 'OUTBOX=off, EVENT_WORKERS=off'
+    const summaries = await interleave(
+      [
+        { name: 'OUTBOX=on, relay in the API, consumers in a worker instance', url: api.url, on: true },
+        { name: offName, url: outboxOff.url, on: false },
+      ],
+      true,
+    )
+    // Then every worker in the API process (EVENT_WORKERS=on), against the same off server: the
+    // relay and all three consumer groups on the CPU under test.
+    await worker.stop()
+    await api.stop()
+    const allInOne = await startServer(GATEWAY_ENTRY, { ...env, OUTBOX: 'on', EVENT_WORKERS: 'on' })
+    servers.push(allInOne)
+    const [oneProcess, offAgain] = (await interleave(
+      [
+        {
+          name: 'OUTBOX=on, EVENT_WORKERS=on (every worker in the API process)',
+          url: allInOne.url,
+          on: true,
+        },
+        { name: `${offName} (second phase)`, url: outboxOff.url, on: false },
+      ],
+      false,
+    )) as [Summary, Summary]
+    const oneProcessRatio = ratio(oneProcess, offAgain)
     const [on, off] = summaries as [Summary, Summary]
     const outboxRatio = ratio(on, off)
 
@@ -382,7 +381,7 @@ const events: Scenario = async ({ quick }) => {
           'p99 ms median (min-max)',
           'non-2xx or errors',
         ],
-        [on, off].map((s) => [s.name, cell(s.rps), cell(s.p99, 1), bad(s)]),
+        [on, off, oneProcess, offAgain].map((s) => [s.name, cell(s.rps), cell(s.p99, 1), bad(s)]),
       ),
       '',
       formatTable(
@@ -395,12 +394,19 @@ const events: Scenario = async ({ quick }) => {
             `${outboxRatio.max.toFixed(2)}x`,
             `>= ${TARGET}x: ${outboxRatio.median >= TARGET ? 'met' : 'NOT met'}`,
           ],
+          [
+            'outbox on / off, every worker in the API process',
+            `${oneProcessRatio.median.toFixed(2)}x`,
+            `${oneProcessRatio.min.toFixed(2)}x`,
+            `${oneProcessRatio.max.toFixed(2)}x`,
+            'reported',
+          ],
         ],
       ),
       '',
       formatTable(
         [
-          'delay to the recipient’s SSE `transfer.received`, outbox-on rounds',
+          'delay to the recipient’s SSE `transfer.received`, first layout’s outbox-on rounds',
           'measured',
           'p50 ms',
           'p99 ms',
@@ -426,7 +432,7 @@ const events: Scenario = async ({ quick }) => {
       '',
       formatTable(
         [
-          'transfers committed with OUTBOX=on',
+          'transfers committed with OUTBOX=on (both layouts)',
           'relayed',
           'notified to the recipient',
           'notified to the sender',
@@ -452,9 +458,13 @@ const events: Scenario = async ({ quick }) => {
       ),
       '',
       `${quick ? 'Quick run: ' : ''}${rounds} interleaved rounds of ${durationSec} s (ratio: median of the per-round ratios), ` +
-        `${CONNECTIONS} connections, ${CUSTOMERS} customers each paying the next 1 VND per request with a new Idempotency-Key, ` +
-        'the demo gateway (`load/servers/gateway.ts`, RATE_LIMITS=off, SCHEDULER=off) twice on one Redis and one database. ' +
-        `During the outbox-on rounds ${WATCHED.length} recipients keep GET /notifications open on that server (SSE clients in ` +
+        `${CONNECTIONS} connections, ${CUSTOMERS.toLocaleString('en')} customers with one VND account each (sessions created in Redis as login creates them), ` +
+        `1 VND per request between random accounts (one in ${WATCHED_EVERY} to a watched recipient) with a new Idempotency-Key, ` +
+        'the demo gateway (`load/servers/gateway.ts`, RATE_LIMITS=off, SCHEDULER=off) on one Redis and one database, in two ' +
+        'phases against the same OUTBOX=off server. First (the verdict) the layout docs/events.md recommends under load: the ' +
+        'API instance with EVENT_WORKERS=relay and a worker instance with EVENT_WORKERS=notifier,campaigns, pinned to the ' +
+        'load generator\u2019s CPU as a machine of its own; then one instance with every worker (EVENT_WORKERS=on) on the CPU ' +
+        `under test. During the first phase\u2019s outbox-on rounds ${WATCHED.length} recipients keep GET /notifications open on the API instance (SSE clients in ` +
         'the load generator\u2019s process); the delay is timed per transfer to them from its 201 as autocannon parsed it ' +
         '(after COMMIT; negative when the message beat the response: ' +
         `${beforeResponse} of ${fromResponse.length}) and, on the wall clock, from its createdAt (the transaction\u2019s ` +
@@ -468,6 +478,7 @@ const events: Scenario = async ({ quick }) => {
       markdown,
       data: {
         transfers: { outboxOn: on, outboxOff: off, ratio: outboxRatio, target: TARGET },
+        everyWorkerInTheApi: { outboxOn: oneProcess, outboxOff: offAgain, ratio: oneProcessRatio },
         delays,
         completeness: { ...completeness, everyNotified },
         watchedCustomers: WATCHED.length,

@@ -7,14 +7,11 @@
 // of the statement itself.
 import { createHash, randomInt, randomUUID } from 'node:crypto'
 import { readFileSync } from 'node:fs'
-import fastifyCookie from '@fastify/cookie'
 import { Redis } from 'ioredis'
 import pg from 'pg'
-import { loadConfig } from '../../src/config.ts'
-import { hashPassword } from '../../src/ledger/passwords.ts'
-import { SessionStore, sessionCookieName } from '../../src/plugins/session/index.ts'
 import type { RatioBar } from '../lib/chart.ts'
 import { pinned } from '../lib/cpus.ts'
+import { type Seeded, seedCustomers, signInCustomers } from '../lib/customers.ts'
 import {
   PGBENCH_MISSING,
   type PgbenchRun,
@@ -39,77 +36,10 @@ const CUSTOMERS = 10_000
 const CONNECTIONS = 20
 const OPENING_BALANCE = 1_000_000_000
 const TARGET = 0.8
-const PASSWORD = 'bench-password'
 /** The gateway with GET /__bench/counters (statements and requests), configured by the environment. */
 const entry = new URL('../servers/chain.ts', import.meta.url).pathname
 /** pgbench sends one fingerprint for all its transfers: the gateway's are sha256 hex, as long as this. */
 const PGBENCH_FINGERPRINT = createHash('sha256').update('pgbench').digest('hex')
-
-interface Seeded {
-  /** Account ids first..last, one per customer; customer id = account id + customerOffset. */
-  first: number
-  last: number
-  customerOffset: number
-}
-
-/**
- * The customers and their accounts in two bulk statements (one password hash for all of them).
- * Their ids come out consecutive and in step, which the pgbench script relies on: it is checked.
- */
-async function seed(db: pg.Client): Promise<Seeded> {
-  const hash = await hashPassword(PASSWORD)
-  const { rows } = await db.query<{ id: number; customer_id: number }>(
-    `WITH c AS (
-       INSERT INTO customers (username, password_hash)
-       SELECT 'load-' || i, $1 FROM generate_series(1, $2::integer) AS i ORDER BY i RETURNING id
-     )
-     INSERT INTO accounts (customer_id, currency, balance, opening_balance)
-     SELECT id, 'VND', $3::bigint, $3::bigint FROM c ORDER BY id
-     RETURNING id, customer_id`,
-    [hash, CUSTOMERS, OPENING_BALANCE],
-  )
-  rows.sort((a, b) => a.id - b.id)
-  const first = rows[0]!.id
-  const customerOffset = rows[0]!.customer_id - first
-  rows.forEach((row, i) => {
-    if (row.id !== first + i || row.customer_id - row.id !== customerOffset)
-      throw new Error('seeded account ids are not consecutive and in step with their customers')
-  })
-  await db.query('ANALYZE')
-  return { first, last: first + CUSTOMERS - 1, customerOffset }
-}
-
-/**
- * One session per customer, created in Redis by the session store exactly as login creates it and
- * signed with the gateway's secret: 10,000 logins would cost 10,000 scrypt verifications (minutes
- * of CPU) and measure nothing this scenario is about. Returns the Cookie header per account index.
- */
-async function signIn(redisUrl: string, env: Record<string, string>, seeded: Seeded): Promise<string[]> {
-  const config = loadConfig({ ...env, NODE_ENV: 'production' })
-  const redis = new Redis(redisUrl)
-  try {
-    const store = new SessionStore(redis, {
-      keyPrefix: 'sess:',
-      idleTimeoutMs: config.session.idleTimeoutMs,
-      absoluteTimeoutMs: config.session.absoluteTimeoutMs,
-    })
-    const signer = fastifyCookie.signerFactory(config.session.secrets)
-    const name = sessionCookieName({ secure: config.session.secure })
-    const cookies: string[] = []
-    for (let start = 0; start < CUSTOMERS; start += 500) {
-      const batch = await Promise.all(
-        Array.from({ length: Math.min(500, CUSTOMERS - start) }, async (_, j) => {
-          const session = await store.create(String(seeded.first + start + j + seeded.customerOffset))
-          return `${name}=${encodeURIComponent(signer.sign(session.id))}`
-        }),
-      )
-      cookies.push(...batch)
-    }
-    return cookies
-  } finally {
-    redis.disconnect()
-  }
-}
 
 interface Counters {
   dbQueries: number
@@ -294,8 +224,8 @@ const transfers: Scenario = async ({ quick }) => {
     }
     server = await startServer(entry, env)
     await db.connect()
-    const seeded = await seed(db)
-    const cookies = await signIn(services.redisUrl, env, seeded)
+    const seeded = await seedCustomers(db, CUSTOMERS, OPENING_BALANCE)
+    const cookies = await signInCustomers(services.redisUrl, env, seeded)
     const check = await fetch(`${server.url}/accounts`, { headers: { cookie: cookies[CUSTOMERS - 1]! } })
     const listed = (await check.json()) as { accounts?: Array<{ accountId: number }> }
     if (check.status !== 200 || listed.accounts?.[0]?.accountId !== seeded.last)
