@@ -163,16 +163,16 @@ export async function interleave(
       )
     }
   }
-  return contenders.map((c) => {
-    const list = samples.get(c.name)!
-    return {
-      name: c.name,
-      rps: spread(list.map((s) => s.rps)),
-      p99: spread(list.map((s) => s.p99)),
-      samples: list,
-    }
-  })
+  return contenders.map((c) => summarize(c.name, samples.get(c.name)!))
 }
+
+/** One contender's rounds: median, lowest and highest req/s and p99. */
+export const summarize = (name: string, samples: Sample[]): Summary => ({
+  name,
+  rps: spread(samples.map((s) => s.rps)),
+  p99: spread(samples.map((s) => s.p99)),
+  samples,
+})
 
 /**
  * The issue's "medians of pairs": each round's ratio of two contenders measured seconds apart, then

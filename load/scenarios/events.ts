@@ -16,12 +16,12 @@ import { pinBesideLoadGenerator } from '../lib/cpus.ts'
 import { seedCustomers, signInCustomers } from '../lib/customers.ts'
 import {
   formatTable,
-  median,
   ratio,
   type Sample,
   type ServerHandle,
   type Summary,
   startServer,
+  summarize,
 } from '../lib/runner.ts'
 import type { Scenario } from '../lib/scenario.ts'
 import { startBenchServices } from '../lib/services.ts'
@@ -107,12 +107,6 @@ interface Created {
 
 const quantile = (sorted: number[], q: number) =>
   sorted.length ? sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(q * sorted.length) - 1))]! : NaN
-
-const spread = (values: number[]) => ({
-  median: median(values),
-  min: Math.min(...values),
-  max: Math.max(...values),
-})
 
 const events: Scenario = async ({ quick }) => {
   const services = await startBenchServices()
@@ -273,15 +267,7 @@ const events: Scenario = async ({ quick }) => {
           )
         }
       }
-      return contenders.map((c) => {
-        const list = samples.get(c.name)!
-        return {
-          name: c.name,
-          rps: spread(list.map((s) => s.rps)),
-          p99: spread(list.map((s) => s.p99)),
-          samples: list,
-        }
-      })
+      return contenders.map((c) => summarize(c.name, samples.get(c.name)!))
     }
 
     const offName = 'OUTBOX=off, EVENT_WORKERS=off'
