@@ -390,8 +390,10 @@ describe('Redis loses the queue', () => {
           toAccountId: bob.accountIds[0],
           amount: 100 + i,
           currency: 'VND',
-          // Half due soon, half after the flush.
-          runAt: new Date(start + 500 + (i % 2) * 1500 + i * 10).toISOString(),
+          // Half due soon, half after the flush; each in the future when sent, on a slow machine too.
+          runAt: new Date(
+            i % 2 === 0 ? Date.now() + 800 + i * 10 : Math.max(start + 6000, Date.now() + 1000) + i * 10,
+          ).toISOString(),
         })
         assert.equal(res.statusCode, 201, res.body)
         ids.push(res.json().scheduleId)
