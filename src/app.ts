@@ -44,8 +44,9 @@ export interface GatewayDependencies {
   rateLimits?: 'on' | 'off'
   /**
    * The transfer-event workers (outbox relay, notifier, leaderboard and daily totals; EVENT_WORKERS
-   * chooses which, and its choice always wins). Under NODE_ENV=test they run only when this says 'on', so other suites' statement and
-   * round-trip counts see no background work; production is unchanged.
+   * chooses which, and its choice always wins). Under NODE_ENV=test they run only when this says
+   * 'on', so other suites' statement and round-trip counts see no background work; production is
+   * unchanged.
    */
   eventWorkers?: 'on' | 'off'
   /** Consumer tuning for tests (a short visibility timeout, fewer deliveries before the dead letter). */
