@@ -236,3 +236,36 @@ test('Redis restarted without its data: the relay refills the stream from the ou
     await database.drop()
   }
 })
+
+test('relayed rows older than the stream retention are deleted, unrelayed ones never; the rest still refill a lost stream', async () => {
+  const database = await createTestDatabase()
+  const redis = new Redis(TEST_REDIS_URL)
+  const stream = `${uniquePrefix('prune')}events:transfers`
+  const relay = createOutboxRelay({ db: database.db, redis, stream, retention: 10, intervalMs: 1000 })
+  const rowIds = async () =>
+    (
+      await database.db.query<{ id: string }>('SELECT id::text FROM outbox_events ORDER BY outbox_events.id')
+    ).map((r) => Number(r.id))
+  try {
+    const a = await createCustomer(database.db, 'alice', [1_000_000])
+    const b = await createCustomer(database.db, 'bob', [1_000_000])
+    await makeTransfers(database.db, a, b, 30)
+    assert.equal(await relay.relayPending(), 30)
+    const all = await rowIds()
+    assert.equal(all.length, 30, 'a pass prunes before it relays: nothing was relayed yet')
+    // The oldest row as a relay that has not got to it yet would find it.
+    await database.db.query('UPDATE outbox_events SET relayed_at = NULL WHERE id = $1', [all[0]])
+    assert.equal(await relay.relayPending(), 1)
+    assert.deepEqual(await rowIds(), [all[0], ...all.slice(20)], 'the 10 newest and the unrelayed one stay')
+    await relay.relayPending()
+    assert.deepEqual(await rowIds(), all.slice(20), 'relayed since, it goes at the next pass')
+
+    await redis.del(stream)
+    assert.equal(await relay.relayPending(), 10)
+    assert.deepEqual((await streamEventIds(redis, stream)).map(Number), all.slice(20))
+  } finally {
+    await redis.del(stream)
+    redis.disconnect()
+    await database.drop()
+  }
+})

@@ -33,7 +33,10 @@ export interface OutboxRelayOptions {
   redis: RedisClient
   /** The stream key (`events:transfers` under the gateway's key prefix). */
   stream: string
-  /** Approximate number of entries the stream keeps (XADD ... MAXLEN ~). */
+  /**
+   * Approximate number of entries the stream keeps (XADD ... MAXLEN ~); the outbox keeps as many
+   * relayed rows to refill it from, and the relay deletes older ones.
+   */
   retention: number
   /** Rows claimed per transaction. Default 100. */
   batch?: number
@@ -56,6 +59,9 @@ export interface OutboxRelay {
   /** Stops the timer and waits for a running pass (its transaction commits or rolls back). */
   stop(): Promise<void>
 }
+
+/** Relayed rows deleted per timer pass at most (one pass a second by default: far above any transfer rate). */
+const PRUNE_BATCH = 10_000
 
 const toEvent = (row: OutboxRow): TransferEvent => ({
   eventId: String(row.id),
@@ -141,12 +147,14 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
    * Redis lost entries (restart without persistence, failover to a replica that had not got them):
    * the newest event ids on the stream are behind what Postgres says was relayed. The rows after
    * the newest one still on the stream (at most `retention` of them) are marked unrelayed again.
+   * Resolves with the newest relayed id (0: none).
    */
-  async function refillAfterLoss(): Promise<void> {
+  async function refillAfterLoss(): Promise<number> {
     const [row] = await db.query<{ max: string | null }>(
       'SELECT max(id)::text AS max FROM outbox_events WHERE relayed_at IS NOT NULL',
     )
-    if (!row?.max) return
+    if (!row?.max) return 0
+    const relayed = Number(row.max)
     const tail = (await redis.xrevrange(stream, '+', '-', 'COUNT', Math.min(batch, 100))) as Array<
       [string, string[]]
     >
@@ -155,17 +163,33 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
       const at = fields.indexOf('eventId')
       if (at >= 0 && at % 2 === 0) newest = Math.max(newest, Number(fields[at + 1]))
     }
-    const relayed = Number(row.max)
-    if (newest >= relayed) return
+    if (newest >= relayed) return relayed
     await db.query(
       'UPDATE outbox_events SET relayed_at = NULL WHERE relayed_at IS NOT NULL AND id > GREATEST($1::bigint, $2::bigint)',
       [newest, relayed - retention],
+    )
+    return relayed
+  }
+
+  /**
+   * Deletes relayed rows no refill can need: a refill goes back at most `retention` events from the
+   * newest relayed one, so the rows before that are only taking space. Oldest first, a bounded
+   * batch per pass; rows another relay is deleting are skipped, not waited for.
+   */
+  async function pruneRelayed(newestRelayed: number): Promise<void> {
+    const upTo = newestRelayed - retention
+    if (upTo <= 0) return
+    await db.query(
+      `DELETE FROM outbox_events WHERE id IN (
+         SELECT id FROM outbox_events WHERE id <= $1 AND relayed_at IS NOT NULL ORDER BY id LIMIT $2
+         FOR UPDATE SKIP LOCKED)`,
+      [upTo, PRUNE_BATCH],
     )
   }
 
   /** `checkLoss`: on the timer's passes and direct calls; a commit's wake-up only relays. */
   async function relayPending(checkLoss = true): Promise<number> {
-    if (checkLoss) await refillAfterLoss()
+    if (checkLoss) await pruneRelayed(await refillAfterLoss())
     let total = 0
     for (;;) {
       const moved = await db.transaction(relayBatch)
