@@ -41,6 +41,7 @@ const EnvSchema = Type.Object({
   OUTBOX_RELAY_INTERVAL: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*(ms|s|m|h)$' })),
   EVENTS_RETENTION: Type.Optional(Type.String({ pattern: '^[1-9][0-9]{0,8}$' })),
   NOTIFICATIONS_RETENTION: Type.Optional(Type.String({ pattern: '^[1-9][0-9]{0,8}$' })),
+  NOTIFICATIONS_DEDUP: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*(ms|s|m|h)$' })),
   SSE_HEARTBEAT: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*(ms|s|m|h)$' })),
   SSE_MAX_STREAMS: Type.Optional(Type.String({ pattern: '^[1-9][0-9]{0,3}$' })),
   SHUTDOWN_DRAIN: Type.Optional(Type.String({ pattern: '^[0-9]+(ms|s|m|h)$' })),
@@ -75,6 +76,7 @@ const HINTS: Record<string, string> = {
   OUTBOX_RELAY_INTERVAL: 'a duration above zero like 1s',
   EVENTS_RETENTION: 'a positive integer (stream entries kept)',
   NOTIFICATIONS_RETENTION: 'a positive integer (notifications kept per customer)',
+  NOTIFICATIONS_DEDUP: 'a duration above zero like 24h',
   SSE_HEARTBEAT: 'a duration above zero like 15s',
   SSE_MAX_STREAMS: 'a positive integer (open notification streams per customer and instance)',
   TRUST_PROXY: 'true or false',
@@ -143,6 +145,8 @@ export interface Config {
     relayIntervalMs: number
     streamRetention: number
     notificationsRetention: number
+    /** How long the notifier remembers an event id per customer (NOTIFICATIONS_DEDUP). */
+    notificationsDedupMs: number
     sseHeartbeatMs: number
     sseMaxStreamsPerCustomer: number
   }
@@ -251,6 +255,7 @@ export function loadConfig(env: Record<string, string | undefined> = process.env
       relayIntervalMs: parseDuration(e.OUTBOX_RELAY_INTERVAL ?? '1s'),
       streamRetention: Number(e.EVENTS_RETENTION ?? 100_000),
       notificationsRetention: Number(e.NOTIFICATIONS_RETENTION ?? 1000),
+      notificationsDedupMs: parseDuration(e.NOTIFICATIONS_DEDUP ?? '24h'),
       sseHeartbeatMs: parseDuration(e.SSE_HEARTBEAT ?? '15s'),
       sseMaxStreamsPerCustomer: Number(e.SSE_MAX_STREAMS ?? 5),
     },

@@ -16,6 +16,7 @@ test('defaults follow docs/http-api.md', () => {
   assert.ok(config.session.secrets[0]!.length >= 32, 'a random per-process secret in development')
   assert.equal(config.session.secure, false)
   assert.deepEqual(config.events.workers, { relay: true, notifier: true, campaigns: true })
+  assert.equal(config.events.notificationsDedupMs, 86_400_000)
 })
 
 test('parses every variable', () => {
@@ -31,6 +32,7 @@ test('parses every variable', () => {
     RATE_LIMIT_IP: '10,2.5',
     RATE_LIMITS: 'off',
     SEED_DEMO: 'false',
+    NOTIFICATIONS_DEDUP: '90m',
   })
   assert.equal(config.port, 8080)
   assert.equal(config.cacheRedisUrl, 'redis://10.0.0.2:6379')
@@ -40,6 +42,7 @@ test('parses every variable', () => {
   assert.deepEqual(config.rateLimits.ip, { capacity: 10, refillPerSecond: 2.5 })
   assert.equal(config.rateLimits.enabled, false)
   assert.equal(config.seedDemo, false)
+  assert.equal(config.events.notificationsDedupMs, 5_400_000)
   assert.deepEqual(loadConfig({ REDIS_CLUSTER_NODES: 'a:7000,b:7001' }).redis.clusterNodes, [
     { host: 'a', port: 7000 },
     { host: 'b', port: 7001 },
@@ -67,6 +70,10 @@ test('a bad variable fails the boot with a message naming it', () => {
       "Invalid environment variable REDIS_URL: expected a redis:// or rediss:// URL, got 'localhost:6379'",
     ],
     [{ RATE_LIMITS: 'maybe' }, "Invalid environment variable RATE_LIMITS: expected on or off, got 'maybe'"],
+    [
+      { NOTIFICATIONS_DEDUP: '7' },
+      "Invalid environment variable NOTIFICATIONS_DEDUP: expected a duration above zero like 24h, got '7'",
+    ],
     [
       { EVENT_WORKERS: 'relay,mailer' },
       "Invalid environment variable EVENT_WORKERS: expected on, off, or a comma list of relay, notifier, campaigns, got 'relay,mailer'",

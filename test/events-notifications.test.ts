@@ -34,7 +34,12 @@ const open: SseConnection[] = []
 
 before(async () => {
   database = await createTestDatabase()
-  const env = { SSE_MAX_STREAMS: '3', SSE_HEARTBEAT: '200ms', OUTBOX_RELAY_INTERVAL: '200ms' }
+  const env = {
+    SSE_MAX_STREAMS: '3',
+    SSE_HEARTBEAT: '200ms',
+    OUTBOX_RELAY_INTERVAL: '200ms',
+    NOTIFICATIONS_DEDUP: '2h',
+  }
   const deps = { testDatabase: database, keyPrefix: prefix, eventWorkers: 'on' as const }
   a = await buildTestApp({ ...env, EVENT_WORKERS: 'relay' }, deps)
   b = await buildTestApp({ ...env, EVENT_WORKERS: 'notifier,campaigns' }, deps)
@@ -113,6 +118,10 @@ test("bob's stream on instance B gets transfer.received for alice's transfer on 
     [string, string[]]
   >
   assert.ok(entries.some(([id]) => id === received!.id))
+  // The notifier remembers the event per customer for NOTIFICATIONS_DEDUP (2 h here), then forgets it.
+  const keys = notificationKeys(prefix, bob.customerId)
+  const ttl = await b.redis.pttl(keys.marker(String(received!.data.eventId), 'transfer.received'))
+  assert.ok(ttl > 3_600_000 && ttl <= 7_200_000, `marker TTL ${ttl} ms`)
   bobStream.close()
   aliceStream.close()
 })

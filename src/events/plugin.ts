@@ -20,6 +20,8 @@ export interface EventsPluginOptions {
   relayIntervalMs: number
   streamRetention: number
   notificationsRetention: number
+  /** How long the notifier remembers an event id per customer. */
+  notificationsDedupMs: number
   sseHeartbeatMs: number
   sseMaxStreamsPerCustomer: number
   /** Consumer tuning (tests shorten the visibility timeout). */
@@ -138,6 +140,7 @@ async function eventsPlugin(app: FastifyInstance, options: EventsPluginOptions):
         stream,
         consumer: `${hostname()}-${process.pid}-${randomBytes(3).toString('hex')}`,
         retention: options.notificationsRetention,
+        dedupTtlMs: options.notificationsDedupMs,
         visibilityTimeoutMs: options.visibilityTimeoutMs,
         maxDeliveries: options.maxDeliveries,
         onError,
