@@ -83,6 +83,7 @@ test('relay and notifier SIGKILLed mid-work: after restart, one notification per
       stream,
       consumer: 'restarted',
       retention: 100_000,
+      dedupTtlMs: 3_600_000,
       visibilityTimeoutMs: 300,
       blockMs: 100,
     })

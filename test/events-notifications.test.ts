@@ -235,6 +235,7 @@ test('a redelivered event is notified once per customer', async () => {
       stream: t.app.events.stream,
       consumer: 'c',
       retention: 100,
+      dedupTtlMs: 3_600_000,
       blockMs: 100,
     })
     await notifier.start()

@@ -57,6 +57,7 @@ if (MODE === 'relay') {
     stream,
     consumer: `child-${process.pid}`,
     retention: 100_000,
+    dedupTtlMs: 3_600_000,
     visibilityTimeoutMs: 60_000,
     blockMs: 200,
   })

@@ -27,11 +27,11 @@ export interface NotifierOptions extends TransferEventsConsumerOptions {
   /** Approximate notifications kept per customer (MAXLEN ~). */
   retention: number
   /**
-   * How long an event id is remembered per customer, so a redelivery is not shown twice. Default
-   * 24 hours: redeliveries and relay duplicates come within minutes, and each remembered id is a
-   * Redis key (about 110 B) per customer and notification.
+   * How long an event id is remembered per customer, so a redelivery is not shown twice
+   * (NOTIFICATIONS_DEDUP). Each remembered id is a Redis key (about 110 B) per customer and
+   * notification; redeliveries and relay duplicates come within minutes.
    */
-  dedupTtlMs?: number
+  dedupTtlMs: number
 }
 
 export const NOTIFIER_GROUP = 'notifier'
@@ -113,7 +113,7 @@ function notificationsOf(entry: StreamEntry): Notification[] {
  * A read's entries are handled together: one script call per customer involved, one XACK.
  */
 export function createNotifier(options: NotifierOptions): StreamConsumer {
-  const { redis, prefix, retention, dedupTtlMs = 24 * 3_600_000 } = options
+  const { redis, prefix, retention, dedupTtlMs } = options
   // A notification may wait 50 ms for others to share its read: one read and one XACK for many.
   return createTransferEventsConsumer(options, NOTIFIER_GROUP, 50, async (entries) => {
     await notifyCustomers(redis, prefix, entries.flatMap(notificationsOf), retention, dedupTtlMs)
