@@ -2,11 +2,12 @@ import assert from 'node:assert/strict'
 import { after, before, describe, test } from 'node:test'
 import { setTimeout as sleep } from 'node:timers/promises'
 import Fastify, { type FastifyInstance } from 'fastify'
-import { runScript } from '../src/lua/index.ts'
+import { isCluster, runScript } from '../src/lua/index.ts'
 import cachePlugin, { type CachePluginOptions } from '../src/plugins/cache/index.ts'
 import metrics from '../src/plugins/metrics/index.ts'
 import { connectRedis, createRedisClient, type RedisClient } from '../src/plugins/redis/index.ts'
 import { scanKeys, testRedisConnection, uniquePrefix } from './helpers.ts'
+import { parse } from './metrics-scrape.ts'
 
 const apps: FastifyInstance[] = []
 // Each cache app's own connection: the plugin never closes a client it is given, so these close after the apps.
@@ -263,6 +264,42 @@ describe('L1', () => {
     }
     assert.equal(seen, 'new')
   })
+})
+
+test('one invalidation drops several entries: each value gone, each generation new, one script on one Redis', async () => {
+  const prefix = uniquePrefix('inv')
+  const app = await cacheApp({ keyPrefix: prefix })
+  // Script calls that ran: a node that had not cached the script answers NOSCRIPT, then EVAL runs it.
+  const scripts = async () => {
+    const scrape = parse(await app.metrics.registry.metrics())
+    const command = { command: 'script:cacheInvalidate' }
+    return (
+      scrape.value('redis_command_duration_seconds_count', command) -
+      scrape.value('redis_command_errors_total', { ...command, reason: 'noscript' })
+    )
+  }
+  const load = loader(() => 7)
+  for (const id of [1, 2, 3]) await app.cache.getOrLoad(`account:${id}`, load)
+  const generation = (id: number) => redis.get(`${prefix}{account:${id}}:g`)
+  const before = await Promise.all([1, 2, 3].map(generation))
+  const calls = await scripts()
+
+  assert.equal(await app.cache.invalidate(['account:1', 'account:2']), true)
+
+  // A single Redis takes both entries in one call; a Cluster one call per entry (a slot each).
+  assert.equal((await scripts()) - calls, isCluster(redis) ? 2 : 1)
+  assert.equal(await redis.exists(`${prefix}{account:1}:v`), 0)
+  assert.equal(await redis.exists(`${prefix}{account:2}:v`), 0)
+  assert.equal(await redis.exists(`${prefix}{account:3}:v`), 1)
+  const after = await Promise.all([1, 2, 3].map(generation))
+  assert.notEqual(after[0], before[0])
+  assert.notEqual(after[1], before[1])
+  assert.equal(after[2], before[2])
+  assert.ok(after[0] && after[1], 'each invalidated entry has a generation')
+  const loads = load.calls
+  assert.equal(await app.cache.getOrLoad('account:1', load), 7)
+  assert.equal(await app.cache.getOrLoad('account:3', load), 7)
+  assert.equal(load.calls, loads + 1, 'the invalidated entry loads again, the other is still cached')
 })
 
 test('a disabled cache calls the loader every time and touches no Redis', async () => {

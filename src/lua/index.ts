@@ -5,6 +5,9 @@ import type { Cluster, Redis } from 'ioredis'
 /** Any ioredis client a user created: a single node or a Cluster. */
 export type RedisClient = Redis | Cluster
 
+export const isCluster = (redis: RedisClient): redis is Cluster =>
+  'nodes' in redis && typeof redis.nodes === 'function'
+
 const dir = new URL('.', import.meta.url)
 
 interface Script {

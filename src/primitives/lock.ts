@@ -1,5 +1,5 @@
-import { randomBytes } from 'node:crypto'
 import { type RedisClient, runScript } from '../lua/index.ts'
+import { randomToken } from '../plugins/common/random-token.ts'
 
 // A distributed lock on one Redis (or one Cluster slot): SET NX PX to take it, compare-and-delete to
 // release it, compare-and-PEXPIRE to extend it, each one Lua script, plus a fencing token that only
@@ -112,7 +112,7 @@ export function createLock(redis: RedisClient, { keyPrefix = 'lock:' }: LockOpti
 
   /** One attempt: the handle, or how long the current holder still has. */
   async function attempt(name: string, ttlMs: number): Promise<LockHandle | number> {
-    const owner = randomBytes(16).toString('hex')
+    const owner = randomToken(16, 'hex')
     const sent = Date.now()
     const [ok, value] = await runScript<[number, number]>(redis, 'lockAcquire', keys(name), [owner, ttlMs])
     if (ok !== 1) return value

@@ -1,5 +1,4 @@
-import type { Cluster } from 'ioredis'
-import { type RedisClient, runScript } from '../lua/index.ts'
+import { isCluster, type RedisClient, runScript } from '../lua/index.ts'
 
 // A counter split over N keys, so that no single key takes every write: one key lives on one Redis
 // (one CPU; one master of a Cluster), N shards with their own hash tags spread over the masters.
@@ -58,9 +57,6 @@ export interface ShardedCounter {
 
 const MAX = BigInt(Number.MAX_SAFE_INTEGER)
 const clamp = (value: bigint) => Number(value > MAX ? MAX : value < -MAX ? -MAX : value)
-
-const isCluster = (redis: RedisClient): redis is Cluster =>
-  'nodes' in redis && typeof redis.nodes === 'function'
 
 /** 32-bit FNV-1a: cheap, stable across processes and versions. */
 function fnv1a(value: string): number {

@@ -1,5 +1,5 @@
-import type { Cluster, Redis } from 'ioredis'
-import { type RedisClient, runScript } from '../lua/index.ts'
+import type { Redis } from 'ioredis'
+import { isCluster, type RedisClient, runScript } from '../lua/index.ts'
 
 /** One stream entry as a handler gets it. */
 export interface StreamEntry {
@@ -70,9 +70,6 @@ export interface StreamConsumer {
 
 type Fields = string[]
 type ReadReply = Array<[string, Array<[string, Fields]>]> | null
-
-const isCluster = (redis: RedisClient): redis is Cluster =>
-  'nodes' in redis && typeof redis.nodes === 'function'
 
 /** A connection of its own for the blocking reads, so they never hold up the caller's client. */
 function blockingConnection(redis: RedisClient, blockMs: number): RedisClient {

@@ -1,7 +1,7 @@
-import { randomBytes } from 'node:crypto'
 import { setTimeout as sleep } from 'node:timers/promises'
 import type { FastifyBaseLogger } from 'fastify'
-import { type RedisClient, runScript } from '../../lua/index.ts'
+import { isCluster, type RedisClient, runScript } from '../../lua/index.ts'
+import { randomToken } from '../common/random-token.ts'
 import type { L1Cache } from './l1.ts'
 import type { ConcurrencyLimiter } from './limiter.ts'
 import type { CacheMetrics } from './metrics.ts'
@@ -137,7 +137,15 @@ export interface Prefetch {
   readonly epoch: number
 }
 
-const token = () => randomBytes(12).toString('base64url')
+const token = () => randomToken(12)
+/** Entries per invalidation script call: a long list must not hold Redis in one script. */
+const INVALIDATE_CHUNK = 100
+
+function chunks<T>(list: readonly T[], size: number): T[][] {
+  const out: T[][] = []
+  for (let i = 0; i < list.length; i += size) out.push(list.slice(i, i + size))
+  return out
+}
 const namespace = (key: string) => {
   const colon = key.indexOf(':')
   return colon < 0 ? key : key.slice(0, colon)
@@ -808,9 +816,17 @@ export class RedisCache implements CacheApi {
 
   private async invalidateInRedis(keys: readonly string[]): Promise<void> {
     if (!this.redisUp()) throw new Error('cache Redis is not connected')
+    // Each entry is a slot of its own on a Cluster; one Redis takes them all in one script call.
+    const calls = isCluster(this.redis) ? keys.map((key) => [key]) : chunks(keys, INVALIDATE_CHUNK)
+    const generation = token()
     await Promise.all(
-      keys.map((key) =>
-        runScript(this.redis, 'cacheInvalidate', this.keys(key), [token(), this.generationTtlMs]),
+      calls.map((entries) =>
+        runScript(
+          this.redis,
+          'cacheInvalidate',
+          entries.flatMap((key) => this.keys(key)),
+          [generation, this.generationTtlMs],
+        ),
       ),
     )
     await this.parts.broadcast?.(keys)

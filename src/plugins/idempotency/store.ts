@@ -1,5 +1,6 @@
-import { createHash, randomBytes } from 'node:crypto'
+import { createHash } from 'node:crypto'
 import { type RedisClient, runScript } from '../../lua/index.ts'
+import { randomToken } from '../common/random-token.ts'
 
 export interface StoredResponse {
   status: number
@@ -21,7 +22,7 @@ export interface IdempotencyLogger {
 
 /** A fresh owner token for one claim: complete, release and renew only act for the token that claimed. */
 export function ownerToken(): string {
-  return randomBytes(16).toString('base64url')
+  return randomToken(16)
 }
 
 const FINGERPRINT = /^[A-Za-z0-9_-]{43}$/
