@@ -132,10 +132,13 @@ export async function roundTrips(
 
 /** One connection, so the server's round-trip counter sees one request at a time. */
 async function roundTripsPerRequest(url: string, spec: LoadSpec): Promise<number | undefined> {
+  // The gateway counts round trips only when asked (counting costs a little per command).
+  await fetch(`${url}/__bench/counters?roundTrips=on`).catch(() => undefined)
   const before = await readCounters(url)
   if (before?.redisRoundTrips === undefined) return undefined
   const sample = await measure(url, { ...spec, connections: 1 })
   const after = await readCounters(url)
+  await fetch(`${url}/__bench/counters?roundTrips=off`)
   const served = before.requests !== undefined ? after!.requests! - before.requests : sample.requests
   return (after!.redisRoundTrips! - before.redisRoundTrips) / served
 }
