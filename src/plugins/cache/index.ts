@@ -8,6 +8,7 @@ import type {
   RouteOptions,
 } from 'fastify'
 import fp from 'fastify-plugin'
+import { isCluster } from '../../lua/index.ts'
 import { observePluginRedis, whenMetricsReady } from '../common/metrics.ts'
 import { awaitRedisAtBoot, pluginRedis, type RedisClient } from '../common/redis.ts'
 import {
@@ -226,7 +227,7 @@ function validate(options: CachePluginOptions): Checked {
 /** The instance's eviction policy, or undefined when CONFIG is not allowed (managed Redis). */
 async function evictionPolicy(client: RedisClient): Promise<string | undefined> {
   try {
-    const node = 'nodes' in client ? client.nodes('master')[0] : client
+    const node = isCluster(client) ? client.nodes('master')[0] : client
     const reply = (await node?.config('GET', 'maxmemory-policy')) as string[] | undefined
     return reply?.[1]
   } catch {
