@@ -58,14 +58,14 @@ interface EventRow {
   amount: string
   currency: string
   same_transaction: boolean
-  relayed: boolean
+  has_event: boolean
 }
 
 const eventsOf = (transferId: number) =>
   t.db.query<EventRow>(
     `SELECT o.id::text, o.type, o.transfer_id::text, o.from_customer_id, o.to_customer_id, o.from_account_id,
             o.to_account_id, o.amount::text, o.currency, o.xmin::text = tr.xmin::text AS same_transaction,
-            o.relayed_at IS NOT NULL AS relayed
+            tr.has_event
      FROM outbox_events o JOIN transfers tr ON tr.id = o.transfer_id WHERE o.transfer_id = $1`,
     [transferId],
   )
@@ -78,9 +78,9 @@ test('a transfer writes exactly one outbox event, in its own transaction; a refu
   const rows = await eventsOf(transferId)
   assert.equal(rows.length, 1)
   assert.deepEqual(
-    { ...rows[0], id: undefined },
+    { ...rows[0] },
     {
-      id: undefined,
+      id: String(transferId),
       type: 'transfer.completed',
       transfer_id: String(transferId),
       from_customer_id: alice.customerId,
@@ -90,7 +90,7 @@ test('a transfer writes exactly one outbox event, in its own transaction; a refu
       amount: '700',
       currency: 'VND',
       same_transaction: true,
-      relayed: false,
+      has_event: true,
     },
   )
   const refused = await transfer(10_000_000)
@@ -113,6 +113,7 @@ test('OUTBOX=off: transfers write no event', async () => {
     })
     assert.equal(response.statusCode, 201)
     assert.deepEqual(await off.db.query('SELECT id FROM outbox_events'), [])
+    assert.deepEqual(await off.db.query('SELECT has_event FROM transfers'), [{ has_event: false }])
   } finally {
     await off.close()
     await database.drop()
@@ -124,14 +125,14 @@ const streamEventIds = async (redis: Redis | TestApp['redis'], stream: string) =
     ([, f]) => f[f.indexOf('eventId') + 1]!,
   )
 
-test('the relay puts each committed event on the stream once and marks it relayed', async () => {
+test('the relay puts each committed event on the stream once and deletes it from the backlog', async () => {
   const response = await transfer(5)
   const { transferId } = response.json() as { transferId: number }
   const stream = t.app.events.stream
-  await t.app.events.relay.relayPending()
-  await t.app.events.relay.relayPending()
   const [row] = await eventsOf(transferId)
-  assert.equal(row!.relayed, true)
+  await t.app.events.relay.relayPending()
+  await t.app.events.relay.relayPending()
+  assert.deepEqual(await eventsOf(transferId), [], 'relayed, it left the backlog')
   const ids = await streamEventIds(t.redis, stream)
   assert.equal(ids.filter((id) => id === row!.id).length, 1)
   const [newest] = (await t.redis.xrevrange(stream, '+', '-', 'COUNT', 1)) as Array<[string, string[]]>
@@ -149,11 +150,7 @@ test('the relay puts each committed event on the stream once and marks it relaye
     currency: 'VND',
     occurredAt: (response.json() as { createdAt: string }).createdAt,
   })
-  assert.equal(
-    (await t.db.query('SELECT id FROM outbox_events WHERE relayed_at IS NULL')).length,
-    0,
-    'nothing left behind',
-  )
+  assert.equal((await t.db.query('SELECT id FROM outbox_events')).length, 0, 'nothing left behind')
 })
 
 async function makeTransfers(db: TestDatabase['db'], from: TestCustomer, to: TestCustomer, n: number) {
@@ -188,9 +185,7 @@ test('four relays in parallel on one backlog: every event on the stream exactly 
     const ids = await streamEventIds(redis, stream)
     assert.equal(ids.length, 200)
     assert.equal(new Set(ids).size, 200)
-    const [left] = await database.db.query<{ n: string }>(
-      'SELECT count(*)::text AS n FROM outbox_events WHERE relayed_at IS NULL',
-    )
+    const [left] = await database.db.query<{ n: string }>('SELECT count(*)::text AS n FROM outbox_events')
     assert.equal(left!.n, '0')
   } finally {
     await redis.del(stream)
@@ -199,7 +194,7 @@ test('four relays in parallel on one backlog: every event on the stream exactly 
   }
 })
 
-test('Redis restarted without its data: the relay refills the stream from the outbox', async () => {
+test('Redis restarted without its data: the relay refills the stream from the transfers', async () => {
   const database = await createTestDatabase()
   let server = await startRedisServer()
   const redis = new Redis(server.url, { maxRetriesPerRequest: 1 })
@@ -223,7 +218,7 @@ test('Redis restarted without its data: the relay refills the stream from the ou
     await relay.relayPending()
     const ids = (await streamEventIds(redis, stream)).map(Number)
     const committed = await database.db.query<{ id: string }>(
-      'SELECT id::text FROM outbox_events ORDER BY outbox_events.id',
+      'SELECT id::text FROM transfers WHERE has_event ORDER BY transfers.id',
     )
     assert.deepEqual(
       [...new Set(ids)].sort((x, y) => x - y),
@@ -237,32 +232,68 @@ test('Redis restarted without its data: the relay refills the stream from the ou
   }
 })
 
-test('relayed rows older than the stream retention are deleted, unrelayed ones never; the rest still refill a lost stream', async () => {
+test('a refill reaches back at most the stream retention, and only to transfers that wrote an event', async () => {
   const database = await createTestDatabase()
   const redis = new Redis(TEST_REDIS_URL)
-  const stream = `${uniquePrefix('prune')}events:transfers`
+  const stream = `${uniquePrefix('refill')}events:transfers`
   const relay = createOutboxRelay({ db: database.db, redis, stream, retention: 10, intervalMs: 1000 })
-  const rowIds = async () =>
+  const eventTransfers = async () =>
     (
-      await database.db.query<{ id: string }>('SELECT id::text FROM outbox_events ORDER BY outbox_events.id')
+      await database.db.query<{ id: string }>(
+        'SELECT id::text FROM transfers WHERE has_event ORDER BY transfers.id',
+      )
     ).map((r) => Number(r.id))
   try {
     const a = await createCustomer(database.db, 'alice', [1_000_000])
     const b = await createCustomer(database.db, 'bob', [1_000_000])
     await makeTransfers(database.db, a, b, 30)
     assert.equal(await relay.relayPending(), 30)
-    const all = await rowIds()
-    assert.equal(all.length, 30, 'a pass prunes before it relays: nothing was relayed yet')
-    // The oldest row as a relay that has not got to it yet would find it.
-    await database.db.query('UPDATE outbox_events SET relayed_at = NULL WHERE id = $1', [all[0]])
-    assert.equal(await relay.relayPending(), 1)
-    assert.deepEqual(await rowIds(), [all[0], ...all.slice(20)], 'the 10 newest and the unrelayed one stay')
-    await relay.relayPending()
-    assert.deepEqual(await rowIds(), all.slice(20), 'relayed since, it goes at the next pass')
+    const all = await eventTransfers()
+    assert.equal(all.length, 30)
+    // The stream keeps about the retention (MAXLEN ~): its newest entries, each id a transfer's.
+    const onStream = (await streamEventIds(redis, stream)).map(Number)
+    assert.deepEqual(onStream, all.slice(all.length - onStream.length), 'an event id is its transfer id')
+    // Transfers made without an event (OUTBOX=off) are never turned into one.
+    for (let i = 0; i < 3; i++)
+      await executeTransfer(
+        database.db,
+        {
+          customerId: a.customerId,
+          fromAccountId: a.accountIds[0]!,
+          toAccountId: b.accountIds[0]!,
+          amount: 1,
+          currency: 'VND',
+        },
+        undefined,
+        { outbox: false },
+      )
+    assert.equal(await relay.relayPending(), 0, 'nothing was lost: nothing to refill')
 
     await redis.del(stream)
     assert.equal(await relay.relayPending(), 10)
-    assert.deepEqual((await streamEventIds(redis, stream)).map(Number), all.slice(20))
+    const refilled = (await redis.xrange(stream, '-', '+')) as Array<[string, string[]]>
+    assert.deepEqual(
+      refilled.map(([, f]) => Number(f[f.indexOf('eventId') + 1])),
+      all.slice(20),
+    )
+    // Rebuilt from the transfer, the event is the one first relayed.
+    const data = JSON.parse(refilled[0]![1][refilled[0]![1].indexOf('data') + 1]!) as Record<string, unknown>
+    assert.deepEqual(
+      { ...data, occurredAt: undefined },
+      {
+        eventId: String(all[20]),
+        type: 'transfer.completed',
+        transferId: all[20],
+        fromCustomerId: a.customerId,
+        toCustomerId: b.customerId,
+        fromAccountId: a.accountIds[0],
+        toAccountId: b.accountIds[0],
+        amount: 1,
+        currency: 'VND',
+        occurredAt: undefined,
+      },
+    )
+    assert.equal((await database.db.query('SELECT id FROM outbox_events')).length, 0)
   } finally {
     await redis.del(stream)
     redis.disconnect()

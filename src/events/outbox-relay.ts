@@ -34,8 +34,8 @@ export interface OutboxRelayOptions {
   /** The stream key (`events:transfers` under the gateway's key prefix). */
   stream: string
   /**
-   * Approximate number of entries the stream keeps (XADD ... MAXLEN ~); the outbox keeps as many
-   * relayed rows to refill it from, and the relay deletes older ones.
+   * Approximate number of entries the stream keeps (XADD ... MAXLEN ~), and how many transfers
+   * back a refill after Redis lost entries reaches.
    */
   retention: number
   /** Rows claimed per transaction. Default 100. */
@@ -60,8 +60,9 @@ export interface OutboxRelay {
   stop(): Promise<void>
 }
 
-/** Relayed rows deleted per timer pass at most (one pass a second by default: far above any transfer rate). */
-const PRUNE_BATCH = 10_000
+/** An event's columns in outbox_events. */
+const COLUMNS =
+  'id, type, transfer_id, from_customer_id, to_customer_id, from_account_id, to_account_id, amount, currency, occurred_at'
 
 const toEvent = (row: OutboxRow): TransferEvent => ({
   eventId: String(row.id),
@@ -77,9 +78,9 @@ const toEvent = (row: OutboxRow): TransferEvent => ({
 })
 
 /**
- * Moves committed outbox rows to the Redis stream. One pass, per batch: a transaction claims
- * unrelayed rows with FOR UPDATE SKIP LOCKED (parallel relays take disjoint rows), XADDs each with
- * its event id, marks them relayed and commits. A relay that dies before COMMIT rolls back and its
+ * Moves committed outbox rows to the Redis stream. One pass, per batch: a transaction deletes
+ * the oldest rows it can lock with FOR UPDATE SKIP LOCKED (parallel relays take disjoint rows),
+ * XADDs each with its event id and commits. A relay that dies before COMMIT rolls back and its
  * rows are claimed again; only a death between XADD and COMMIT puts an event on the stream twice,
  * which consumers absorb by event id.
  */
@@ -101,20 +102,18 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
   let stopped = true
 
   /**
-   * Claims and marks a batch in one statement; the mark only counts if the XADDs succeed and the
-   * transaction commits (a failure rolls it back and the rows stay unrelayed). The commit does not
-   * wait for its WAL flush (synchronous_commit off, for this transaction only): a mark lost in a
-   * Postgres crash relays those events again, which consumers absorb, and the relay stops costing
-   * the disk a flush per pass beside the transfers' own.
+   * Claims a batch by deleting it (outbox_events holds only the backlog); the delete only counts if
+   * the XADDs succeed and the transaction commits (a failure rolls it back and the rows stay). The
+   * commit does not wait for its WAL flush (synchronous_commit off, for this transaction only): a
+   * delete lost in a Postgres crash relays those events again, which consumers absorb, and the
+   * relay stops costing the disk a flush per pass beside the transfers' own.
    */
   async function relayBatch(tx: Queryable): Promise<number> {
     const rows = await tx.query<OutboxRow>(
-      `UPDATE outbox_events SET relayed_at = now()
-       WHERE id IN (SELECT id FROM outbox_events WHERE relayed_at IS NULL ORDER BY id LIMIT $1
-                    FOR UPDATE SKIP LOCKED)
+      `DELETE FROM outbox_events
+       WHERE id IN (SELECT id FROM outbox_events ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
          AND set_config('synchronous_commit', 'off', true) = 'off'
-       RETURNING id, type, transfer_id, from_customer_id, to_customer_id, from_account_id, to_account_id,
-                 amount, currency, occurred_at`,
+       RETURNING ${COLUMNS}`,
       [batch],
     )
     if (rows.length === 0) return 0
@@ -145,16 +144,23 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
 
   /**
    * Redis lost entries (restart without persistence, failover to a replica that had not got them):
-   * the newest event ids on the stream are behind what Postgres says was relayed. The rows after
-   * the newest one still on the stream (at most `retention` of them) are marked unrelayed again.
-   * Resolves with the newest relayed id (0: none).
+   * the newest event ids on the stream are behind the newest event Postgres says was relayed (the
+   * newest transfer with an event that is no longer in the backlog; an event's id is its
+   * transfer's). The events of the transfers after the newest one still on the stream (at most
+   * `retention` transfers back) go back to the backlog, rebuilt from the transfers table. Postgres
+   * is read before the stream, so events relayed in between are not taken for lost ones.
    */
-  async function refillAfterLoss(): Promise<number> {
-    const [row] = await db.query<{ max: string | null }>(
-      'SELECT max(id)::text AS max FROM outbox_events WHERE relayed_at IS NOT NULL',
+  async function refillAfterLoss(): Promise<void> {
+    // While Redis is unreachable there is nothing to compare with, and the query below walks back
+    // over the growing backlog: skip it.
+    if (redis.status !== 'ready') return
+    const [row] = await db.query<{ id: string }>(
+      `SELECT t.id::text AS id FROM transfers t
+       WHERE t.has_event AND NOT EXISTS (SELECT 1 FROM outbox_events o WHERE o.id = t.id)
+       ORDER BY t.id DESC LIMIT 1`,
     )
-    if (!row?.max) return 0
-    const relayed = Number(row.max)
+    if (!row) return
+    const relayed = Number(row.id)
     const tail = (await redis.xrevrange(stream, '+', '-', 'COUNT', Math.min(batch, 100))) as Array<
       [string, string[]]
     >
@@ -163,33 +169,21 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
       const at = fields.indexOf('eventId')
       if (at >= 0 && at % 2 === 0) newest = Math.max(newest, Number(fields[at + 1]))
     }
-    if (newest >= relayed) return relayed
+    if (newest >= relayed) return
     await db.query(
-      'UPDATE outbox_events SET relayed_at = NULL WHERE relayed_at IS NOT NULL AND id > GREATEST($1::bigint, $2::bigint)',
-      [newest, relayed - retention],
-    )
-    return relayed
-  }
-
-  /**
-   * Deletes relayed rows no refill can need: a refill goes back at most `retention` events from the
-   * newest relayed one, so the rows before that are only taking space. Oldest first, a bounded
-   * batch per pass; rows another relay is deleting are skipped, not waited for.
-   */
-  async function pruneRelayed(newestRelayed: number): Promise<void> {
-    const upTo = newestRelayed - retention
-    if (upTo <= 0) return
-    await db.query(
-      `DELETE FROM outbox_events WHERE id IN (
-         SELECT id FROM outbox_events WHERE id <= $1 AND relayed_at IS NOT NULL ORDER BY id LIMIT $2
-         FOR UPDATE SKIP LOCKED)`,
-      [upTo, PRUNE_BATCH],
+      `INSERT INTO outbox_events (${COLUMNS})
+       SELECT t.id, 'transfer.completed', t.id, t.customer_id, a.customer_id, t.from_account_id,
+              t.to_account_id, t.amount, t.currency, t.created_at
+       FROM transfers t JOIN accounts a ON a.id = t.to_account_id
+       WHERE t.has_event AND t.id > GREATEST($1::bigint, $2::bigint) AND t.id <= $3::bigint
+       ON CONFLICT (id) DO NOTHING`,
+      [newest, relayed - retention, relayed],
     )
   }
 
   /** `checkLoss`: on the timer's passes and direct calls; a commit's wake-up only relays. */
   async function relayPending(checkLoss = true): Promise<number> {
-    if (checkLoss) await pruneRelayed(await refillAfterLoss())
+    if (checkLoss) await refillAfterLoss()
     let total = 0
     for (;;) {
       const moved = await db.transaction(relayBatch)

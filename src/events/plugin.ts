@@ -56,9 +56,7 @@ function observeEvents(registry: Registry, db: Database, redis: RedisClient, api
     help: 'Outbox events committed and not yet relayed to the stream',
     registers,
     async collect() {
-      const [row] = await db.query<{ n: string }>(
-        'SELECT count(*)::text AS n FROM outbox_events WHERE relayed_at IS NULL',
-      )
+      const [row] = await db.query<{ n: string }>('SELECT count(*)::text AS n FROM outbox_events')
       this.set(Number(row?.n ?? 0))
     },
   })
@@ -69,7 +67,7 @@ function observeEvents(registry: Registry, db: Database, redis: RedisClient, api
     async collect() {
       const [row] = await db.query<{ age: number | null }>(
         `SELECT extract(epoch FROM now() - min(occurred_at))::float8 AS age
-         FROM outbox_events WHERE relayed_at IS NULL`,
+         FROM outbox_events`,
       )
       this.set(Math.max(0, Number(row?.age ?? 0)))
     },

@@ -161,6 +161,8 @@ export const TRANSFER_PARAMETERS = [
  *   standing in for the original's replay), same account, source missing or not the caller's,
  *   destination missing, currency of the source then of the destination, funds. It reads both
  *   locked rows, so every write below waits until both locks are held.
+ * - `event` is the outbox row, with the transfer's id as its event id, and `has_event` on the
+ *   transfer row says it exists: a refill of the event stream rebuilds lost events from transfers.
  * - `moved`, `transfer`, `entries` and `event` write only when the verdict is `ok`. The UPDATE
  *   joins `locked` and `verdict`: no row is written before the verdict exists, hence before both
  *   locks are held.
@@ -213,9 +215,10 @@ export const TRANSFER_SQL = `WITH locked AS MATERIALIZED (
   FROM verdict WHERE verdict = 'ok'
 ), transfer AS (
   INSERT INTO transfers (id, customer_id, from_account_id, to_account_id, amount, currency, created_at,
-                         idempotency_key, request_fingerprint, response)
+                         idempotency_key, request_fingerprint, has_event, response)
   OVERRIDING SYSTEM VALUE
   SELECT next.id, $1::integer, $2::integer, $3::integer, $4::bigint, $5::text, next.at, $6::text, $7::text,
+    $8::boolean,
     CASE WHEN $6::text IS NOT NULL THEN jsonb_build_object(
       'transferId', next.id, 'fromAccountId', $2::integer, 'toAccountId', $3::integer,
       'amount', $4::bigint, 'currency', $5::text,
@@ -226,9 +229,9 @@ export const TRANSFER_SQL = `WITH locked AS MATERIALIZED (
   SELECT transfer.id, e.account_id, e.amount
   FROM transfer, (VALUES ($2::integer, -$4::bigint), ($3::integer, $4::bigint)) AS e (account_id, amount)
 ), event AS (
-  INSERT INTO outbox_events (type, transfer_id, from_customer_id, to_customer_id, from_account_id,
+  INSERT INTO outbox_events (id, type, transfer_id, from_customer_id, to_customer_id, from_account_id,
                              to_account_id, amount, currency, occurred_at)
-  SELECT 'transfer.completed', transfer.id, $1::integer, v.recipient_customer_id, $2::integer, $3::integer,
+  SELECT transfer.id, 'transfer.completed', transfer.id, $1::integer, v.recipient_customer_id, $2::integer, $3::integer,
     $4::bigint, $5::text, transfer.created_at
   FROM transfer, verdict v WHERE $8::boolean
 )
