@@ -120,6 +120,26 @@ test('OUTBOX=off: transfers write no event', async () => {
   }
 })
 
+/** The event a transfer of `amount` VND from `from` to `to` puts on the stream. */
+const transferEvent = (
+  transferId: number,
+  from: TestCustomer,
+  to: TestCustomer,
+  amount: number,
+  occurredAt: string | undefined,
+) => ({
+  eventId: String(transferId),
+  type: 'transfer.completed',
+  transferId,
+  fromCustomerId: from.customerId,
+  toCustomerId: to.customerId,
+  fromAccountId: from.accountIds[0],
+  toAccountId: to.accountIds[0],
+  amount,
+  currency: 'VND',
+  occurredAt,
+})
+
 const streamEventIds = async (redis: Redis | TestApp['redis'], stream: string) =>
   ((await redis.xrange(stream, '-', '+')) as Array<[string, string[]]>).map(
     ([, f]) => f[f.indexOf('eventId') + 1]!,
@@ -138,30 +158,35 @@ test('the relay puts each committed event on the stream once and deletes it from
   const [newest] = (await t.redis.xrevrange(stream, '+', '-', 'COUNT', 1)) as Array<[string, string[]]>
   const fields = newest![1]
   const data = JSON.parse(fields[fields.indexOf('data') + 1]!)
-  assert.deepEqual(data, {
-    eventId: row!.id,
-    type: 'transfer.completed',
-    transferId,
-    fromCustomerId: alice.customerId,
-    toCustomerId: bob.customerId,
-    fromAccountId: alice.accountIds[0],
-    toAccountId: bob.accountIds[0],
-    amount: 5,
-    currency: 'VND',
-    occurredAt: (response.json() as { createdAt: string }).createdAt,
-  })
+  assert.equal(row!.id, String(transferId))
+  assert.deepEqual(
+    data,
+    transferEvent(transferId, alice, bob, 5, (response.json() as { createdAt: string }).createdAt),
+  )
   assert.equal((await t.db.query('SELECT id FROM outbox_events')).length, 0, 'nothing left behind')
 })
 
-async function makeTransfers(db: TestDatabase['db'], from: TestCustomer, to: TestCustomer, n: number) {
+/** `n` transfers of 1 VND, with their events unless `outbox` is false (OUTBOX=off). */
+async function makeTransfers(
+  db: TestDatabase['db'],
+  from: TestCustomer,
+  to: TestCustomer,
+  n: number,
+  outbox = true,
+) {
   for (let i = 0; i < n; i++) {
-    await executeTransfer(db, {
-      customerId: from.customerId,
-      fromAccountId: from.accountIds[0]!,
-      toAccountId: to.accountIds[0]!,
-      amount: 1,
-      currency: 'VND',
-    })
+    await executeTransfer(
+      db,
+      {
+        customerId: from.customerId,
+        fromAccountId: from.accountIds[0]!,
+        toAccountId: to.accountIds[0]!,
+        amount: 1,
+        currency: 'VND',
+      },
+      undefined,
+      { outbox },
+    )
   }
 }
 
@@ -254,19 +279,7 @@ test('a refill reaches back at most the stream retention, and only to transfers 
     const onStream = (await streamEventIds(redis, stream)).map(Number)
     assert.deepEqual(onStream, all.slice(all.length - onStream.length), 'an event id is its transfer id')
     // Transfers made without an event (OUTBOX=off) are never turned into one.
-    for (let i = 0; i < 3; i++)
-      await executeTransfer(
-        database.db,
-        {
-          customerId: a.customerId,
-          fromAccountId: a.accountIds[0]!,
-          toAccountId: b.accountIds[0]!,
-          amount: 1,
-          currency: 'VND',
-        },
-        undefined,
-        { outbox: false },
-      )
+    await makeTransfers(database.db, a, b, 3, false)
     assert.equal(await relay.relayPending(), 0, 'nothing was lost: nothing to refill')
 
     await redis.del(stream)
@@ -278,21 +291,7 @@ test('a refill reaches back at most the stream retention, and only to transfers 
     )
     // Rebuilt from the transfer, the event is the one first relayed.
     const data = JSON.parse(refilled[0]![1][refilled[0]![1].indexOf('data') + 1]!) as Record<string, unknown>
-    assert.deepEqual(
-      { ...data, occurredAt: undefined },
-      {
-        eventId: String(all[20]),
-        type: 'transfer.completed',
-        transferId: all[20],
-        fromCustomerId: a.customerId,
-        toCustomerId: b.customerId,
-        fromAccountId: a.accountIds[0],
-        toAccountId: b.accountIds[0],
-        amount: 1,
-        currency: 'VND',
-        occurredAt: undefined,
-      },
-    )
+    assert.deepEqual({ ...data, occurredAt: undefined }, transferEvent(all[20]!, a, b, 1, undefined))
     assert.equal((await database.db.query('SELECT id FROM outbox_events')).length, 0)
   } finally {
     await redis.del(stream)
