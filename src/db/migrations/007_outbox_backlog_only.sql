@@ -1,10 +1,9 @@
 -- outbox_events holds only the backlog: relaying an event deletes its row (in the transaction that
 -- appends it to the stream). Marking relayed rows in place (relayed_at, set by UPDATE) wrote a second
--- version of every row beside the pages the transfers insert into, and so did copying relayed rows
--- to a table of their own: either cost the transfers around it a quarter to a half of their
--- throughput, where the delete costs them under a tenth. The history a refill of the stream needs
--- after Redis lost entries is the transfers table itself: an event's id is its transfer's id, and
--- transfers.has_event says which transfers wrote an event (not those made with OUTBOX=off).
+-- version of every row, and of its primary-key entry, beside the pages the transfers insert into. The
+-- history a refill of the stream needs after Redis lost entries is the transfers table itself: an
+-- event's id is its transfer's id, and transfers.has_event says which transfers wrote an event (not
+-- those made with OUTBOX=off).
 ALTER TABLE transfers ADD COLUMN has_event boolean NOT NULL DEFAULT false;
 UPDATE transfers SET has_event = true WHERE id IN (SELECT transfer_id FROM outbox_events);
 DELETE FROM outbox_events WHERE relayed_at IS NOT NULL;
