@@ -175,6 +175,8 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
     prefix,
     ...config.events,
     workers: eventWorkers,
+    // The relay's own connection, off the request path's pool (not for an injected database).
+    relayDatabaseUrl: deps.database ? undefined : config.databaseUrl,
     ...deps.eventConsumer,
   })
   // The leaderboard and daily totals: two more consumer groups on the transfer events.

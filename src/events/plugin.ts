@@ -6,7 +6,7 @@ import { Gauge, type Registry } from 'prom-client'
 import { LEADERBOARD_GROUP } from '../campaigns/leaderboard.ts'
 import { STATS_GROUP } from '../campaigns/stats.ts'
 import type { EventWorkers } from '../config.ts'
-import type { Database } from '../db/database.ts'
+import { createPgDatabase, type Database } from '../db/database.ts'
 import type { RedisClient, StreamConsumer } from '../index.ts'
 import { createNotifier, NOTIFIER_GROUP } from './notifier.ts'
 import { createOutboxRelay, type OutboxRelay } from './outbox-relay.ts'
@@ -24,6 +24,12 @@ export interface EventsPluginOptions {
   notificationsDedupMs: number
   sseHeartbeatMs: number
   sseMaxStreamsPerCustomer: number
+  /**
+   * Postgres URL for a connection of the relay's own. Without it the relay borrows from the
+   * request path's pool: under load its transactions, each held across a Redis round trip, then
+   * break up the batching of the transfers around them (measured at about half their throughput).
+   */
+  relayDatabaseUrl?: string
   /** Consumer tuning (tests shorten the visibility timeout). */
   visibilityTimeoutMs?: number
   maxDeliveries?: number
@@ -123,8 +129,12 @@ async function eventsPlugin(app: FastifyInstance, options: EventsPluginOptions):
   const deadLetterStream = `${stream}:dead`
   const redis = app.redis
   const onError = (err: unknown) => app.log.warn({ err }, 'transfer events')
+  const relayDb =
+    options.workers.relay && options.relayDatabaseUrl
+      ? createPgDatabase({ connectionString: options.relayDatabaseUrl, max: 1 })
+      : null
   const relay = createOutboxRelay({
-    db: app.db,
+    db: relayDb ?? app.db,
     redis,
     stream,
     retention: options.streamRetention,
@@ -190,6 +200,7 @@ async function eventsPlugin(app: FastifyInstance, options: EventsPluginOptions):
   app.addHook('onClose', async () => {
     await notifier?.stop()
     await relay.stop()
+    await relayDb?.close()
   })
 }
 
