@@ -12,10 +12,12 @@ import { request as httpRequest } from 'node:http'
 import autocannon from 'autocannon'
 import { Redis } from 'ioredis'
 import pg from 'pg'
+import { type CpuCost, costOf, costSpread } from '../lib/cpu-cost.ts'
 import { pinBesideLoadGenerator } from '../lib/cpus.ts'
 import { seedCustomers, signInCustomers } from '../lib/customers.ts'
 import {
   formatTable,
+  median,
   ratio,
   type Sample,
   type ServerHandle,
@@ -252,7 +254,9 @@ const events: Scenario = async ({ quick }) => {
     /** 201s of the verdict layout's rounds addressed to a watched recipient. */
     const watched: Created[] = []
     let createdOn = 0
-    type Contender = { name: string; url: string; on: boolean }
+    type Contender = { name: string; server: ServerHandle; on: boolean }
+    /** CPU cost per transfer of each contender's rounds, relay and notifications included. */
+    const costs = new Map<string, CpuCost[]>()
     /** Warm-up, then `rounds` interleaved runs of each; the 201s of outbox-on runs are kept if `timed`. */
     const interleave = async (
       contenders: Contender[],
@@ -260,7 +264,7 @@ const events: Scenario = async ({ quick }) => {
       warmupSec: number,
     ): Promise<Summary[]> => {
       for (const c of contenders) {
-        await run(c.url, quick ? 1 : warmupSec, null)
+        await run(c.server.url, quick ? 1 : warmupSec, null)
         await settle([])
       }
       const samples = new Map<string, Sample[]>(contenders.map((c) => [c.name, []]))
@@ -268,15 +272,23 @@ const events: Scenario = async ({ quick }) => {
         const order = round % 2 === 0 ? contenders : [...contenders].reverse()
         for (const c of order) {
           const created: Created[] = []
-          const sample = await run(c.url, durationSec, c.on && timed ? created : null)
+          // The CPU window closes once the round's events are relayed and notified.
+          const { result: sample, cost } = await costOf(
+            { redis, serverPid: c.server.pid, units: () => count('SELECT count(*) AS n FROM transfers') },
+            async () => {
+              const sample = await run(c.server.url, durationSec, c.on && timed ? created : null)
+              const mine = created.filter((t) => watchedAccounts.has(t.toAccountId))
+              createdOn += created.length
+              watched.push(...mine)
+              await settle(mine)
+              return sample
+            },
+          )
           samples.get(c.name)!.push(sample)
-          const mine = created.filter((t) => watchedAccounts.has(t.toAccountId))
-          createdOn += created.length
-          watched.push(...mine)
-          await settle(mine)
+          costs.set(c.name, [...(costs.get(c.name) ?? []), cost])
           const bad = sample.non2xx + sample.errors + sample.timeouts
           console.error(
-            `events round ${round + 1}/${rounds} ${c.name}: ${Math.round(sample.rps)} req/s, p99 ${sample.p99} ms${bad ? `, ${bad} non-2xx/errors` : ''}`,
+            `events round ${round + 1}/${rounds} ${c.name}: ${Math.round(sample.rps)} req/s, p99 ${sample.p99} ms, ${Math.round(cost.underTestMicros)} µs/transfer under test${bad ? `, ${bad} non-2xx/errors` : ''}`,
           )
         }
       }
@@ -286,8 +298,8 @@ const events: Scenario = async ({ quick }) => {
     const offName = 'OUTBOX=off, EVENT_WORKERS=off'
     const summaries = await interleave(
       [
-        { name: 'OUTBOX=on, relay in the API, consumers in a worker instance', url: api.url, on: true },
-        { name: offName, url: outboxOff.url, on: false },
+        { name: 'OUTBOX=on, relay in the API, consumers in a worker instance', server: api, on: true },
+        { name: offName, server: outboxOff, on: false },
       ],
       true,
       WARMUP_SEC.first,
@@ -302,10 +314,10 @@ const events: Scenario = async ({ quick }) => {
       [
         {
           name: 'OUTBOX=on, EVENT_WORKERS=on (every worker in the API process)',
-          url: allInOne.url,
+          server: allInOne,
           on: true,
         },
-        { name: `${offName} (second phase)`, url: outboxOff.url, on: false },
+        { name: `${offName} (second phase)`, server: outboxOff, on: false },
       ],
       false,
       WARMUP_SEC.second,
@@ -313,6 +325,15 @@ const events: Scenario = async ({ quick }) => {
     const oneProcessRatio = ratio(oneProcess, offAgain)
     const [on, off] = summaries as [Summary, Summary]
     const outboxRatio = ratio(on, off)
+    // Per round, what the CPUs under test spent on an outbox-off transfer over an outbox-on one.
+    const cpuRatios = (costs.get(on.name) ?? []).map(
+      (c, round) => (costs.get(off.name)?.[round]?.underTestMicros ?? 0) / c.underTestMicros,
+    )
+    const cpuRatio = {
+      median: median(cpuRatios),
+      min: Math.min(...cpuRatios),
+      max: Math.max(...cpuRatios),
+    }
 
     // Delay to the recipient's SSE message, per transfer to a watched recipient.
     const fromResponse: number[] = []
@@ -381,8 +402,22 @@ const events: Scenario = async ({ quick }) => {
           'req/s median (min-max)',
           'p99 ms median (min-max)',
           'non-2xx or errors',
+          'CPU under test µs/transfer (median)',
+          'of which the API process',
+          'of which redis-server',
         ],
-        [on, off, oneProcess, offAgain].map((s) => [s.name, cell(s.rps), cell(s.p99, 1), bad(s)]),
+        [on, off, oneProcess, offAgain].map((s) => {
+          const cpu = costSpread(costs.get(s.name) ?? [])
+          return [
+            s.name,
+            cell(s.rps),
+            cell(s.p99, 1),
+            bad(s),
+            cpu.underTestMicros.toFixed(0),
+            cpu.serverMicros.toFixed(0),
+            cpu.redisMicros.toFixed(0),
+          ]
+        }),
       ),
       '',
       formatTable(
@@ -394,6 +429,13 @@ const events: Scenario = async ({ quick }) => {
             `${outboxRatio.min.toFixed(2)}x`,
             `${outboxRatio.max.toFixed(2)}x`,
             `>= ${TARGET}x: ${outboxRatio.median >= TARGET ? 'met' : 'NOT met'}`,
+          ],
+          [
+            'CPU under test per transfer, off / on (the bound where saturated)',
+            `${cpuRatio.median.toFixed(2)}x`,
+            `${cpuRatio.min.toFixed(2)}x`,
+            `${cpuRatio.max.toFixed(2)}x`,
+            'reported',
           ],
           [
             'outbox on / off, every worker in the API process',
@@ -478,7 +520,8 @@ const events: Scenario = async ({ quick }) => {
       title: 'Transactional outbox on POST /transfers, and commit-to-SSE delay',
       markdown,
       data: {
-        transfers: { outboxOn: on, outboxOff: off, ratio: outboxRatio, target: TARGET },
+        transfers: { outboxOn: on, outboxOff: off, ratio: outboxRatio, cpuRatio, target: TARGET },
+        cpu: Object.fromEntries([...costs].map(([name, c]) => [name, costSpread(c)])),
         everyWorkerInTheApi: { outboxOn: oneProcess, outboxOff: offAgain, ratio: oneProcessRatio },
         delays,
         completeness: { ...completeness, everyNotified },

@@ -6,11 +6,10 @@
 // share of pgbench's is what HTTP, sessions, idempotency, cache invalidation and Node cost on top
 // of the statement itself.
 import { createHash, randomInt, randomUUID } from 'node:crypto'
-import { readFileSync } from 'node:fs'
 import { Redis } from 'ioredis'
 import pg from 'pg'
 import type { RatioBar } from '../lib/chart.ts'
-import { pinned } from '../lib/cpus.ts'
+import { type CpuCost, costOf, costSpread } from '../lib/cpu-cost.ts'
 import { type Seeded, seedCustomers, signInCustomers } from '../lib/customers.ts'
 import {
   PGBENCH_MISSING,
@@ -66,93 +65,6 @@ async function transferCount(db: pg.Client): Promise<number> {
   return rows[0]!.n
 }
 
-/** A /proc file, or '' off Linux (the CPU figures are then 0). */
-const readProc = (path: string) => {
-  try {
-    return readFileSync(path, 'utf8')
-  } catch {
-    return ''
-  }
-}
-
-/** Clock ticks per second of /proc (USER_HZ: 100 on Linux). */
-const TICK_MICROS = 10_000
-
-/**
- * Busy and total ticks of the CPUs under test (every CPU but the load generator's 0 when pinned,
- * all of them otherwise), from /proc/stat: where Postgres, Redis and the gateway all run.
- */
-function cpuUnderTest(): { busy: number; total: number } {
-  let busy = 0
-  let total = 0
-  for (const line of readProc('/proc/stat').split('\n')) {
-    const match = /^cpu(\d+) (.*)$/.exec(line)
-    if (!match || (pinned && match[1] === '0')) continue
-    // user nice system idle iowait irq softirq steal ...
-    const [user, nice, system, idle, iowait, irq, softirq, steal] = match[2]!
-      .split(' ')
-      .map(Number) as number[]
-    const working = user! + nice! + system! + irq! + softirq! + steal!
-    busy += working
-    total += working + idle! + iowait!
-  }
-  return { busy, total }
-}
-
-/** CPU ticks (user and system, all threads) of one process, from /proc/<pid>/stat; 0 off Linux. */
-function processTicks(pid: number): number {
-  const stat = readProc(`/proc/${pid}/stat`)
-  if (!stat) return 0
-  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
-  return Number(fields[11]) + Number(fields[12])
-}
-
-/** What one run cost the CPUs under test, per transfer committed. */
-interface CpuCost {
-  transfers: number
-  /** Share of the CPUs under test busy during the run (1 = saturated). */
-  busy: number
-  /** µs of the CPUs under test per transfer: Postgres, Redis and the gateway together. */
-  underTestMicros: number
-  /** µs of the gateway process per transfer (0 for pgbench runs, where it is idle). */
-  gatewayMicros: number
-  /** µs of redis-server per transfer (INFO cpu). */
-  redisMicros: number
-}
-
-/** CPU seconds redis-server has used (user and system, INFO cpu). */
-async function redisCpuSeconds(redis: Redis): Promise<number> {
-  const info = await redis.info('cpu')
-  const read = (name: string) => Number(new RegExp(`^${name}:([0-9.]+)`, 'm').exec(info)?.[1] ?? 0)
-  return read('used_cpu_user') + read('used_cpu_sys')
-}
-
-async function costOf<T>(
-  probes: { db: pg.Client; redis: Redis; gatewayPid: number },
-  run: () => Promise<T>,
-): Promise<{ result: T; cost: CpuCost }> {
-  const transfersBefore = await transferCount(probes.db)
-  const redisBefore = await redisCpuSeconds(probes.redis)
-  const cpuBefore = cpuUnderTest()
-  const gatewayBefore = processTicks(probes.gatewayPid)
-  const result = await run()
-  const cpuAfter = cpuUnderTest()
-  const gatewayAfter = processTicks(probes.gatewayPid)
-  const redisAfter = await redisCpuSeconds(probes.redis)
-  const transfers = (await transferCount(probes.db)) - transfersBefore
-  const per = (ticks: number) => (transfers ? (ticks * TICK_MICROS) / transfers : 0)
-  return {
-    result,
-    cost: {
-      transfers,
-      busy: (cpuAfter.busy - cpuBefore.busy) / Math.max(1, cpuAfter.total - cpuBefore.total),
-      underTestMicros: per(cpuAfter.busy - cpuBefore.busy),
-      gatewayMicros: per(gatewayAfter - gatewayBefore),
-      redisMicros: transfers ? ((redisAfter - redisBefore) * 1e6) / transfers : 0,
-    },
-  }
-}
-
 interface Phase {
   name: string
   /** The pair of one request: account indexes 0..CUSTOMERS-1. */
@@ -195,14 +107,6 @@ const spread = (values: number[]) => ({
   median: median(values),
   min: Math.min(...values),
   max: Math.max(...values),
-})
-
-/** Medians of the CPU figures over rounds. */
-const costSpread = (costs: CpuCost[]) => ({
-  busy: median(costs.map((c) => c.busy)),
-  underTestMicros: median(costs.map((c) => c.underTestMicros)),
-  gatewayMicros: median(costs.map((c) => c.gatewayMicros)),
-  redisMicros: median(costs.map((c) => c.redisMicros)),
 })
 
 const transfers: Scenario = async ({ quick }) => {
@@ -264,7 +168,7 @@ const transfers: Scenario = async ({ quick }) => {
       ].join('\n')
     const define = { amount: '1', currency: 'VND', request_fingerprint: PGBENCH_FINGERPRINT, outbox: 'true' }
 
-    const probes = { db, redis, gatewayPid: server.pid }
+    const probes = { redis, serverPid: server.pid, units: () => transferCount(db) }
     const runGateway = async (phase: Phase, seconds = durationSec): Promise<GatewaySample> => {
       const before = await settle(server!.url)
       // The CPU window closes once the transfers still queued at the deadline have run.
@@ -293,10 +197,8 @@ const transfers: Scenario = async ({ quick }) => {
       )
       pgbenchCpus = run.cpus
       // Every pgbench transaction must have been a transfer, not a refusal the script cannot see.
-      if (cost.transfers !== run.transactions)
-        throw new Error(
-          `pgbench ran ${run.transactions} statements but ${cost.transfers} transfers were made`,
-        )
+      if (cost.units !== run.transactions)
+        throw new Error(`pgbench ran ${run.transactions} statements but ${cost.units} transfers were made`)
       return { ...run, cost }
     }
 
@@ -377,7 +279,7 @@ const transfers: Scenario = async ({ quick }) => {
     const cpuCells = (c: ReturnType<typeof costSpread>) => [
       `${Math.round(c.busy * 100)} %`,
       c.underTestMicros.toFixed(0),
-      c.gatewayMicros.toFixed(0),
+      c.serverMicros.toFixed(0),
       c.redisMicros.toFixed(0),
     ]
     const rows = results.flatMap((r) => [
@@ -436,7 +338,7 @@ const transfers: Scenario = async ({ quick }) => {
         r.pgbench
           ? [
               `- ${r.phase}: the CPUs under test (Postgres, Redis and the gateway share them) spend ` +
-                `${r.gateway.cpu.underTestMicros.toFixed(0)} µs per gateway transfer (${r.gateway.cpu.gatewayMicros.toFixed(0)} in the ` +
+                `${r.gateway.cpu.underTestMicros.toFixed(0)} µs per gateway transfer (${r.gateway.cpu.serverMicros.toFixed(0)} in the ` +
                 `gateway process, ${r.gateway.cpu.redisMicros.toFixed(0)} in redis-server, the rest in Postgres and the kernel), ` +
                 `against ${r.pgbench.cpu.underTestMicros.toFixed(0)} µs per pgbench transfer: where they are ` +
                 `saturated, transfers/s can be at most ${(r.pgbench.cpu.underTestMicros / r.gateway.cpu.underTestMicros).toFixed(2)}x pgbench's.`,

@@ -1,0 +1,106 @@
+// What a run cost the CPUs under test (where Postgres, Redis and the servers under test run), per
+// unit of work (a committed transfer): steadier than req/s on a shared machine, and it shows where
+// the time went.
+import { readFileSync } from 'node:fs'
+import type { Redis } from 'ioredis'
+import { pinned } from './cpus.ts'
+import { median } from './runner.ts'
+
+/** A /proc file, or '' off Linux (the CPU figures are then 0). */
+const readProc = (path: string) => {
+  try {
+    return readFileSync(path, 'utf8')
+  } catch {
+    return ''
+  }
+}
+
+/** Clock ticks per second of /proc (USER_HZ: 100 on Linux). */
+const TICK_MICROS = 10_000
+
+/**
+ * Busy and total ticks of the CPUs under test (every CPU but the load generator's 0 when pinned,
+ * all of them otherwise), from /proc/stat.
+ */
+function cpuUnderTest(): { busy: number; total: number } {
+  let busy = 0
+  let total = 0
+  for (const line of readProc('/proc/stat').split('\n')) {
+    const match = /^cpu(\d+) (.*)$/.exec(line)
+    if (!match || (pinned && match[1] === '0')) continue
+    // user nice system idle iowait irq softirq steal ...
+    const [user, nice, system, idle, iowait, irq, softirq, steal] = match[2]!
+      .split(' ')
+      .map(Number) as number[]
+    const working = user! + nice! + system! + irq! + softirq! + steal!
+    busy += working
+    total += working + idle! + iowait!
+  }
+  return { busy, total }
+}
+
+/** CPU ticks (user and system, all threads) of one process, from /proc/<pid>/stat; 0 off Linux. */
+function processTicks(pid: number): number {
+  const stat = readProc(`/proc/${pid}/stat`)
+  if (!stat) return 0
+  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
+  return Number(fields[11]) + Number(fields[12])
+}
+
+/** CPU seconds redis-server has used (user and system, INFO cpu). */
+async function redisCpuSeconds(redis: Redis): Promise<number> {
+  const info = await redis.info('cpu')
+  const read = (name: string) => Number(new RegExp(`^${name}:([0-9.]+)`, 'm').exec(info)?.[1] ?? 0)
+  return read('used_cpu_user') + read('used_cpu_sys')
+}
+
+/** What one run cost the CPUs under test, per unit of work done. */
+export interface CpuCost {
+  units: number
+  /** Share of the CPUs under test busy during the run (1 = saturated). */
+  busy: number
+  /** µs of the CPUs under test per unit: Postgres, Redis, the servers and the kernel together. */
+  underTestMicros: number
+  /** µs of the server process per unit (0 where it sat idle). */
+  serverMicros: number
+  /** µs of redis-server per unit (INFO cpu). */
+  redisMicros: number
+}
+
+/**
+ * Runs `run` and measures it: `units` counts the work done so far (e.g. transfers in Postgres),
+ * read before and after.
+ */
+export async function costOf<T>(
+  probes: { redis: Redis; serverPid: number; units: () => Promise<number> },
+  run: () => Promise<T>,
+): Promise<{ result: T; cost: CpuCost }> {
+  const unitsBefore = await probes.units()
+  const redisBefore = await redisCpuSeconds(probes.redis)
+  const cpuBefore = cpuUnderTest()
+  const serverBefore = processTicks(probes.serverPid)
+  const result = await run()
+  const cpuAfter = cpuUnderTest()
+  const serverAfter = processTicks(probes.serverPid)
+  const redisAfter = await redisCpuSeconds(probes.redis)
+  const units = (await probes.units()) - unitsBefore
+  const per = (ticks: number) => (units ? (ticks * TICK_MICROS) / units : 0)
+  return {
+    result,
+    cost: {
+      units,
+      busy: (cpuAfter.busy - cpuBefore.busy) / Math.max(1, cpuAfter.total - cpuBefore.total),
+      underTestMicros: per(cpuAfter.busy - cpuBefore.busy),
+      serverMicros: per(serverAfter - serverBefore),
+      redisMicros: units ? ((redisAfter - redisBefore) * 1e6) / units : 0,
+    },
+  }
+}
+
+/** Medians of the CPU figures over rounds. */
+export const costSpread = (costs: CpuCost[]) => ({
+  busy: median(costs.map((c) => c.busy)),
+  underTestMicros: median(costs.map((c) => c.underTestMicros)),
+  serverMicros: median(costs.map((c) => c.serverMicros)),
+  redisMicros: median(costs.map((c) => c.redisMicros)),
+})
