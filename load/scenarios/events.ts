@@ -269,8 +269,12 @@ const events: Scenario = async ({ quick }) => {
       }
       const samples = new Map<string, Sample[]>(contenders.map((c) => [c.name, []]))
       for (let round = 0; round < rounds; round++) {
-        const order = round % 2 === 0 ? contenders : [...contenders].reverse()
-        for (const c of order) {
+        // Always the same order, so every run follows a run of the other server and each pays the
+        // same switch. Alternating it (ABBA) had half of the runs follow their own server, and a run
+        // that followed the other server's cost up to 40 % more CPU per transfer (one cause: a pool
+        // idle for 10 s has closed its Postgres connections and opens new ones); the per-round
+        // ratios fell into two groups and their median flipped between them from run to run.
+        for (const c of contenders) {
           const created: Created[] = []
           // The CPU window closes once the round's events are relayed and notified.
           const { result: sample, cost } = await costOf(
@@ -500,7 +504,7 @@ const events: Scenario = async ({ quick }) => {
         ],
       ),
       '',
-      `${quick ? 'Quick run: ' : ''}${rounds} interleaved rounds of ${durationSec} s after warm-up load of ${quick ? 1 : WARMUP_SEC.first} s per contender in the first phase and ${quick ? 1 : WARMUP_SEC.second} s in the second (ratio: median of the per-round ratios), ` +
+      `${quick ? 'Quick run: ' : ''}${rounds} interleaved rounds of ${durationSec} s after warm-up load of ${quick ? 1 : WARMUP_SEC.first} s per contender in the first phase and ${quick ? 1 : WARMUP_SEC.second} s in the second, each round in the same order so that every run follows the other server\u2019s (ratio: median of the per-round ratios), ` +
         `${CONNECTIONS} connections, ${CUSTOMERS.toLocaleString('en')} customers with one VND account each (sessions created in Redis as login creates them), ` +
         `1 VND per request between random accounts (one in ${WATCHED_EVERY} to a watched recipient) with a new Idempotency-Key, ` +
         'the demo gateway (`load/servers/gateway.ts`, RATE_LIMITS=off, SCHEDULER=off) on one Redis and one database, in two ' +
