@@ -213,7 +213,7 @@ test('four relays in parallel on one backlog: every event on the stream exactly 
     const [left] = await database.db.query<{ n: string }>('SELECT count(*)::text AS n FROM outbox_events')
     assert.equal(left!.n, '0')
   } finally {
-    await redis.del(stream)
+    await redis.del(stream, `${stream}:relay-epoch`)
     redis.disconnect()
     await database.drop()
   }
@@ -250,6 +250,52 @@ test('Redis restarted without its data: the relay refills the stream from the tr
       committed.map((r) => Number(r.id)),
     )
     assert.equal(ids.length, 25)
+  } finally {
+    redis.disconnect()
+    await server.stop()
+    await database.drop()
+  }
+})
+
+test('Redis restarted empty and newer events appended before a loss check: the older ones are refilled too', async () => {
+  const database = await createTestDatabase()
+  let server = await startRedisServer()
+  const redis = new Redis(server.url, { maxRetriesPerRequest: 1 })
+  redis.on('error', () => {})
+  const stream = 'events:transfers'
+  const relay = createOutboxRelay({ db: database.db, redis, stream, retention: 10_000, intervalMs: 1000 })
+  try {
+    const a = await createCustomer(database.db, 'alice', [1_000_000])
+    const b = await createCustomer(database.db, 'bob', [1_000_000])
+    await makeTransfers(database.db, a, b, 20)
+    assert.equal(await relay.relayPending(), 20)
+    assert.equal(await relay.relayPending(), 0, 'a check that finds nothing lost')
+    await server.kill()
+    server = await startRedisServer(server.port)
+    await new Promise<void>((resolve) =>
+      redis.status === 'ready' ? resolve() : redis.once('ready', resolve),
+    )
+    // What a pass without a loss check (a commit's wake-up) leaves when it runs first: the newer
+    // events on the empty stream, the older ones on no stream at all.
+    await makeTransfers(database.db, a, b, 5)
+    const newer = await database.db.query<{ id: string }>(
+      'DELETE FROM outbox_events RETURNING id::text AS id',
+    )
+    assert.equal(newer.length, 5)
+    for (const { id } of newer)
+      await redis.xadd(stream, '*', 'eventId', id, 'type', 'transfer.completed', 'data', '{}')
+
+    assert.equal(await relay.relayPending(), 20, 'the twenty lost with the restart go back to the stream')
+    const ids = (await streamEventIds(redis, stream)).map(Number)
+    const committed = await database.db.query<{ id: string }>(
+      'SELECT id::text FROM transfers WHERE has_event ORDER BY transfers.id',
+    )
+    assert.deepEqual(
+      [...ids].sort((x, y) => x - y),
+      committed.map((r) => Number(r.id)),
+      'every event once',
+    )
+    assert.equal(await relay.relayPending(), 0, 'and a later check finds nothing more to refill')
   } finally {
     redis.disconnect()
     await server.stop()
@@ -294,7 +340,7 @@ test('a refill reaches back at most the stream retention, and only to transfers 
     assert.deepEqual({ ...data, occurredAt: undefined }, transferEvent(all[20]!, a, b, 1, undefined))
     assert.equal((await database.db.query('SELECT id FROM outbox_events')).length, 0)
   } finally {
-    await redis.del(stream)
+    await redis.del(stream, `${stream}:relay-epoch`)
     redis.disconnect()
     await database.drop()
   }

@@ -142,13 +142,23 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
     return rows.length
   }
 
+  /** The event id of a stream entry (its `eventId` field), or null. */
+  const eventIdOf = (entry: [string, string[]] | undefined): number | null => {
+    const fields = entry?.[1] ?? []
+    const at = fields.indexOf('eventId')
+    return at >= 0 && at % 2 === 0 ? Number(fields[at + 1]) : null
+  }
+
   /**
-   * Redis lost entries (restart without persistence, failover to a replica that had not got them):
-   * the newest event ids on the stream are behind the newest event Postgres says was relayed (the
-   * newest transfer with an event that is no longer in the backlog; an event's id is its
-   * transfer's). The events of the transfers after the newest one still on the stream (at most
-   * `retention` transfers back) go back to the backlog, rebuilt from the transfers table. Postgres
-   * is read before the stream, so events relayed in between are not taken for lost ones.
+   * Redis lost entries, and the events of the transfers they held go back to the backlog, rebuilt
+   * from the transfers table (at most `retention` transfers back). "Relayed" is the newest transfer
+   * with an event that is no longer in the backlog (an event's id is its transfer's); Postgres is
+   * read before the stream, so events relayed in between are not taken for lost ones.
+   * - Redis restarted without its data: the key `<stream>:relay-epoch`, set after each such check,
+   *   is gone. Relays may already have appended newer events to the empty stream, so what is missing
+   *   is everything relayed before the stream's oldest entry.
+   * - Redis lost only its newest writes (failover to a replica that had not got them): the stream's
+   *   newest event ids are behind the newest relayed one.
    */
   async function refillAfterLoss(): Promise<void> {
     // While Redis is unreachable there is nothing to compare with, and the query below walks back
@@ -161,15 +171,21 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
     )
     if (!row) return
     const relayed = Number(row.id)
-    const tail = (await redis.xrevrange(stream, '+', '-', 'COUNT', Math.min(batch, 100))) as Array<
-      [string, string[]]
-    >
-    let newest = 0
-    for (const [, fields] of tail) {
-      const at = fields.indexOf('eventId')
-      if (at >= 0 && at % 2 === 0) newest = Math.max(newest, Number(fields[at + 1]))
+    const epochKey = `${stream}:relay-epoch`
+    let lostAfter: number
+    let lostUpTo = relayed
+    if ((await redis.exists(epochKey)) === 0) {
+      const head = (await redis.xrange(stream, '-', '+', 'COUNT', 1)) as Array<[string, string[]]>
+      const oldest = eventIdOf(head[0])
+      lostAfter = 0
+      if (oldest !== null) lostUpTo = Math.min(relayed, oldest - 1)
+    } else {
+      const tail = (await redis.xrevrange(stream, '+', '-', 'COUNT', Math.min(batch, 100))) as Array<
+        [string, string[]]
+      >
+      lostAfter = Math.max(0, ...tail.map((entry) => eventIdOf(entry) ?? 0))
+      if (lostAfter >= relayed) return
     }
-    if (newest >= relayed) return
     await db.query(
       `INSERT INTO outbox_events (${COLUMNS})
        SELECT t.id, 'transfer.completed', t.id, t.customer_id, a.customer_id, t.from_account_id,
@@ -177,8 +193,11 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
        FROM transfers t JOIN accounts a ON a.id = t.to_account_id
        WHERE t.has_event AND t.id > GREATEST($1::bigint, $2::bigint) AND t.id <= $3::bigint
        ON CONFLICT (id) DO NOTHING`,
-      [newest, relayed - retention, relayed],
+      [lostAfter, relayed - retention, lostUpTo],
     )
+    // Set only once the refill is in the backlog: a relay that dies before this leaves the next
+    // check to find the key missing and refill again (duplicates, which consumers absorb).
+    await redis.set(epochKey, String(Date.now()))
   }
 
   /** `checkLoss`: on the timer's passes and direct calls; a commit's wake-up only relays. */
