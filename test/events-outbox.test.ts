@@ -219,87 +219,100 @@ test('four relays in parallel on one backlog: every event on the stream exactly 
   }
 })
 
-test('Redis restarted without its data: the relay refills the stream from the transfers', async () => {
+/**
+ * A relay on a redis-server of its own, over a new database where alice paid bob 20 times, all
+ * relayed. `restartEmpty` restarts that Redis without its data, running `whileDown` in between.
+ */
+async function relayedOnOwnRedis() {
   const database = await createTestDatabase()
   let server = await startRedisServer()
   const redis = new Redis(server.url, { maxRetriesPerRequest: 1 })
   redis.on('error', () => {})
   const stream = 'events:transfers'
   const relay = createOutboxRelay({ db: database.db, redis, stream, retention: 10_000, intervalMs: 1000 })
-  try {
-    const a = await createCustomer(database.db, 'alice', [1_000_000])
-    const b = await createCustomer(database.db, 'bob', [1_000_000])
-    await makeTransfers(database.db, a, b, 20)
-    assert.equal(await relay.relayPending(), 20)
-    await server.kill()
-    // Transfers keep committing while Redis is down: their events wait in the outbox.
-    await makeTransfers(database.db, a, b, 5)
-    await assert.rejects(relay.relayPending())
-    server = await startRedisServer(server.port)
-    await new Promise<void>((resolve) =>
-      redis.status === 'ready' ? resolve() : redis.once('ready', resolve),
-    )
-    assert.equal(await redis.exists(stream), 0, 'the restarted Redis has no stream')
-    await relay.relayPending()
-    const ids = (await streamEventIds(redis, stream)).map(Number)
-    const committed = await database.db.query<{ id: string }>(
-      'SELECT id::text FROM transfers WHERE has_event ORDER BY transfers.id',
-    )
-    assert.deepEqual(
-      [...new Set(ids)].sort((x, y) => x - y),
-      committed.map((r) => Number(r.id)),
-    )
-    assert.equal(ids.length, 25)
-  } finally {
+  const close = async () => {
     redis.disconnect()
     await server.stop()
     await database.drop()
   }
-})
-
-test('Redis restarted empty and newer events appended before a loss check: the older ones are refilled too', async () => {
-  const database = await createTestDatabase()
-  let server = await startRedisServer()
-  const redis = new Redis(server.url, { maxRetriesPerRequest: 1 })
-  redis.on('error', () => {})
-  const stream = 'events:transfers'
-  const relay = createOutboxRelay({ db: database.db, redis, stream, retention: 10_000, intervalMs: 1000 })
   try {
     const a = await createCustomer(database.db, 'alice', [1_000_000])
     const b = await createCustomer(database.db, 'bob', [1_000_000])
     await makeTransfers(database.db, a, b, 20)
     assert.equal(await relay.relayPending(), 20)
-    assert.equal(await relay.relayPending(), 0, 'a check that finds nothing lost')
-    await server.kill()
-    server = await startRedisServer(server.port)
-    await new Promise<void>((resolve) =>
-      redis.status === 'ready' ? resolve() : redis.once('ready', resolve),
+    return {
+      db: database.db,
+      redis,
+      stream,
+      relay,
+      transfer: (n: number) => makeTransfers(database.db, a, b, n),
+      async restartEmpty(whileDown: () => Promise<void> = async () => {}) {
+        await server.kill()
+        await whileDown()
+        server = await startRedisServer(server.port)
+        await new Promise<void>((resolve) =>
+          redis.status === 'ready' ? resolve() : redis.once('ready', resolve),
+        )
+      },
+      /** Every transfer that wrote an event, by id. */
+      async eventTransfers() {
+        const rows = await database.db.query<{ id: string }>(
+          'SELECT id::text FROM transfers WHERE has_event ORDER BY transfers.id',
+        )
+        return rows.map((r) => Number(r.id))
+      },
+      close,
+    }
+  } catch (err) {
+    await close()
+    throw err
+  }
+}
+
+test('Redis restarted without its data: the relay refills the stream from the transfers', async () => {
+  const t = await relayedOnOwnRedis()
+  try {
+    // Transfers keep committing while Redis is down: their events wait in the outbox.
+    await t.restartEmpty(async () => {
+      await t.transfer(5)
+      await assert.rejects(t.relay.relayPending())
+    })
+    assert.equal(await t.redis.exists(t.stream), 0, 'the restarted Redis has no stream')
+    await t.relay.relayPending()
+    const ids = (await streamEventIds(t.redis, t.stream)).map(Number)
+    assert.deepEqual(
+      [...new Set(ids)].sort((x, y) => x - y),
+      await t.eventTransfers(),
     )
+    assert.equal(ids.length, 25)
+  } finally {
+    await t.close()
+  }
+})
+
+test('Redis restarted empty and newer events appended before a loss check: the older ones are refilled too', async () => {
+  const t = await relayedOnOwnRedis()
+  try {
+    assert.equal(await t.relay.relayPending(), 0, 'a check that finds nothing lost')
+    await t.restartEmpty()
     // What a pass without a loss check (a commit's wake-up) leaves when it runs first: the newer
     // events on the empty stream, the older ones on no stream at all.
-    await makeTransfers(database.db, a, b, 5)
-    const newer = await database.db.query<{ id: string }>(
-      'DELETE FROM outbox_events RETURNING id::text AS id',
-    )
+    await t.transfer(5)
+    const newer = await t.db.query<{ id: string }>('DELETE FROM outbox_events RETURNING id::text AS id')
     assert.equal(newer.length, 5)
     for (const { id } of newer)
-      await redis.xadd(stream, '*', 'eventId', id, 'type', 'transfer.completed', 'data', '{}')
+      await t.redis.xadd(t.stream, '*', 'eventId', id, 'type', 'transfer.completed', 'data', '{}')
 
-    assert.equal(await relay.relayPending(), 20, 'the twenty lost with the restart go back to the stream')
-    const ids = (await streamEventIds(redis, stream)).map(Number)
-    const committed = await database.db.query<{ id: string }>(
-      'SELECT id::text FROM transfers WHERE has_event ORDER BY transfers.id',
-    )
+    assert.equal(await t.relay.relayPending(), 20, 'the twenty lost with the restart go back to the stream')
+    const ids = (await streamEventIds(t.redis, t.stream)).map(Number)
     assert.deepEqual(
       [...ids].sort((x, y) => x - y),
-      committed.map((r) => Number(r.id)),
+      await t.eventTransfers(),
       'every event once',
     )
-    assert.equal(await relay.relayPending(), 0, 'and a later check finds nothing more to refill')
+    assert.equal(await t.relay.relayPending(), 0, 'and a later check finds nothing more to refill')
   } finally {
-    redis.disconnect()
-    await server.stop()
-    await database.drop()
+    await t.close()
   }
 })
 
