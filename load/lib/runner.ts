@@ -128,7 +128,8 @@ export const median = (values: number[]): number => {
   return sorted.length % 2 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2
 }
 
-const spread = (values: number[]) => ({
+/** Median, lowest and highest of some per-round figures. */
+export const spread = (values: number[]) => ({
   median: median(values),
   min: Math.min(...values),
   max: Math.max(...values),

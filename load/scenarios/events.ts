@@ -17,11 +17,11 @@ import { pinBesideLoadGenerator } from '../lib/cpus.ts'
 import { seedCustomers, signInCustomers } from '../lib/customers.ts'
 import {
   formatTable,
-  median,
   ratio,
   type Sample,
   type ServerHandle,
   type Summary,
+  spread,
   startServer,
   summarize,
 } from '../lib/runner.ts'
@@ -330,14 +330,11 @@ const events: Scenario = async ({ quick }) => {
     const [on, off] = summaries as [Summary, Summary]
     const outboxRatio = ratio(on, off)
     // Per round, what the CPUs under test spent on an outbox-off transfer over an outbox-on one.
-    const cpuRatios = (costs.get(on.name) ?? []).map(
-      (c, round) => (costs.get(off.name)?.[round]?.underTestMicros ?? 0) / c.underTestMicros,
+    const cpuRatio = spread(
+      (costs.get(on.name) ?? []).map(
+        (c, round) => (costs.get(off.name)?.[round]?.underTestMicros ?? 0) / c.underTestMicros,
+      ),
     )
-    const cpuRatio = {
-      median: median(cpuRatios),
-      min: Math.min(...cpuRatios),
-      max: Math.max(...cpuRatios),
-    }
 
     // Delay to the recipient's SSE message, per transfer to a watched recipient.
     const fromResponse: number[] = []

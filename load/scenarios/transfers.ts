@@ -25,6 +25,7 @@ import {
   median,
   type Sample,
   type ServerHandle,
+  spread,
   startServer,
 } from '../lib/runner.ts'
 import type { Scenario } from '../lib/scenario.ts'
@@ -102,12 +103,6 @@ interface GatewaySample extends Sample {
   statementsPerRequest: number
   cost: CpuCost
 }
-
-const spread = (values: number[]) => ({
-  median: median(values),
-  min: Math.min(...values),
-  max: Math.max(...values),
-})
 
 const transfers: Scenario = async ({ quick }) => {
   const services = await startBenchServices()

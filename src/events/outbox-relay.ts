@@ -77,6 +77,13 @@ const toEvent = (row: OutboxRow): TransferEvent => ({
   occurredAt: new Date(row.occurred_at).toISOString(),
 })
 
+/** The event id of a stream entry (its `eventId` field), or null. */
+const eventIdOf = (entry: [string, string[]] | undefined): number | null => {
+  const fields = entry?.[1] ?? []
+  const at = fields.indexOf('eventId')
+  return at >= 0 && at % 2 === 0 ? Number(fields[at + 1]) : null
+}
+
 /**
  * Moves committed outbox rows to the Redis stream. One pass, per batch: a transaction deletes
  * the oldest rows it can lock with FOR UPDATE SKIP LOCKED (parallel relays take disjoint rows),
@@ -142,13 +149,6 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
     return rows.length
   }
 
-  /** The event id of a stream entry (its `eventId` field), or null. */
-  const eventIdOf = (entry: [string, string[]] | undefined): number | null => {
-    const fields = entry?.[1] ?? []
-    const at = fields.indexOf('eventId')
-    return at >= 0 && at % 2 === 0 ? Number(fields[at + 1]) : null
-  }
-
   /**
    * Redis lost entries, and the events of the transfers they held go back to the backlog, rebuilt
    * from the transfers table (at most `retention` transfers back). "Relayed" is the newest transfer
@@ -174,7 +174,8 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
     const epochKey = `${stream}:relay-epoch`
     let lostAfter: number
     let lostUpTo = relayed
-    if ((await redis.exists(epochKey)) === 0) {
+    const restarted = (await redis.exists(epochKey)) === 0
+    if (restarted) {
       const head = (await redis.xrange(stream, '-', '+', 'COUNT', 1)) as Array<[string, string[]]>
       const oldest = eventIdOf(head[0])
       lostAfter = 0
@@ -197,7 +198,7 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
     )
     // Set only once the refill is in the backlog: a relay that dies before this leaves the next
     // check to find the key missing and refill again (duplicates, which consumers absorb).
-    await redis.set(epochKey, String(Date.now()))
+    if (restarted) await redis.set(epochKey, String(Date.now()))
   }
 
   /** `checkLoss`: on the timer's passes and direct calls; a commit's wake-up only relays. */
