@@ -54,6 +54,7 @@ export {
 } from './plugins/rate-limit/index.ts'
 export {
   batchWrites,
+  boundCommands,
   createRedisClient,
   default as redis,
   type RedisClient,

@@ -1,6 +1,8 @@
 import assert from 'node:assert/strict'
+import { createHook } from 'node:async_hooks'
 import { test } from 'node:test'
 import Fastify from 'fastify'
+import { Redis } from 'ioredis'
 import { freePort, startRedisServer } from '../src/embedded/redis-server.ts'
 import { scriptSources } from '../src/lua/index.ts'
 import redisPlugin, { createRedisClient } from '../src/plugins/redis/index.ts'
@@ -67,6 +69,72 @@ test('while Redis is down commands fail at once instead of queueing, and work ag
       await restarted.stop()
     }
   } finally {
+    await server.stop()
+  }
+})
+
+/** How many timers (setTimeout) `work` creates. */
+async function timersCreatedBy(work: () => Promise<unknown>): Promise<number> {
+  let timers = 0
+  const hook = createHook({
+    init(_id, type) {
+      if (type === 'Timeout') timers++
+    },
+  })
+  hook.enable()
+  try {
+    await work()
+  } finally {
+    hook.disable()
+  }
+  return timers
+}
+
+const thousandGets = (client: Redis) => () =>
+  Promise.all(Array.from({ length: 1000 }, (_, i) => client.get(`bound:${i % 10}`)))
+
+test("createRedisClient's command timeout costs one timer per client, not one per command", async () => {
+  const bounded = createRedisClient({ url: TEST_REDIS_URL, commandTimeoutMs: 500 }) as Redis
+  const perCommand = new Redis(TEST_REDIS_URL, { commandTimeout: 500, lazyConnect: true })
+  await Promise.all([bounded.connect(), perCommand.connect()])
+  try {
+    await bounded.get('bound:warm')
+    assert.ok(
+      (await timersCreatedBy(thousandGets(bounded))) <= 2,
+      'at most the one timer of the oldest command',
+    )
+    // The control: ioredis's own commandTimeout sets a timer for each command.
+    assert.ok((await timersCreatedBy(thousandGets(perCommand))) >= 1000)
+  } finally {
+    bounded.disconnect()
+    perCommand.disconnect()
+  }
+})
+
+test('a command unanswered for commandTimeoutMs fails; answered ones do not, and its late reply goes to nobody else', async () => {
+  const server = await startRedisServer()
+  const client = createRedisClient({ url: server.url, commandTimeoutMs: 200 }) as Redis
+  const admin = new Redis(server.url)
+  try {
+    await client.connect()
+    await client.mset('first', 'a', 'second', 'b')
+    // Answered before the pause, and while the timer runs for later commands: none of them fails.
+    assert.deepEqual(await Promise.all([client.get('first'), client.get('second')]), ['a', 'b'])
+    await admin.client('PAUSE', 1000, 'ALL')
+    await assert.rejects(client.get('first'), { message: 'Command timed out' })
+    await assert.rejects(client.get('second'), { message: 'Command timed out' })
+    // Once Redis answers again, each command gets its own reply: the timed-out ones' replies are
+    // matched to them (and dropped), not to the commands sent after.
+    let value: string | null = null
+    for (let i = 0; i < 30 && value === null; i++) {
+      value = await client.get('second').catch(() => null)
+      if (value === null) await new Promise((r) => setTimeout(r, 100))
+    }
+    assert.equal(value, 'b')
+    assert.equal(await client.get('first'), 'a')
+  } finally {
+    client.disconnect()
+    admin.disconnect()
     await server.stop()
   }
 })

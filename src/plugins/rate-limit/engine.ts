@@ -2,6 +2,7 @@ import { randomBytes } from 'node:crypto'
 import type { FastifyBaseLogger, FastifyRequest } from 'fastify'
 import { type RedisClient, runScript } from '../../lua/index.ts'
 import type { PrincipalFunction } from '../common/principal.ts'
+import { commandTimeoutOf } from '../common/redis.ts'
 import { identityTag, MAX_KEY_INPUT } from './keys.ts'
 import { MemoryStore } from './memory.ts'
 import type { RateLimitMetrics } from './metrics.ts'
@@ -204,12 +205,8 @@ export class RateLimitEngine {
     this.memoryId = `memory\0${options.keyPrefix}`
     this.fallbackId = `local\0${options.keyPrefix}`
     this.memory = redis ? null : acquireStore(this.memoryId, options.memoryMaxKeys ?? FALLBACK_MAX_KEYS)
-    const o = (redis?.options ?? {}) as {
-      commandTimeout?: number
-      redisOptions?: { commandTimeout?: number }
-    }
     // Without a command timeout on the client, a stalled Redis would hold requests: bound it here.
-    this.ownTimeout = !(o.commandTimeout ?? o.redisOptions?.commandTimeout)
+    this.ownTimeout = redis !== null && !commandTimeoutOf(redis)
   }
 
   keyOf(tag: string, policy: Policy): string {

@@ -3,10 +3,10 @@ import type { FastifyInstance } from 'fastify'
 import fp from 'fastify-plugin'
 import { Cluster, type Command, Redis } from 'ioredis'
 import type { RedisClient } from '../../lua/index.ts'
-import { connectRedis } from '../common/redis.ts'
+import { boundCommands, connectRedis } from '../common/redis.ts'
 
 export type { RedisClient }
-export { connectRedis }
+export { boundCommands, connectRedis }
 
 export interface RedisConnectionOptions {
   url?: string
@@ -28,29 +28,27 @@ export interface RedisPluginOptions extends RedisConnectionOptions {
  * (and a queued INCR cannot run twice after a reconnect). Reconnects keep being retried quickly.
  */
 export function createRedisClient(options: RedisConnectionOptions): RedisClient {
-  const common = {
-    enableOfflineQueue: false,
-    commandTimeout: options.commandTimeoutMs ?? 500,
-    connectTimeout: options.connectTimeoutMs ?? 2000,
-    maxRetriesPerRequest: 0,
-    lazyConnect: true,
-  }
+  const commandTimeout = options.commandTimeoutMs ?? 500
+  const connectTimeout = options.connectTimeoutMs ?? 2000
   const client: RedisClient = options.clusterNodes?.length
     ? new Cluster(options.clusterNodes, {
         enableOfflineQueue: false,
         lazyConnect: true,
         clusterRetryStrategy: (times) => Math.min(times * 100, 1000),
-        redisOptions: {
-          commandTimeout: common.commandTimeout,
-          connectTimeout: common.connectTimeout,
-          maxRetriesPerRequest: 0,
-        },
+        redisOptions: { commandTimeout, connectTimeout, maxRetriesPerRequest: 0 },
       })
     : new Redis(options.url ?? 'redis://127.0.0.1:6379', {
-        ...common,
+        enableOfflineQueue: false,
+        connectTimeout,
+        maxRetriesPerRequest: 0,
+        lazyConnect: true,
         retryStrategy: (times) => Math.min(times * 50, 1000),
       })
-  if (client instanceof Redis && options.batchWrites !== false) batchWrites(client)
+  if (client instanceof Redis) {
+    // The command timeout with one timer per client, not ioredis's per command (boundCommands).
+    boundCommands(client, commandTimeout)
+    if (options.batchWrites !== false) batchWrites(client)
+  }
   // Errors surface on the commands that hit them; an unhandled 'error' event would crash the process.
   client.on('error', () => {})
   return client
