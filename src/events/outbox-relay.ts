@@ -15,17 +15,11 @@ export interface TransferEvent {
   occurredAt: string
 }
 
-interface OutboxRow {
+/** A claimed outbox row: its id, type and the event's JSON (`TransferEvent`), built by Postgres. */
+interface ClaimedRow {
   id: string
-  type: 'transfer.completed'
-  transfer_id: string
-  from_customer_id: number
-  to_customer_id: number
-  from_account_id: number
-  to_account_id: number
-  amount: string
-  currency: string
-  occurred_at: Date | string
+  type: TransferEvent['type']
+  data: string
 }
 
 export interface OutboxRelayOptions {
@@ -64,18 +58,16 @@ export interface OutboxRelay {
 const COLUMNS =
   'id, type, transfer_id, from_customer_id, to_customer_id, from_account_id, to_account_id, amount, currency, occurred_at'
 
-const toEvent = (row: OutboxRow): TransferEvent => ({
-  eventId: String(row.id),
-  type: row.type,
-  transferId: Number(row.transfer_id),
-  fromCustomerId: row.from_customer_id,
-  toCustomerId: row.to_customer_id,
-  fromAccountId: row.from_account_id,
-  toAccountId: row.to_account_id,
-  amount: Number(row.amount),
-  currency: row.currency,
-  occurredAt: new Date(row.occurred_at).toISOString(),
-})
+/**
+ * The event's JSON, byte for byte what JSON.stringify of a `TransferEvent` gives (same keys, same
+ * order), built in the DELETE that claims the row: the relay parses one text column per row instead
+ * of ten typed ones, and serializes nothing. Ids and amounts are whole numbers, the two strings are
+ * escaped by to_json, and occurredAt has milliseconds as the API's createdAt.
+ */
+const EVENT_JSON = `format('{"eventId":"%s","type":%s,"transferId":%s,"fromCustomerId":%s,"toCustomerId":%s,'
+  '"fromAccountId":%s,"toAccountId":%s,"amount":%s,"currency":%s,"occurredAt":"%s"}',
+  id, to_json(type), transfer_id, from_customer_id, to_customer_id, from_account_id, to_account_id, amount,
+  to_json(currency::text), to_char(occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'))`
 
 /** The event id of a stream entry (its `eventId` field), or null. */
 const eventIdOf = (entry: [string, string[]] | undefined): number | null => {
@@ -116,19 +108,20 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
    * relay stops costing the disk a flush per pass beside the transfers' own.
    */
   async function relayBatch(tx: Queryable): Promise<number> {
-    const rows = await tx.query<OutboxRow>(
+    // Prepared once per connection: the relay runs it many times a second under load.
+    const rows = await tx.query<ClaimedRow>(
       `DELETE FROM outbox_events
        WHERE id IN (SELECT id FROM outbox_events ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
          AND set_config('synchronous_commit', 'off', true) = 'off'
-       RETURNING ${COLUMNS}`,
+       RETURNING id::text AS id, type, ${EVENT_JSON} AS data`,
       [batch],
+      { prepare: 'outbox-relay-claim' },
     )
     if (rows.length === 0) return 0
     // RETURNING has no order: the stream gets them in commit (id) order.
     rows.sort((a, b) => Number(a.id) - Number(b.id))
     const pipeline = redis.pipeline()
     for (const row of rows) {
-      const event = toEvent(row)
       pipeline.xadd(
         stream,
         'MAXLEN',
@@ -136,11 +129,11 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
         retention,
         '*',
         'eventId',
-        event.eventId,
+        row.id,
         'type',
-        event.type,
+        row.type,
         'data',
-        JSON.stringify(event),
+        row.data,
       )
     }
     const results = (await pipeline.exec()) ?? []
