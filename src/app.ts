@@ -88,13 +88,13 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
   await app.register(metrics)
   await app.register(redis, { redis: deps.redis, ...config.redis })
   await app.register(postgres, { database: deps.database, connectionString: config.databaseUrl })
-  // The cache's own connection: by default to the main Redis, else to CACHE_REDIS_URL (an evicting instance).
-  const cacheRedis = config.cache.enabled
-    ? createRedisClient({
-        ...config.redis,
-        ...(config.cacheRedisUrl ? { url: config.cacheRedisUrl, clusterNodes: undefined } : {}),
-      })
-    : undefined
+  // The cache uses the main client unless CACHE_REDIS_URL names an instance of its own (one with an
+  // eviction policy). On one client a request's session load, rate limit and cache read leave in one
+  // write and come back in one read, on both sides (write batching, docs/redis.md).
+  const cacheRedis =
+    config.cache.enabled && config.cacheRedisUrl
+      ? createRedisClient({ ...config.redis, url: config.cacheRedisUrl, clusterNodes: undefined })
+      : undefined
   if (cacheRedis)
     app.addHook('onClose', async () => void (await cacheRedis.quit().catch(() => cacheRedis.disconnect())))
   await app.register(cache, {

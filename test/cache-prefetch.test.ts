@@ -4,6 +4,7 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import Fastify, { type FastifyInstance, type FastifyRequest } from 'fastify'
 import { Redis } from 'ioredis'
 import { scriptSources } from '../src/lua/index.ts'
+import { peekEntry } from '../src/plugins/cache/cache.ts'
 import cachePlugin, { type CachePluginOptions } from '../src/plugins/cache/index.ts'
 import metrics from '../src/plugins/metrics/index.ts'
 import rateLimit from '../src/plugins/rate-limit/index.ts'
@@ -133,11 +134,11 @@ describe('the prefetch option', () => {
     const cold = await measure(() => app.inject('/items/1'))
     assert.equal(cold.json().name, 'one')
     // The peek found nothing; the handler then read with cache-get.lua (the lease) and filled.
-    assert.deepEqual(cold.commands, ['cachePeek', 'cacheGet', 'cacheFill'])
+    assert.deepEqual(cold.commands, ['get', 'cacheGet', 'cacheFill'])
     const hit = await measure(() => app.inject('/items/1'))
     assert.deepEqual(
       { name: hit.json().name, commands: hit.commands },
-      { name: 'one', commands: ['cachePeek'] },
+      { name: 'one', commands: ['get'] },
     )
     assert.equal(load.calls, 1)
     assert.equal(await counter(app, 'cache_misses_total', 'item'), 1)
@@ -163,18 +164,18 @@ describe('the prefetch option', () => {
     const other = await measure(() => app.inject('/next/1'))
     assert.deepEqual(
       { value: other.json().value, commands: other.commands },
-      { value: 'two', commands: ['cachePeek', 'cacheGet'] },
+      { value: 'two', commands: ['get', 'cacheGet'] },
     )
     // A key nobody cached: the peek of item:2 (a hit) must not answer for it.
     const missing = await measure(() => app.inject('/next/2'))
     assert.deepEqual(
       { value: missing.json().value, commands: missing.commands },
-      { value: 'loaded 3', commands: ['cachePeek', 'cacheGet', 'cacheFill'] },
+      { value: 'loaded 3', commands: ['get', 'cacheGet', 'cacheFill'] },
     )
     const late = await measure(() => app.inject('/later/1'))
     assert.deepEqual(
       { value: late.json().value, commands: late.commands },
-      { value: 'one', commands: ['cachePeek', 'cacheGet'] },
+      { value: 'one', commands: ['get', 'cacheGet'] },
     )
     // Nothing is taken outside a prefetching route's handler either.
     assert.equal(await app.cache.getOrLoad('item:1', async () => 'loaded'), 'one')
@@ -262,7 +263,7 @@ describe('the prefetch option', () => {
     const refused = await measure(() => app.inject('/guarded/5'))
     assert.deepEqual(
       { status: refused.statusCode, commands: refused.commands },
-      { status: 401, commands: ['cachePeek'] },
+      { status: 401, commands: ['get'] },
     )
     // The peek wrote nothing: no lease, no generation, no value.
     assert.deepEqual(await scanKeys(redis, keyPrefix), [])
@@ -287,7 +288,7 @@ describe('the prefetch option', () => {
     const stale = await measure(() => app.inject('/items/1'))
     assert.deepEqual(
       { value: stale.json().value, first: stale.commands.slice(0, 2) },
-      { value: 1, first: ['cachePeek', 'cacheGet'] },
+      { value: 1, first: ['get', 'cacheGet'] },
     )
     assert.equal(await counter(app, 'cache_stale_served_total', 'item'), 1)
     let latest = 1
@@ -337,7 +338,7 @@ describe('the prefetch option', () => {
     const hit = await measure(() => app.inject('/items/1'))
     assert.deepEqual(
       { value: hit.json().value, commands: hit.commands },
-      { value: 'v1', commands: ['cachePeek', 'cacheGet', 'cacheTags'] },
+      { value: 'v1', commands: ['get', 'cacheGet', 'cacheTags'] },
     )
     load.value = 'v2'
     await app.cache.invalidateTags(['shop:1'])
@@ -406,7 +407,7 @@ describe('the prefetch option', () => {
     const slow = await measure(() => app.inject('/items/1'))
     assert.deepEqual(
       { value: slow.json().value, commands: slow.commands },
-      { value: 'from the source', commands: ['cachePeek'] },
+      { value: 'from the source', commands: ['get'] },
     )
     assert.equal(await counter(app, 'cache_redis_errors_total', 'item'), 1)
     assert.equal(load.calls, 1)
@@ -449,6 +450,32 @@ describe('the prefetch option', () => {
     })
     const read = await measure(() => app.inject('/items/1'))
     assert.deepEqual({ value: read.json().value, commands: read.commands }, { value: 'loaded', commands: [] })
+  })
+})
+
+describe('the peek’s decision on a stored entry (a plain GET, judged here)', () => {
+  const later = () => Date.now() + 60_000
+  test('fresh, stale, absent and unreadable entries', () => {
+    assert.deepEqual(peekEntry(`${later()}|5|{"a":1}`, 0, 1), ['{"a":1}'])
+    // A payload may hold the separator itself.
+    assert.deepEqual(peekEntry(`${later()}|5|a|b`, 0, 1), ['a|b'])
+    assert.deepEqual(peekEntry(`${Date.now() - 1}|5|{"a":1}`, 0, 1), [])
+    assert.deepEqual(peekEntry(null, 0, 1), [])
+    for (const unreadable of ['', 'x', 'x|5|1', `${later()}`, `${later()}|5`, '#tags'])
+      assert.deepEqual(peekEntry(unreadable, 0, 1), [], unreadable)
+  })
+
+  test('a tagged entry answers its payload with the generations it recorded', () => {
+    assert.deepEqual(peekEntry(`#t=g1,u=g2|${later()}|5|1`, 0, 1), ['1', 't=g1,u=g2'])
+    assert.deepEqual(peekEntry(`#t=g1|${Date.now() - 1}|5|1`, 0, 1), [])
+  })
+
+  test('XFetch: the draw decides as in cache-get.lua, and beta 0 never refreshes early', () => {
+    // 1 s left, a 1 s load: with beta 1, -ln(draw) >= 1 (draw <= 1/e) refreshes early.
+    const entry = `${Date.now() + 1000}|1000|1`
+    assert.deepEqual(peekEntry(entry, 1, 0.01), [])
+    assert.deepEqual(peekEntry(entry, 1, 0.99), ['1'])
+    assert.deepEqual(peekEntry(entry, 0, 0.01), ['1'])
   })
 })
 
@@ -500,7 +527,7 @@ describe('with the session and rate-limit plugins', () => {
     const cached = await measure(() => app.inject({ url: '/mine/1', headers: { cookie } }))
     assert.deepEqual(
       { status: cached.statusCode, roundTrips: cached.roundTrips, commands: [...cached.commands].sort() },
-      { status: 200, roundTrips: 1, commands: ['cachePeek', 'rateLimitTokenBucket', 'sessionLoad'] },
+      { status: 200, roundTrips: 1, commands: ['get', 'hgetall', 'pexpire', 'rateLimitTokenBucket'] },
     )
     // An anonymous route: the peek alone.
     const anonymous = await measure(() => app.inject('/public/1'))
@@ -509,7 +536,7 @@ describe('with the session and rate-limit plugins', () => {
       {
         value: { value: { owner: 'alice', balance: 5 }, session: null },
         roundTrips: 1,
-        commands: ['cachePeek'],
+        commands: ['get'],
       },
     )
     assert.equal(load.calls, 1)

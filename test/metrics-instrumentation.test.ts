@@ -44,17 +44,17 @@ describe('Redis commands', () => {
     await app.redis.pipeline().get(`${prefix}a`).get(`${prefix}b`).exec()
     // On this fresh server the first run's EVALSHA gets NOSCRIPT and runScript sends EVAL; the
     // second run's EVALSHA is answered: all three named after the file.
-    await runScript(app.redis, 'sessionLoad', [`${prefix}{s}`], [1000])
-    await runScript(app.redis, 'sessionLoad', [`${prefix}{s}`], [1000])
+    await runScript(app.redis, 'lockHolder', [`${prefix}{s}`, `${prefix}{s}:fence`])
+    await runScript(app.redis, 'lockHolder', [`${prefix}{s}`, `${prefix}{s}:fence`])
     const moved = delta(before, await scrape(app))
     assert.equal(moved(REDIS_COUNT, { client: 'main', command: 'set' }), 1)
     assert.equal(moved(REDIS_COUNT, { client: 'main', command: 'get' }), 3)
-    assert.equal(moved(REDIS_COUNT, { client: 'main', command: 'script:sessionLoad' }), 3)
+    assert.equal(moved(REDIS_COUNT, { client: 'main', command: 'script:lockHolder' }), 3)
     assert.equal(moved(REDIS_COUNT, { client: 'main', command: 'script:unknown' }), 0)
     // The one NOSCRIPT is the only error, counted as such.
     assert.equal(moved(REDIS_ERRORS), 1)
     assert.equal(
-      moved(REDIS_ERRORS, { client: 'main', command: 'script:sessionLoad', reason: 'noscript' }),
+      moved(REDIS_ERRORS, { client: 'main', command: 'script:lockHolder', reason: 'noscript' }),
       1,
     )
   })

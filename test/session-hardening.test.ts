@@ -43,6 +43,59 @@ describe('log out everywhere', () => {
   })
 })
 
+describe('a load slides the idle expiry and enforces the absolute lifetime', () => {
+  let redis: RedisClient
+  let store: SessionStore
+  before(async () => {
+    redis = createRedisClient(testRedisConnection())
+    await connectRedis(redis)
+    store = new SessionStore(redis, {
+      keyPrefix: uniquePrefix('sessload'),
+      idleTimeoutMs: 60_000,
+      absoluteTimeoutMs: 3_600_000,
+    })
+  })
+  after(() => redis.quit())
+
+  test('the idle expiry is moved to a full idle period and the hash is left as it was', async () => {
+    const created = await store.create('loader', { theme: 'dark' })
+    const key = store.sessionKey(created.id)
+    await redis.pexpire(key, 5000)
+    const before = await redis.hgetall(key)
+    const loaded = await store.load(created.id)
+    assert.equal(loaded?.principal, 'loader')
+    assert.equal(loaded?.get('theme'), 'dark')
+    const ttl = await redis.pttl(key)
+    assert.ok(ttl > 55_000 && ttl <= 60_000, `TTL ${ttl} ms after the load`)
+    assert.deepEqual(await redis.hgetall(key), before)
+  })
+
+  test('in the last idle period the key expires at the absolute end, not past it', async () => {
+    const created = await store.create('loader')
+    const key = store.sessionKey(created.id)
+    const absolute = Date.now() + 20_000
+    await redis.hset(key, '_absoluteExpiresAt', absolute)
+    const loaded = await store.load(created.id)
+    assert.equal(loaded?.expiresAt, absolute)
+    // Same connection: the load's PEXPIREAT was handled before this read.
+    assert.equal(await redis.pexpiretime(key), absolute)
+  })
+
+  test('a session past its absolute end is refused and deleted', async () => {
+    const created = await store.create('loader')
+    const key = store.sessionKey(created.id)
+    await redis.hset(key, '_absoluteExpiresAt', Date.now() - 1)
+    assert.equal(await store.load(created.id), null)
+    assert.equal(await redis.exists(key), 0)
+  })
+
+  test('a missing session is null and no key is created by the touch', async () => {
+    const id = 'A'.repeat(43)
+    assert.equal(await store.load(id), null)
+    assert.equal(await redis.exists(store.sessionKey(id)), 0)
+  })
+})
+
 describe('Redis down', () => {
   let server: RedisServerProcess
   let redis: RedisClient

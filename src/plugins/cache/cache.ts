@@ -119,8 +119,38 @@ type GetState = 'fresh' | 'early' | 'refresh' | 'stale' | 'load' | 'wait'
 /** cache-get.lua's reply; the 4th element, once checked, is what a fill records for the entry's tags. */
 type GetReply = [GetState, string, string, string?]
 type Arg = string | number
-/** cache-peek.lua: empty when there is nothing fresh to serve, else the payload (and a tagged entry's tags). */
+/** A peek: empty when there is nothing fresh to serve, else the payload (and a tagged entry's tags). */
 type PeekReply = [payload?: string, recorded?: string]
+
+const NOTHING_FRESH: PeekReply = []
+
+/**
+ * A peek's decision on an entry as stored (the format of cache-get.lua), with a plain GET and no
+ * script: Redis would run a script's commands through Lua, about 1 µs each, on every cached read.
+ * So freshness is judged on this process's clock, not Redis's. An entry judged stale falls back to
+ * cache-get.lua, which decides on the Redis clock; one judged fresh is at most the clocks' skew past
+ * its soft TTL, and still within its hard TTL. `beta` > 0 applies XFetch's early refresh with `draw`,
+ * as cache-get.lua does, so the read that follows chooses the same.
+ */
+export function peekEntry(raw: string | null, beta: number, draw: number): PeekReply {
+  if (raw === null) return NOTHING_FRESH
+  let start = 0
+  let recorded: string | undefined
+  if (raw.charCodeAt(0) === 35 /* # */) {
+    const end = raw.indexOf('|', 1)
+    recorded = raw.slice(1, end)
+    start = end + 1
+  }
+  const a = raw.indexOf('|', start)
+  const b = raw.indexOf('|', a + 1)
+  const softAt = a < 0 || b < 0 ? Number.NaN : Number(raw.slice(start, a))
+  const now = Date.now()
+  // Written so that an unreadable entry (NaN) counts as stale too.
+  if (!(now < softAt)) return NOTHING_FRESH
+  if (beta > 0 && now - Number(raw.slice(a + 1, b)) * beta * Math.log(draw) >= softAt) return NOTHING_FRESH
+  const payload = raw.slice(b + 1)
+  return recorded === undefined ? [payload] : [payload, recorded]
+}
 
 /**
  * A read-only peek at a key, sent before a route's checks ran (its `config.cache.prefetch`): it
@@ -129,7 +159,7 @@ type PeekReply = [payload?: string, recorded?: string]
  */
 export interface Prefetch {
   readonly key: string
-  /** cache-peek.lua's reply, or the error it failed with (it never rejects). */
+  /** The peek's answer, or the error its GET failed with (it never rejects). */
   readonly reply: Promise<PeekReply | Error>
   /** The XFetch draw the peek used: the read that follows it uses the same one. */
   readonly draw: number
@@ -319,7 +349,9 @@ export class RedisCache implements CacheApi {
       key,
       draw,
       epoch: this.parts.l1?.epoch ?? 0,
-      reply: runScript<PeekReply>(this.redis, 'cachePeek', [this.keys(key)[0]!], beta > 0 ? [beta, draw] : [])
+      reply: this.redis
+        .get(this.keys(key)[0]!)
+        .then((raw) => peekEntry(raw, beta, draw))
         .catch((err: unknown) => (err instanceof Error ? err : new Error(String(err))))
         .finally(() => {
           if (this.peeks.get(key) === prefetch) this.peeks.delete(key)
@@ -709,8 +741,7 @@ export class RedisCache implements CacheApi {
     const name = namespace(key)
     try {
       if (!this.redisUp()) throw new Error('cache Redis is not connected')
-      const reply = await runScript<[string, string?]>(this.redis, 'cachePeek', [this.keys(key)[0]!])
-      const [payload, recorded] = reply
+      const [payload, recorded] = peekEntry(await this.redis.get(this.keys(key)[0]!), 0, 1)
       if (
         payload === undefined ||
         (recorded !== undefined && (await this.tagGenerations(tagsOf(recorded), 0)) !== recorded)
