@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict'
 import { after, before, describe, test } from 'node:test'
+import { setTimeout as sleep } from 'node:timers/promises'
 import Fastify, { type FastifyInstance } from 'fastify'
 import { type RedisServerProcess, startRedisServer } from '../src/embedded/redis-server.ts'
 import { HttpProblem } from '../src/plugins/common/problem.ts'
@@ -49,10 +50,12 @@ describe('a load slides the idle expiry and enforces the absolute lifetime', () 
   before(async () => {
     redis = createRedisClient(testRedisConnection())
     await connectRedis(redis)
+    // touchAfterMs 0: every load slides the idle expiry.
     store = new SessionStore(redis, {
       keyPrefix: uniquePrefix('sessload'),
       idleTimeoutMs: 60_000,
       absoluteTimeoutMs: 3_600_000,
+      touchAfterMs: 0,
     })
   })
   after(() => redis.quit())
@@ -93,6 +96,31 @@ describe('a load slides the idle expiry and enforces the absolute lifetime', () 
     const id = 'A'.repeat(43)
     assert.equal(await store.load(id), null)
     assert.equal(await redis.exists(store.sessionKey(id)), 0)
+  })
+
+  test('touchAfterMs: a load within it of this instance’s last touch only reads', async () => {
+    const options = {
+      keyPrefix: uniquePrefix('sesstouch'),
+      idleTimeoutMs: 60_000,
+      absoluteTimeoutMs: 3_600_000,
+    }
+    const instance = new SessionStore(redis, { ...options, touchAfterMs: 50_000 })
+    const created = await instance.create('toucher')
+    const key = instance.sessionKey(created.id)
+    await redis.pexpire(key, 5000)
+    assert.equal((await instance.load(created.id))?.principal, 'toucher')
+    assert.ok((await redis.pttl(key)) <= 5000, 'created (a touch) less than touchAfterMs ago: not slid')
+    // Another instance has touched it never: its first load slides it.
+    const other = new SessionStore(redis, { ...options, touchAfterMs: 50_000 })
+    assert.equal((await other.load(created.id))?.principal, 'toucher')
+    assert.ok((await redis.pttl(key)) > 55_000, 'slid by the other instance')
+    // Past touchAfterMs, the next load of the first instance slides it again.
+    const brief = new SessionStore(redis, { ...options, touchAfterMs: 20 })
+    const second = await brief.create('toucher')
+    await redis.pexpire(brief.sessionKey(second.id), 5000)
+    await sleep(30)
+    await brief.load(second.id)
+    assert.ok((await redis.pttl(brief.sessionKey(second.id))) > 55_000, 'slid once touchAfterMs had passed')
   })
 })
 

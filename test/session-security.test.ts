@@ -287,6 +287,14 @@ describe('plugin options', () => {
         'session plugin: `absoluteTimeoutMs` must be an integer no smaller than `idleTimeoutMs`',
       ],
       [
+        { secrets: [TEST_SECRET], idleTimeoutMs: 1000, touchAfterMs: 1000 },
+        'session plugin: `touchAfterMs` must be an integer from 0 to below `idleTimeoutMs`',
+      ],
+      [
+        { secrets: [TEST_SECRET], touchAfterMs: -1 },
+        'session plugin: `touchAfterMs` must be an integer from 0 to below `idleTimeoutMs`',
+      ],
+      [
         { secrets: [TEST_SECRET], sameSite: 'loose' },
         "session plugin: `sameSite` must be 'lax', 'strict' or 'none'",
       ],

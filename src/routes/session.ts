@@ -18,7 +18,7 @@ const SessionCreated = Type.Object({
   customerId: Id,
   expiresAt: Type.String({
     ...Timestamp,
-    description: 'The idle expiry; every request with the session moves it.',
+    description: 'The idle expiry; requests with the session move it (each instance at most every 1/20 of the idle timeout).',
   }),
 })
 
@@ -27,7 +27,7 @@ const SessionInfo = Type.Object({
   createdAt: Timestamp,
   expiresAt: Type.String({
     ...Timestamp,
-    description: 'The idle expiry; every request with the session moves it.',
+    description: 'The idle expiry; requests with the session move it (each instance at most every 1/20 of the idle timeout).',
   }),
   absoluteExpiresAt: Type.String({
     ...Timestamp,

@@ -43,6 +43,13 @@ export interface SessionPluginOptions {
   idleTimeoutMs?: number
   /** Lifetime from login regardless of activity. Default 8 hours. */
   absoluteTimeoutMs?: number
+  /**
+   * A request slides the idle expiry only when this instance last did so for that session at least
+   * this long ago, so most requests write nothing to Redis; a session then expires between
+   * `idleTimeoutMs - touchAfterMs` and `idleTimeoutMs` after its last request. 0 slides it on every
+   * request. Default `idleTimeoutMs / 20` (90 s of the default 30 minutes).
+   */
+  touchAfterMs?: number
   /** Prepended to every session and index key. Default `sess:`. */
   keyPrefix?: string
 }
@@ -89,6 +96,7 @@ interface ValidOptions {
   saveUninitialized: boolean
   idleTimeoutMs: number
   absoluteTimeoutMs: number
+  touchAfterMs: number
   keyPrefix: string
 }
 
@@ -114,6 +122,9 @@ function validate(options: SessionPluginOptions): ValidOptions {
   if (!Number.isSafeInteger(absoluteTimeoutMs) || absoluteTimeoutMs < idleTimeoutMs) {
     fail('`absoluteTimeoutMs` must be an integer no smaller than `idleTimeoutMs`')
   }
+  const touchAfterMs = options.touchAfterMs ?? Math.floor(idleTimeoutMs / 20)
+  if (!Number.isSafeInteger(touchAfterMs) || touchAfterMs < 0 || touchAfterMs >= idleTimeoutMs)
+    fail('`touchAfterMs` must be an integer from 0 to below `idleTimeoutMs`')
   const secure = options.secure ?? false
   if (secure !== true && secure !== false && secure !== 'auto') fail("`secure` must be true, false or 'auto'")
   const sameSite = options.sameSite ?? 'lax'
@@ -144,6 +155,7 @@ function validate(options: SessionPluginOptions): ValidOptions {
     cookieName,
     idleTimeoutMs,
     absoluteTimeoutMs,
+    touchAfterMs,
     keyPrefix: options.keyPrefix ?? 'sess:',
   }
 }

@@ -29,7 +29,15 @@ export interface SessionStoreOptions {
   keyPrefix: string
   idleTimeoutMs: number
   absoluteTimeoutMs: number
+  /**
+   * A load slides the idle expiry only when this process last did so for that session at least
+   * this long ago (0: on every load). Default idleTimeoutMs / 20.
+   */
+  touchAfterMs?: number
 }
+
+/** Sessions whose last touch this process remembers (about 100 bytes each). */
+const REMEMBERED_TOUCHES = 10_000
 
 /** Validated, JSON-encoded fields of a new session, within MAX_SESSION_BYTES. */
 function encodeFields(data: Record<string, SessionValue>): Array<[string, string]> {
@@ -95,10 +103,21 @@ async function guarded<T>(operation: () => Promise<T>): Promise<T> {
 export class SessionStore implements SessionSaver {
   readonly redis: RedisClient
   readonly options: SessionStoreOptions
+  readonly #touchAfterMs: number
+  /** When this process last slid each session's idle expiry (its own touches only). */
+  readonly #touchedAt = new Map<string, number>()
 
   constructor(redis: RedisClient, options: SessionStoreOptions) {
     this.redis = redis
     this.options = options
+    this.#touchAfterMs = options.touchAfterMs ?? Math.floor(options.idleTimeoutMs / 20)
+  }
+
+  #touched(id: string, at: number): void {
+    this.#touchedAt.delete(id)
+    if (this.#touchedAt.size >= REMEMBERED_TOUCHES)
+      this.#touchedAt.delete(this.#touchedAt.keys().next().value!)
+    this.#touchedAt.set(id, at)
   }
 
   sessionKey(id: string): string {
@@ -114,29 +133,42 @@ export class SessionStore implements SessionSaver {
   }
 
   /**
-   * Loads and touches (TTL only); null for unknown, expired or malformed ids. Two plain commands in
-   * one write, no script: HGETALL, and PEXPIRE sliding the idle expiry on the Redis clock (a no-op
-   * on a missing key). A script would make Redis run each command through Lua, about 1 µs apiece.
-   * The absolute lifetime is then checked here, on this process's clock: a session past it is
-   * deleted and refused, and one whose idle expiry would pass it gets its expiry moved back to it.
+   * Loads and touches (TTL only); null for unknown, expired or malformed ids. Plain commands sent
+   * together, no script (Redis would run each command of a script through Lua, about 1 µs apiece):
+   * HGETALL, and PEXPIRE sliding the idle expiry on the Redis clock (a no-op on a missing key) unless
+   * this process did so less than `touchAfterMs` ago: the idle expiry is then at most that much
+   * early, and most loads write nothing. The absolute lifetime is checked here, on this process's
+   * clock: a session past it is deleted and refused, and one whose idle expiry would pass it gets
+   * its expiry moved back to it.
    */
   async load(id: string): Promise<Session | null> {
     if (!SESSION_ID.test(id)) return null
     const key = this.sessionKey(id)
     const { idleTimeoutMs } = this.options
-    const [fields] = await guarded(() =>
-      Promise.all([this.redis.hgetall(key), this.redis.pexpire(key, idleTimeoutMs)]),
+    const sentAt = Date.now()
+    const lastTouch = this.#touchedAt.get(id)
+    const touch = lastTouch === undefined || sentAt - lastTouch >= this.#touchAfterMs
+    const fields = await guarded(() =>
+      touch
+        ? Promise.all([this.redis.hgetall(key), this.redis.pexpire(key, idleTimeoutMs)]).then(([f]) => f)
+        : this.redis.hgetall(key),
     )
     const absoluteExpiresAt = Number(fields._absoluteExpiresAt)
-    if (!absoluteExpiresAt) return null
+    if (!absoluteExpiresAt) {
+      this.#touchedAt.delete(id)
+      return null
+    }
     const now = Date.now()
     if (now >= absoluteExpiresAt) {
+      this.#touchedAt.delete(id)
       await this.redis.del(key).catch(() => {})
       return null
     }
-    // In the last idle period of its lifetime only. Not awaited: the check above refuses the
-    // session at its absolute end whatever its TTL, so this only frees the memory on time.
-    if (now + idleTimeoutMs > absoluteExpiresAt) this.redis.pexpireat(key, absoluteExpiresAt).catch(() => {})
+    if (touch) this.#touched(id, sentAt)
+    // A touch in the last idle period of its lifetime only. Not awaited: the check above refuses
+    // the session at its absolute end whatever its TTL, so this only frees the memory on time.
+    if (touch && now + idleTimeoutMs > absoluteExpiresAt)
+      this.redis.pexpireat(key, absoluteExpiresAt).catch(() => {})
     let principal = ''
     let createdAt = 0
     let raw: Map<string, string> | null = null
@@ -149,7 +181,7 @@ export class SessionStore implements SessionSaver {
         raw.set(name, value)
       }
     }
-    const expiresAt = Math.min(now + idleTimeoutMs, absoluteExpiresAt)
+    const expiresAt = Math.min((touch ? sentAt : lastTouch!) + idleTimeoutMs, absoluteExpiresAt)
     return new Session(this, { id, principal, createdAt, expiresAt, absoluteExpiresAt }, raw)
   }
 
@@ -189,6 +221,7 @@ export class SessionStore implements SessionSaver {
     // The hash first, then the index (two keys, two slots: no order between them otherwise). An id
     // in the index then always names a session that exists or existed, so neither pruneIndex nor
     // destroyAll can drop an id whose session is still to appear and would be unreachable.
+    const sentAt = Date.now()
     const times = await guarded(async () => {
       const created = await runScript<[number, number, number]>(
         this.redis,
@@ -207,6 +240,8 @@ export class SessionStore implements SessionSaver {
       return created
     })
     const [createdAt, expiresAt, absoluteExpiresAt] = times.map(Number) as [number, number, number]
+    // Created with the idle expiry: a touch as of its sending.
+    this.#touched(id, sentAt)
     const raw = fields.length > 0 ? new Map(fields) : null
     return new Session(this, { id, principal, createdAt, expiresAt, absoluteExpiresAt }, raw)
   }
@@ -254,6 +289,7 @@ export class SessionStore implements SessionSaver {
   }
 
   async destroy(id: string, principal?: string): Promise<void> {
+    this.#touchedAt.delete(id)
     await guarded(() =>
       Promise.all([
         this.redis.del(this.sessionKey(id)),
