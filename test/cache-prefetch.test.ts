@@ -136,10 +136,7 @@ describe('the prefetch option', () => {
     // The peek found nothing; the handler then read with cache-get.lua (the lease) and filled.
     assert.deepEqual(cold.commands, ['get', 'cacheGet', 'cacheFill'])
     const hit = await measure(() => app.inject('/items/1'))
-    assert.deepEqual(
-      { name: hit.json().name, commands: hit.commands },
-      { name: 'one', commands: ['get'] },
-    )
+    assert.deepEqual({ name: hit.json().name, commands: hit.commands }, { name: 'one', commands: ['get'] })
     assert.equal(load.calls, 1)
     assert.equal(await counter(app, 'cache_misses_total', 'item'), 1)
     assert.equal(await counter(app, 'cache_hits_total', 'item'), 1)

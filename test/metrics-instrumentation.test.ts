@@ -53,10 +53,7 @@ describe('Redis commands', () => {
     assert.equal(moved(REDIS_COUNT, { client: 'main', command: 'script:unknown' }), 0)
     // The one NOSCRIPT is the only error, counted as such.
     assert.equal(moved(REDIS_ERRORS), 1)
-    assert.equal(
-      moved(REDIS_ERRORS, { client: 'main', command: 'script:lockHolder', reason: 'noscript' }),
-      1,
-    )
+    assert.equal(moved(REDIS_ERRORS, { client: 'main', command: 'script:lockHolder', reason: 'noscript' }), 1)
   })
 
   test('a command beyond the timeout is an error with reason timeout', async () => {

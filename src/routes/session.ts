@@ -18,7 +18,8 @@ const SessionCreated = Type.Object({
   customerId: Id,
   expiresAt: Type.String({
     ...Timestamp,
-    description: 'The idle expiry; requests with the session move it (each instance at most every 1/20 of the idle timeout).',
+    description:
+      'The idle expiry; requests with the session move it (each instance at most every 1/20 of the idle timeout).',
   }),
 })
 
@@ -27,7 +28,8 @@ const SessionInfo = Type.Object({
   createdAt: Timestamp,
   expiresAt: Type.String({
     ...Timestamp,
-    description: 'The idle expiry; requests with the session move it (each instance at most every 1/20 of the idle timeout).',
+    description:
+      'The idle expiry; requests with the session move it (each instance at most every 1/20 of the idle timeout).',
   }),
   absoluteExpiresAt: Type.String({
     ...Timestamp,
