@@ -96,7 +96,7 @@ interface ValidOptions {
   saveUninitialized: boolean
   idleTimeoutMs: number
   absoluteTimeoutMs: number
-  touchAfterMs: number
+  touchAfterMs: number | undefined
   keyPrefix: string
 }
 
@@ -122,8 +122,12 @@ function validate(options: SessionPluginOptions): ValidOptions {
   if (!Number.isSafeInteger(absoluteTimeoutMs) || absoluteTimeoutMs < idleTimeoutMs) {
     fail('`absoluteTimeoutMs` must be an integer no smaller than `idleTimeoutMs`')
   }
-  const touchAfterMs = options.touchAfterMs ?? Math.floor(idleTimeoutMs / 20)
-  if (!Number.isSafeInteger(touchAfterMs) || touchAfterMs < 0 || touchAfterMs >= idleTimeoutMs)
+  // Its default lives in the store (SessionStore is usable on its own).
+  const touchAfterMs = options.touchAfterMs
+  if (
+    touchAfterMs !== undefined &&
+    (!Number.isSafeInteger(touchAfterMs) || touchAfterMs < 0 || touchAfterMs >= idleTimeoutMs)
+  )
     fail('`touchAfterMs` must be an integer from 0 to below `idleTimeoutMs`')
   const secure = options.secure ?? false
   if (secure !== true && secure !== false && secure !== 'auto') fail("`secure` must be true, false or 'auto'")
