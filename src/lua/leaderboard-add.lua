@@ -12,11 +12,11 @@ local MAX = 9007199254740991
 local counted = 0
 for i = 2, #ARGV, 3 do
   if redis.call('SADD', KEYS[2], ARGV[i]) == 1 then
-    local score = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[i + 1]) or '0') - tonumber(ARGV[i + 2])
+    -- The increment goes as the caller's digits: a Lua number would be formatted with %.14g.
+    local score = tonumber(redis.call('ZINCRBY', KEYS[1], '-' .. ARGV[i + 2], ARGV[i + 1]))
     if score < -MAX then
-      score = -MAX
+      redis.call('ZADD', KEYS[1], string.format('%.0f', -MAX), ARGV[i + 1])
     end
-    redis.call('ZADD', KEYS[1], string.format('%.0f', score), ARGV[i + 1])
     counted = counted + 1
   end
 end

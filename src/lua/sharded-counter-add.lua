@@ -12,13 +12,13 @@ while at <= #ARGV do
   local id, member, n = ARGV[at], ARGV[at + 1], tonumber(ARGV[at + 2])
   if id == '' or redis.call('SADD', KEYS[3], id) == 1 then
     for f = at + 3, at + 1 + 2 * n, 2 do
-      local value = tonumber(redis.call('HGET', KEYS[1], ARGV[f]) or '0') + tonumber(ARGV[f + 1])
+      -- Stored counts and amounts are within 2^53 - 1, so the 64-bit sum cannot overflow.
+      local value = redis.call('HINCRBY', KEYS[1], ARGV[f], ARGV[f + 1])
       if value > MAX then
-        value = MAX
+        redis.call('HSET', KEYS[1], ARGV[f], string.format('%.0f', MAX))
       elseif value < -MAX then
-        value = -MAX
+        redis.call('HSET', KEYS[1], ARGV[f], string.format('%.0f', -MAX))
       end
-      redis.call('HSET', KEYS[1], ARGV[f], string.format('%.0f', value))
     end
     if member ~= '' then
       redis.call('PFADD', KEYS[2], member)
