@@ -20,24 +20,29 @@ const TICK_MICROS = 10_000
 
 /**
  * Busy and total ticks of the CPUs under test (every CPU but the load generator's 0 when pinned,
- * all of them otherwise), from /proc/stat.
+ * all of them otherwise) and of the load generator's CPU (when pinned), from /proc/stat.
  */
-function cpuUnderTest(): { busy: number; total: number } {
-  let busy = 0
-  let total = 0
+function cpuTicks() {
+  const underTest = { busy: 0, total: 0 }
+  const loadGenerator = { busy: 0, total: 0 }
   for (const line of readProc('/proc/stat').split('\n')) {
     const match = /^cpu(\d+) (.*)$/.exec(line)
-    if (!match || (pinned && match[1] === '0')) continue
+    if (!match) continue
     // user nice system idle iowait irq softirq steal ...
     const [user, nice, system, idle, iowait, irq, softirq, steal] = match[2]!
       .split(' ')
       .map(Number) as number[]
     const working = user! + nice! + system! + irq! + softirq! + steal!
-    busy += working
-    total += working + idle! + iowait!
+    const cpu = pinned && match[1] === '0' ? loadGenerator : underTest
+    cpu.busy += working
+    cpu.total += working + idle! + iowait!
   }
-  return { busy, total }
+  return { underTest, loadGenerator }
 }
+
+/** Share of `after - before` ticks that were busy. */
+const busyShare = (before: { busy: number; total: number }, after: { busy: number; total: number }) =>
+  (after.busy - before.busy) / Math.max(1, after.total - before.total)
 
 /** CPU ticks (user and system, all threads) of one process, from /proc/<pid>/stat; 0 off Linux. */
 function processTicks(pid: number): number {
@@ -59,6 +64,8 @@ export interface CpuCost {
   units: number
   /** Share of the CPUs under test busy during the run (1 = saturated). */
   busy: number
+  /** Share of the load generator's CPU busy during the run (0 when not pinned). */
+  loadGeneratorBusy: number
   /** µs of the CPUs under test per unit: Postgres, Redis, the servers and the kernel together. */
   underTestMicros: number
   /** µs of the server process per unit (0 where it sat idle). */
@@ -77,10 +84,10 @@ export async function costOf<T>(
 ): Promise<{ result: T; cost: CpuCost }> {
   const unitsBefore = await probes.units()
   const redisBefore = await redisCpuSeconds(probes.redis)
-  const cpuBefore = cpuUnderTest()
+  const cpuBefore = cpuTicks()
   const serverBefore = processTicks(probes.serverPid)
   const result = await run()
-  const cpuAfter = cpuUnderTest()
+  const cpuAfter = cpuTicks()
   const serverAfter = processTicks(probes.serverPid)
   const redisAfter = await redisCpuSeconds(probes.redis)
   const units = (await probes.units()) - unitsBefore
@@ -89,8 +96,9 @@ export async function costOf<T>(
     result,
     cost: {
       units,
-      busy: (cpuAfter.busy - cpuBefore.busy) / Math.max(1, cpuAfter.total - cpuBefore.total),
-      underTestMicros: per(cpuAfter.busy - cpuBefore.busy),
+      busy: busyShare(cpuBefore.underTest, cpuAfter.underTest),
+      loadGeneratorBusy: busyShare(cpuBefore.loadGenerator, cpuAfter.loadGenerator),
+      underTestMicros: per(cpuAfter.underTest.busy - cpuBefore.underTest.busy),
       serverMicros: per(serverAfter - serverBefore),
       redisMicros: units ? ((redisAfter - redisBefore) * 1e6) / units : 0,
     },
@@ -100,6 +108,7 @@ export async function costOf<T>(
 /** Medians of the CPU figures over rounds. */
 export const costSpread = (costs: CpuCost[]) => ({
   busy: median(costs.map((c) => c.busy)),
+  loadGeneratorBusy: median(costs.map((c) => c.loadGeneratorBusy)),
   underTestMicros: median(costs.map((c) => c.underTestMicros)),
   serverMicros: median(costs.map((c) => c.serverMicros)),
   redisMicros: median(costs.map((c) => c.redisMicros)),

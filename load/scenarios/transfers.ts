@@ -2,14 +2,17 @@
 // POST /transfers between random pairs (a new Idempotency-Key each), then a hot account (every
 // customer paying one merchant). Each phase is measured on the demo gateway and, as a reference,
 // with pgbench running the gateway's own transfer statement (TRANSFER_SQL) with the same
-// parameters, the same number of clients and the same CPU placement: gateway transfers/s as a
-// share of pgbench's is what HTTP, sessions, idempotency, cache invalidation and Node cost on top
-// of the statement itself.
+// parameters and the same number of clients. The gateway runs in two placements (PLACEMENTS): beside
+// the load generator, so that Postgres has its CPU to itself as under pgbench (the verdict: how much
+// of Postgres's throughput the gateway reaches), and beside Postgres, sharing its CPU (reported:
+// what HTTP, sessions, idempotency, cache invalidation and Node cost next to the statement itself).
 import { createHash, randomInt, randomUUID } from 'node:crypto'
 import { Redis } from 'ioredis'
 import pg from 'pg'
+import { DEFAULT_POOL_MAX } from '../../src/db/database.ts'
 import type { RatioBar } from '../lib/chart.ts'
 import { type CpuCost, costOf, costSpread } from '../lib/cpu-cost.ts'
+import { pinBesideLoadGenerator, pinned, pinUnderTest } from '../lib/cpus.ts'
 import { type Seeded, seedCustomers, signInCustomers } from '../lib/customers.ts'
 import {
   PGBENCH_MISSING,
@@ -34,6 +37,12 @@ import { BENCH_SECRET } from '../servers/cache-cluster.ts'
 
 const CUSTOMERS = 10_000
 const CONNECTIONS = 20
+/**
+ * pgbench clients: as many as the gateway's Postgres connections (its pool), so both keep the same
+ * number of transfers in flight in Postgres. Each client is a backend; on one CPU, 20 of them ran
+ * about 30 % fewer transfers/s than 10 here (more backends preempted while holding locks).
+ */
+const PGBENCH_CLIENTS = DEFAULT_POOL_MAX
 const OPENING_BALANCE = 1_000_000_000
 const TARGET = 0.8
 /** The gateway with GET /__bench/counters (statements and requests), configured by the environment. */
@@ -99,6 +108,27 @@ const PHASES: Phase[] = [
   },
 ]
 
+/**
+ * Where the gateway (its process and its redis-server) runs. pgbench's clients run on the load
+ * generator's CPU and leave Postgres the CPU under test to itself; "beside the load generator" gives
+ * the gateway that same place, so both drive the same Postgres on the same CPU. "Beside Postgres" is
+ * the placement of the other scenarios: everything under test on one CPU, where the gateway's own
+ * CPU per transfer, not Postgres, sets the ceiling. Unpinned, there is one placement: the scheduler's.
+ */
+interface Placement {
+  name: string
+  key: string
+  pin(pid: number): void
+}
+const PLACEMENTS: Placement[] = pinned
+  ? [
+      { name: 'beside the load generator', key: 'besideLoadGenerator', pin: pinBesideLoadGenerator },
+      { name: 'beside Postgres', key: 'besidePostgres', pin: pinUnderTest },
+    ]
+  : [{ name: 'unpinned', key: 'unpinned', pin: () => {} }]
+/** The placement the target is judged on. */
+const VERDICT = PLACEMENTS[0]!
+
 interface GatewaySample extends Sample {
   statementsPerRequest: number
   cost: CpuCost
@@ -122,6 +152,11 @@ const transfers: Scenario = async ({ quick }) => {
       EVENT_WORKERS: 'off',
     }
     server = await startServer(entry, env)
+    const redisPid = Number(/process_id:(\d+)/.exec(await redis.info('server'))?.[1])
+    const place = (placement: Placement) => {
+      placement.pin(server!.pid)
+      placement.pin(redisPid)
+    }
     await db.connect()
     const seeded = await seedCustomers(db, CUSTOMERS, OPENING_BALANCE)
     const cookies = await signInCustomers(services.redisUrl, env, seeded)
@@ -185,7 +220,7 @@ const transfers: Scenario = async ({ quick }) => {
         runPgbench({
           databaseUrl: services.databaseUrl,
           script: pgbenchScript(phase),
-          clients: CONNECTIONS,
+          clients: PGBENCH_CLIENTS,
           durationSec: seconds,
           define,
         }),
@@ -197,23 +232,31 @@ const transfers: Scenario = async ({ quick }) => {
       return { ...run, cost }
     }
 
-    // Warm-up: the gateway's code paths and both phases' plans.
+    // Warm-up: the gateway's code paths in each placement and both phases' plans.
     for (const phase of PHASES) {
-      await runGateway(phase, 1)
+      for (const placement of PLACEMENTS) {
+        place(placement)
+        await runGateway(phase, 1)
+      }
       if (pgbenchAvailable) await runReference(phase, 1)
     }
-    const gateway = new Map<string, GatewaySample[]>(PHASES.map((p) => [p.name, []]))
+    const gatewayKey = (phase: Phase, placement: Placement) => `${phase.name} ${placement.key}`
+    const gateway = new Map<string, GatewaySample[]>(
+      PHASES.flatMap((p) => PLACEMENTS.map((placement) => [gatewayKey(p, placement), []])),
+    )
     const reference = new Map<string, Array<PgbenchRun & { cost: CpuCost }>>(PHASES.map((p) => [p.name, []]))
+    const runs: Array<Placement | 'pgbench'> = [...PLACEMENTS, 'pgbench']
     for (let round = 0; round < rounds; round++) {
       for (const phase of PHASES) {
-        const order = round % 2 === 0 ? ['gateway', 'pgbench'] : ['pgbench', 'gateway']
+        const order = round % 2 === 0 ? runs : [...runs].reverse()
         for (const who of order) {
-          if (who === 'gateway') {
+          if (who !== 'pgbench') {
+            place(who)
             const sample = await runGateway(phase)
-            gateway.get(phase.name)!.push(sample)
+            gateway.get(gatewayKey(phase, who))!.push(sample)
             const bad = sample.non2xx + sample.errors + sample.timeouts
             console.error(
-              `transfers round ${round + 1}/${rounds} ${phase.name}, gateway: ${Math.round(sample.rps)} transfers/s, p99 ${sample.p99} ms${bad ? `, ${bad} non-2xx/errors` : ''}`,
+              `transfers round ${round + 1}/${rounds} ${phase.name}, gateway ${who.name}: ${Math.round(sample.rps)} transfers/s, p99 ${sample.p99} ms${bad ? `, ${bad} non-2xx/errors` : ''}`,
             )
           } else if (pgbenchAvailable) {
             const run = await runReference(phase)
@@ -240,21 +283,19 @@ const transfers: Scenario = async ({ quick }) => {
     )
     const invariants = ledger[0]!
 
+    const gatewayStats = (g: GatewaySample[]) => ({
+      transfersPerSecond: spread(g.map((s) => s.rps)),
+      p50: spread(g.map((s) => s.p50)),
+      p99: spread(g.map((s) => s.p99)),
+      statementsPerTransfer: median(g.map((s) => s.statementsPerRequest)),
+      cpu: costSpread(g.map((s) => s.cost)),
+      failures: g.reduce((n, s) => n + s.non2xx + s.errors + s.timeouts, 0),
+      samples: g,
+    })
     const results = PHASES.map((phase) => {
-      const g = gateway.get(phase.name)!
       const r = reference.get(phase.name)!
-      const ratios = r.length ? g.map((s, i) => s.rps / r[i]!.tps) : []
       return {
         phase: phase.name,
-        gateway: {
-          transfersPerSecond: spread(g.map((s) => s.rps)),
-          p50: spread(g.map((s) => s.p50)),
-          p99: spread(g.map((s) => s.p99)),
-          statementsPerTransfer: median(g.map((s) => s.statementsPerRequest)),
-          cpu: costSpread(g.map((s) => s.cost)),
-          failures: g.reduce((n, s) => n + s.non2xx + s.errors + s.timeouts, 0),
-          samples: g,
-        },
         pgbench: r.length
           ? {
               transfersPerSecond: spread(r.map((x) => x.tps)),
@@ -265,7 +306,16 @@ const transfers: Scenario = async ({ quick }) => {
               samples: r,
             }
           : null,
-        ratio: ratios.length ? { ...spread(ratios), ratios } : null,
+        placements: PLACEMENTS.map((placement) => {
+          const g = gateway.get(gatewayKey(phase, placement))!
+          const ratios = r.length ? g.map((s, i) => s.rps / r[i]!.tps) : []
+          return {
+            placement: placement.name,
+            key: placement.key,
+            gateway: gatewayStats(g),
+            ratio: ratios.length ? { ...spread(ratios), ratios } : null,
+          }
+        }),
       }
     })
 
@@ -274,19 +324,20 @@ const transfers: Scenario = async ({ quick }) => {
     const cpuCells = (c: ReturnType<typeof costSpread>) => [
       `${Math.round(c.busy * 100)} %`,
       c.underTestMicros.toFixed(0),
+      pinned ? `${Math.round(c.loadGeneratorBusy * 100)} %` : 'n/a',
       c.serverMicros.toFixed(0),
       c.redisMicros.toFixed(0),
     ]
     const rows = results.flatMap((r) => [
-      [
-        `${r.phase}, gateway`,
-        cell(r.gateway.transfersPerSecond),
-        cell(r.gateway.p50, 1),
-        cell(r.gateway.p99, 1),
-        r.gateway.statementsPerTransfer.toFixed(2),
-        ...cpuCells(r.gateway.cpu),
-        r.gateway.failures,
-      ],
+      ...r.placements.map((p) => [
+        `${r.phase}, gateway ${p.placement}`,
+        cell(p.gateway.transfersPerSecond),
+        cell(p.gateway.p50, 1),
+        cell(p.gateway.p99, 1),
+        p.gateway.statementsPerTransfer.toFixed(2),
+        ...cpuCells(p.gateway.cpu),
+        p.gateway.failures,
+      ]),
       r.pgbench
         ? [
             `${r.phase}, pgbench`,
@@ -297,19 +348,37 @@ const transfers: Scenario = async ({ quick }) => {
             ...cpuCells(r.pgbench.cpu),
             r.pgbench.failed,
           ]
-        : [`${r.phase}, pgbench`, 'not run', '', '', '', '', '', '', '', ''],
+        : [`${r.phase}, pgbench`, 'not run', '', '', '', '', '', '', '', '', ''],
     ])
-    const ratioRows = results.map((r) => [
-      `${r.phase}: gateway / pgbench`,
-      r.ratio ? `${r.ratio.median.toFixed(2)}x` : 'n/a',
-      r.ratio ? `${r.ratio.min.toFixed(2)}x` : '',
-      r.ratio ? `${r.ratio.max.toFixed(2)}x` : '',
-      r.phase === 'random pairs'
-        ? r.ratio
-          ? `>= ${TARGET}x: ${r.ratio.median >= TARGET ? 'met' : 'NOT met'}`
-          : 'not measured'
-        : 'reported',
-    ])
+    const judged = (phase: string, key: string) => phase === 'random pairs' && key === VERDICT.key
+    const ratioRows = results.flatMap((r) =>
+      r.placements.map((p) => [
+        `${r.phase}: gateway ${p.placement} / pgbench`,
+        p.ratio ? `${p.ratio.median.toFixed(2)}x` : 'n/a',
+        p.ratio ? `${p.ratio.min.toFixed(2)}x` : '',
+        p.ratio ? `${p.ratio.max.toFixed(2)}x` : '',
+        judged(r.phase, p.key)
+          ? p.ratio
+            ? `>= ${TARGET}x: ${p.ratio.median >= TARGET ? 'met' : 'NOT met'}`
+            : 'not measured'
+          : 'reported',
+      ]),
+    )
+    const reading = (r: (typeof results)[number], p: (typeof results)[number]['placements'][number]) => {
+      const ours = p.gateway.cpu
+      const theirs = r.pgbench!.cpu
+      const head = `- ${r.phase}, gateway ${p.placement}: `
+      return p.key === 'besideLoadGenerator'
+        ? `${head}Postgres, alone on the CPU under test with the kernel, spends ${ours.underTestMicros.toFixed(0)} µs per gateway ` +
+            `transfer against ${theirs.underTestMicros.toFixed(0)} µs per pgbench transfer; the load generator's CPU, which also ran the ` +
+            `gateway (${ours.serverMicros.toFixed(0)} µs per transfer) and its redis-server (${ours.redisMicros.toFixed(0)} µs), was ` +
+            `${Math.round(ours.loadGeneratorBusy * 100)} % busy, and Postgres's ${Math.round(ours.busy * 100)} %.`
+        : `${head}the CPUs under test (Postgres, Redis and the gateway share them) spend ` +
+            `${ours.underTestMicros.toFixed(0)} µs per gateway transfer (${ours.serverMicros.toFixed(0)} in the ` +
+            `gateway process, ${ours.redisMicros.toFixed(0)} in redis-server, the rest in Postgres and the kernel), ` +
+            `against ${theirs.underTestMicros.toFixed(0)} µs per pgbench transfer: where they are ` +
+            `saturated, transfers/s can be at most ${(theirs.underTestMicros / ours.underTestMicros).toFixed(2)}x pgbench's.`
+    }
     const markdown = [
       formatTable(
         [
@@ -320,8 +389,9 @@ const transfers: Scenario = async ({ quick }) => {
           'Postgres statements/transfer',
           'CPU under test busy (median)',
           'CPU under test µs/transfer (median)',
-          'of which gateway process µs/transfer',
-          'of which redis-server µs/transfer',
+          "load generator's CPU busy (median)",
+          'gateway process µs/transfer',
+          'redis-server µs/transfer',
           'non-2xx, errors or failed',
         ],
         rows,
@@ -329,42 +399,39 @@ const transfers: Scenario = async ({ quick }) => {
       '',
       formatTable(['ratio of transfers/s', 'median', 'min', 'max', 'target'], ratioRows),
       '',
-      ...results.flatMap((r) =>
-        r.pgbench
-          ? [
-              `- ${r.phase}: the CPUs under test (Postgres, Redis and the gateway share them) spend ` +
-                `${r.gateway.cpu.underTestMicros.toFixed(0)} µs per gateway transfer (${r.gateway.cpu.serverMicros.toFixed(0)} in the ` +
-                `gateway process, ${r.gateway.cpu.redisMicros.toFixed(0)} in redis-server, the rest in Postgres and the kernel), ` +
-                `against ${r.pgbench.cpu.underTestMicros.toFixed(0)} µs per pgbench transfer: where they are ` +
-                `saturated, transfers/s can be at most ${(r.pgbench.cpu.underTestMicros / r.gateway.cpu.underTestMicros).toFixed(2)}x pgbench's.`,
-            ]
-          : [],
-      ),
+      ...results.flatMap((r) => (r.pgbench ? r.placements.map((p) => reading(r, p)) : [])),
       '',
       `${quick ? 'Quick run: ' : ''}${rounds} interleaved rounds of ${durationSec} s per phase (ratio: median of the per-round ratios), ` +
-        `${CONNECTIONS} connections (gateway: autocannon, HTTP keep-alive; its Postgres pool has 10) and ${CONNECTIONS} pgbench clients ` +
+        `${CONNECTIONS} connections (gateway: autocannon, HTTP keep-alive; its Postgres pool has ${DEFAULT_POOL_MAX}) and ${PGBENCH_CLIENTS} pgbench clients, as many as the gateway's Postgres connections ` +
         `(one thread, prepared statement as the gateway's, CPUs ${pgbenchCpus || 'n/a'}). ${CUSTOMERS.toLocaleString('en')} customers with one VND account ` +
         'each, each with a session created in Redis as login creates it; 1 VND per transfer, a new Idempotency-Key each. ' +
         'Random pairs: any account to any other; hot account: every other customer pays the first one. pgbench runs ' +
         'TRANSFER_SQL of src/ledger/ledger.ts with the same parameters (its keys are random integers, its fingerprint a ' +
-        'constant sha256 hex). Gateway: RATE_LIMITS=off, SCHEDULER=off, EVENT_WORKERS=off (outbox rows written, not relayed, as by pgbench).',
+        'constant sha256 hex). Gateway: RATE_LIMITS=off, SCHEDULER=off, EVENT_WORKERS=off (outbox rows written, not relayed, as by pgbench). ' +
+        (pinned
+          ? 'The gateway process and its redis-server are moved (taskset) before each of its runs: beside the load generator, ' +
+            "Postgres has the CPU under test to itself, as under pgbench, whose clients run on the load generator's CPU; " +
+            'beside Postgres, the three share it, as in the other scenarios.'
+          : 'Unpinned: the gateway, Redis, Postgres and the load generators share every CPU.'),
       '',
       `Ledger after the run: ${invariants.transfers.toLocaleString('en')} transfers; total of balances ${invariants.conserved ? 'unchanged' : 'CHANGED'}, ` +
         `${invariants.negative} negative balances, ${invariants.mismatched} accounts not equal to opening balance + entries.`,
       ...(pgbenchAvailable ? [] : ['', PGBENCH_MISSING]),
     ].join('\n')
     const ratios: RatioBar[] = results.flatMap((r) =>
-      r.ratio
-        ? [
-            {
-              label: `${r.phase}: gateway / pgbench`,
-              median: r.ratio.median,
-              min: r.ratio.min,
-              max: r.ratio.max,
-              ...(r.phase === 'random pairs' ? { target: TARGET } : {}),
-            },
-          ]
-        : [],
+      r.placements.flatMap((p) =>
+        p.ratio
+          ? [
+              {
+                label: `${r.phase}: gateway ${p.placement} / pgbench`,
+                median: p.ratio.median,
+                min: p.ratio.min,
+                max: p.ratio.max,
+                ...(judged(r.phase, p.key) ? { target: TARGET } : {}),
+              },
+            ]
+          : [],
+      ),
     )
     return {
       title: 'Transfers: 10,000 accounts, random pairs and a hot account, against pgbench',

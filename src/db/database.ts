@@ -108,10 +108,13 @@ export function databaseUnavailable(err: unknown): unknown {
   )
 }
 
+/** Connections in the pool unless `max` says otherwise. */
+export const DEFAULT_POOL_MAX = 10
+
 export function createPgDatabase(options: PostgresOptions): Database {
   const pool = new pg.Pool({
     connectionString: options.connectionString,
-    max: options.max ?? 10,
+    max: options.max ?? DEFAULT_POOL_MAX,
     connectionTimeoutMillis: options.connectionTimeoutMs ?? 2000,
     // Fail fast rather than queue forever behind a stuck server.
     statement_timeout: options.statementTimeoutMs ?? 5000,
