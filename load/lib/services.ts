@@ -45,3 +45,16 @@ export async function startBenchServices(): Promise<BenchServices> {
     },
   }
 }
+
+/**
+ * Vacuums and analyzes the tables a transfer load grows, as autovacuum would between runs. This
+ * machine's Postgres runs with autovacuum off, and then nothing does: a connection keeps the plans
+ * it made while the tables were small (the prepared transfer statement's idempotency lookup, the
+ * foreign-key checks of its inserts, the relay's claim) and scans them sequentially as they grow,
+ * slower with every transfer, and the outbox's deleted rows pile up. Autovacuum (on by default)
+ * analyzes a table once a tenth of it has changed, which makes every connection plan again, and
+ * vacuums the outbox as rows are deleted; scenarios call this before each measured run.
+ */
+export async function vacuumTransferTables(db: { query(sql: string): Promise<unknown> }): Promise<void> {
+  await db.query('VACUUM (ANALYZE) accounts, transfers, ledger_entries, outbox_events')
+}

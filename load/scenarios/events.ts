@@ -27,7 +27,7 @@ import {
   summarize,
 } from '../lib/runner.ts'
 import type { Scenario } from '../lib/scenario.ts'
-import { startBenchServices } from '../lib/services.ts'
+import { startBenchServices, vacuumTransferTables } from '../lib/services.ts'
 import { BENCH_SECRET, GATEWAY_ENTRY } from '../servers/cache-cluster.ts'
 
 const TARGET = 0.9
@@ -288,6 +288,7 @@ const events: Scenario = async ({ quick }) => {
         // ratios fell into two groups and their median flipped between them from run to run.
         for (const c of contenders) {
           const created: Created[] = []
+          await vacuumTransferTables(db)
           // The CPU window closes once the round's events are relayed and notified.
           const { result: sample, cost } = await costOf(
             { redis, serverPid: c.server.pid, units: () => count('SELECT count(*) AS n FROM transfers') },
