@@ -49,21 +49,59 @@ export function parseWrk(output: string): Sample {
   }
 }
 
-/**
- * One run of wrk (one thread, like autocannon) against `url + spec.path`: GET with the spec's
- * headers. wrk counts whole seconds, so the duration is rounded (at least 1 s).
- */
+/** wrk's options for one thread, like autocannon: connections and whole seconds (at least 1). */
+const wrkOptions = (spec: { connections?: number; durationSec?: number }) => [
+  '-t1',
+  `-c${spec.connections ?? 50}`,
+  `-d${Math.max(1, Math.round(spec.durationSec ?? 5))}s`,
+  '--latency',
+]
+
+/** One run of wrk against `url + spec.path`: GET with the spec's headers. */
 export function measureWrk(url: string, spec: LoadSpec): Promise<Sample> {
   if ((spec.method ?? 'GET') !== 'GET' || spec.body !== undefined || spec.setupRequest)
     throw new Error('measureWrk runs plain GETs only')
-  const args = [
-    '-t1',
-    `-c${spec.connections ?? 50}`,
-    `-d${Math.max(1, Math.round(spec.durationSec ?? 5))}s`,
-    '--latency',
+  return runWrk([
+    ...wrkOptions(spec),
     ...Object.entries(spec.headers ?? {}).flatMap(([name, value]) => ['-H', `${name}: ${value}`]),
     url + spec.path,
-  ]
+  ])
+}
+
+const TRANSFERS_SCRIPT = new URL('./wrk-transfers.lua', import.meta.url).pathname
+let wrkRuns = 0
+
+/**
+ * One run of wrk sending POST /transfers of 1 VND (load/lib/wrk-transfers.lua): `cookieFile` holds
+ * one Cookie header per account index, the account ids start at `firstAccountId`; `pair` as the
+ * transfers scenario's phases. Every request has a new Idempotency-Key.
+ */
+export function measureWrkTransfers(
+  url: string,
+  options: {
+    cookieFile: string
+    firstAccountId: number
+    pair: 'random' | 'hot'
+    connections: number
+    durationSec: number
+  },
+): Promise<Sample> {
+  const keyPrefix = `wrk-${process.pid}-${Date.now()}-${++wrkRuns}`
+  return runWrk([
+    ...wrkOptions(options),
+    '-s',
+    TRANSFERS_SCRIPT,
+    url,
+    '--',
+    options.cookieFile,
+    String(options.firstAccountId),
+    options.pair,
+    keyPrefix,
+  ])
+}
+
+/** Runs wrk on the load generator's CPU and parses its report. */
+function runWrk(args: string[]): Promise<Sample> {
   const [command, commandArgs] = onLoadGeneratorCpu('wrk', args)
   return new Promise((resolve, reject) => {
     const child = spawn(command, commandArgs, { stdio: ['ignore', 'pipe', 'pipe'] })

@@ -7,6 +7,9 @@
 // of Postgres's throughput the gateway reaches), and beside Postgres, sharing its CPU (reported:
 // what HTTP, sessions, idempotency, cache invalidation and Node cost next to the statement itself).
 import { createHash, randomInt, randomUUID } from 'node:crypto'
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
 import { Redis } from 'ioredis'
 import pg from 'pg'
 import { DEFAULT_POOL_MAX } from '../../src/db/database.ts'
@@ -32,7 +35,14 @@ import {
   startServer,
 } from '../lib/runner.ts'
 import type { Scenario } from '../lib/scenario.ts'
-import { startBenchServices } from '../lib/services.ts'
+import { startBenchServices, vacuumTransferTables } from '../lib/services.ts'
+import {
+  compareGenerators,
+  generatorReport,
+  measureWrkTransfers,
+  WRK_MISSING,
+  wrkAvailable,
+} from '../lib/wrk.ts'
 import { BENCH_SECRET } from '../servers/cache-cluster.ts'
 
 const CUSTOMERS = 10_000
@@ -77,6 +87,9 @@ async function transferCount(db: pg.Client): Promise<number> {
 
 interface Phase {
   name: string
+  /** The same pairs in load/lib/wrk-transfers.lua. */
+  wrkPair: 'random' | 'hot'
+
   /** The pair of one request: account indexes 0..CUSTOMERS-1. */
   pair(): [number, number]
   /** pgbench meta-commands choosing the same pair (ids, not indexes). */
@@ -86,6 +99,7 @@ interface Phase {
 const PHASES: Phase[] = [
   {
     name: 'random pairs',
+    wrkPair: 'random',
     pair() {
       const from = randomInt(CUSTOMERS)
       const to = randomInt(CUSTOMERS - 1)
@@ -100,6 +114,7 @@ const PHASES: Phase[] = [
   {
     // Every customer but the merchant (account index 0) pays the merchant: one row lock for all.
     name: 'hot account',
+    wrkPair: 'hot',
     pair: () => [1 + randomInt(CUSTOMERS - 1), 0],
     pgbench: ({ first, last }) => [
       `\\set from_account_id random(${first + 1}, ${last})`,
@@ -126,8 +141,24 @@ const PLACEMENTS: Placement[] = pinned
       { name: 'beside Postgres', key: 'besidePostgres', pin: pinUnderTest },
     ]
   : [{ name: 'unpinned', key: 'unpinned', pin: () => {} }]
-/** The placement the target is judged on. */
-const VERDICT = PLACEMENTS[0]!
+/**
+ * The gateway's runs in each round: each placement with autocannon, and the first (where the load
+ * generator shares the gateway's CPU, so its own cost counts) with wrk as well. The target is
+ * judged on the first.
+ */
+interface GatewayRun {
+  name: string
+  key: string
+  placement: Placement
+  generator: 'autocannon' | 'wrk'
+}
+const GATEWAY_RUNS: GatewayRun[] = PLACEMENTS.flatMap((placement, i) => [
+  { name: placement.name, key: placement.key, placement, generator: 'autocannon' as const },
+  ...(i === 0 && wrkAvailable
+    ? [{ name: `${placement.name}, wrk`, key: `${placement.key}Wrk`, placement, generator: 'wrk' as const }]
+    : []),
+])
+const VERDICT = GATEWAY_RUNS[0]!
 
 interface GatewaySample extends Sample {
   statementsPerRequest: number
@@ -139,6 +170,8 @@ const transfers: Scenario = async ({ quick }) => {
   let server: ServerHandle | undefined
   const db = new pg.Client({ connectionString: services.databaseUrl })
   const redis = new Redis(services.redisUrl)
+  const cookieDir = mkdtempSync(join(tmpdir(), 'transfers-'))
+  const cookieFile = join(cookieDir, 'cookies.txt')
   try {
     // The demo gateway as shipped (idempotency, sessions, cache invalidation, the outbox row in the
     // transfer statement) but no rate limits (10,000 customers from one IP), no scheduler, and no
@@ -153,10 +186,6 @@ const transfers: Scenario = async ({ quick }) => {
     }
     server = await startServer(entry, env)
     const redisPid = Number(/process_id:(\d+)/.exec(await redis.info('server'))?.[1])
-    const place = (placement: Placement) => {
-      placement.pin(server!.pid)
-      placement.pin(redisPid)
-    }
     await db.connect()
     const seeded = await seedCustomers(db, CUSTOMERS, OPENING_BALANCE)
     const cookies = await signInCustomers(services.redisUrl, env, seeded)
@@ -199,11 +228,30 @@ const transfers: Scenario = async ({ quick }) => {
     const define = { amount: '1', currency: 'VND', request_fingerprint: PGBENCH_FINGERPRINT, outbox: 'true' }
 
     const probes = { redis, serverPid: server.pid, units: () => transferCount(db) }
-    const runGateway = async (phase: Phase, seconds = durationSec): Promise<GatewaySample> => {
+    // wrk's script reads the cookies from a file, one per account index.
+    writeFileSync(cookieFile, `${cookies.join('\n')}\n`)
+    const load = (run: GatewayRun, phase: Phase, seconds: number) =>
+      run.generator === 'wrk'
+        ? measureWrkTransfers(server!.url, {
+            cookieFile,
+            firstAccountId: seeded.first,
+            pair: phase.wrkPair,
+            connections: CONNECTIONS,
+            durationSec: seconds,
+          })
+        : measure(server!.url, { ...gatewaySpec(phase), durationSec: seconds })
+    const runGateway = async (
+      run: GatewayRun,
+      phase: Phase,
+      seconds = durationSec,
+    ): Promise<GatewaySample> => {
+      run.placement.pin(server!.pid)
+      run.placement.pin(redisPid)
       const before = await settle(server!.url)
+      await vacuumTransferTables(db)
       // The CPU window closes once the transfers still queued at the deadline have run.
       const { result: sample, cost } = await costOf(probes, async () => {
-        const sample = await measure(server!.url, { ...gatewaySpec(phase), durationSec: seconds })
+        const sample = await load(run, phase, seconds)
         await settle(server!.url)
         return sample
       })
@@ -216,6 +264,7 @@ const transfers: Scenario = async ({ quick }) => {
       phase: Phase,
       seconds = durationSec,
     ): Promise<PgbenchRun & { cost: CpuCost }> => {
+      await vacuumTransferTables(db)
       const { result: run, cost } = await costOf(probes, () =>
         runPgbench({
           databaseUrl: services.databaseUrl,
@@ -232,27 +281,23 @@ const transfers: Scenario = async ({ quick }) => {
       return { ...run, cost }
     }
 
-    // Warm-up: the gateway's code paths in each placement and both phases' plans.
+    // Warm-up: the gateway's code paths in each of its runs and both phases' plans.
     for (const phase of PHASES) {
-      for (const placement of PLACEMENTS) {
-        place(placement)
-        await runGateway(phase, 1)
-      }
+      for (const run of GATEWAY_RUNS) await runGateway(run, phase, 1)
       if (pgbenchAvailable) await runReference(phase, 1)
     }
-    const gatewayKey = (phase: Phase, placement: Placement) => `${phase.name} ${placement.key}`
+    const gatewayKey = (phase: Phase, run: GatewayRun) => `${phase.name} ${run.key}`
     const gateway = new Map<string, GatewaySample[]>(
-      PHASES.flatMap((p) => PLACEMENTS.map((placement) => [gatewayKey(p, placement), []])),
+      PHASES.flatMap((p) => GATEWAY_RUNS.map((run) => [gatewayKey(p, run), []])),
     )
     const reference = new Map<string, Array<PgbenchRun & { cost: CpuCost }>>(PHASES.map((p) => [p.name, []]))
-    const runs: Array<Placement | 'pgbench'> = [...PLACEMENTS, 'pgbench']
+    const runs: Array<GatewayRun | 'pgbench'> = [...GATEWAY_RUNS, 'pgbench']
     for (let round = 0; round < rounds; round++) {
       for (const phase of PHASES) {
         const order = round % 2 === 0 ? runs : [...runs].reverse()
         for (const who of order) {
           if (who !== 'pgbench') {
-            place(who)
-            const sample = await runGateway(phase)
+            const sample = await runGateway(who, phase)
             gateway.get(gatewayKey(phase, who))!.push(sample)
             const bad = sample.non2xx + sample.errors + sample.timeouts
             console.error(
@@ -306,12 +351,14 @@ const transfers: Scenario = async ({ quick }) => {
               samples: r,
             }
           : null,
-        placements: PLACEMENTS.map((placement) => {
-          const g = gateway.get(gatewayKey(phase, placement))!
+        runs: GATEWAY_RUNS.map((run) => {
+          const g = gateway.get(gatewayKey(phase, run))!
           const ratios = r.length ? g.map((s, i) => s.rps / r[i]!.tps) : []
           return {
-            placement: placement.name,
-            key: placement.key,
+            name: run.name,
+            key: run.key,
+            placement: run.placement.key,
+            generator: run.generator,
             gateway: gatewayStats(g),
             ratio: ratios.length ? { ...spread(ratios), ratios } : null,
           }
@@ -329,8 +376,8 @@ const transfers: Scenario = async ({ quick }) => {
       c.redisMicros.toFixed(0),
     ]
     const rows = results.flatMap((r) => [
-      ...r.placements.map((p) => [
-        `${r.phase}, gateway ${p.placement}`,
+      ...r.runs.map((p) => [
+        `${r.phase}, gateway ${p.name}`,
         cell(p.gateway.transfersPerSecond),
         cell(p.gateway.p50, 1),
         cell(p.gateway.p99, 1),
@@ -350,10 +397,18 @@ const transfers: Scenario = async ({ quick }) => {
           ]
         : [`${r.phase}, pgbench`, 'not run', '', '', '', '', '', '', '', '', ''],
     ])
+    // Where the load generator shares the gateway's CPU its own cost counts: the same ratio with wrk.
+    const generators = results.flatMap((r) => {
+      const byAutocannon = r.runs.find((p) => p.key === VERDICT.key)?.ratio
+      const byWrk = r.runs.find((p) => p.generator === 'wrk')?.ratio
+      return byAutocannon && byWrk
+        ? [compareGenerators(`${r.phase}: gateway ${VERDICT.name} / pgbench`, byAutocannon, byWrk)]
+        : []
+    })
     const judged = (phase: string, key: string) => phase === 'random pairs' && key === VERDICT.key
     const ratioRows = results.flatMap((r) =>
-      r.placements.map((p) => [
-        `${r.phase}: gateway ${p.placement} / pgbench`,
+      r.runs.map((p) => [
+        `${r.phase}: gateway ${p.name} / pgbench`,
         p.ratio ? `${p.ratio.median.toFixed(2)}x` : 'n/a',
         p.ratio ? `${p.ratio.min.toFixed(2)}x` : '',
         p.ratio ? `${p.ratio.max.toFixed(2)}x` : '',
@@ -364,13 +419,13 @@ const transfers: Scenario = async ({ quick }) => {
           : 'reported',
       ]),
     )
-    const reading = (r: (typeof results)[number], p: (typeof results)[number]['placements'][number]) => {
+    const reading = (r: (typeof results)[number], p: (typeof results)[number]['runs'][number]) => {
       const ours = p.gateway.cpu
       const theirs = r.pgbench!.cpu
-      const head = `- ${r.phase}, gateway ${p.placement}: `
-      return p.key === 'besideLoadGenerator'
+      const head = `- ${r.phase}, gateway ${p.name}: `
+      return p.placement === 'besideLoadGenerator'
         ? `${head}Postgres, alone on the CPU under test with the kernel, spends ${ours.underTestMicros.toFixed(0)} µs per gateway ` +
-            `transfer against ${theirs.underTestMicros.toFixed(0)} µs per pgbench transfer; the load generator's CPU, which also ran the ` +
+            `transfer against ${theirs.underTestMicros.toFixed(0)} µs per pgbench transfer; the load generator's CPU, which also ran ${p.generator}, the ` +
             `gateway (${ours.serverMicros.toFixed(0)} µs per transfer) and its redis-server (${ours.redisMicros.toFixed(0)} µs), was ` +
             `${Math.round(ours.loadGeneratorBusy * 100)} % busy, and Postgres's ${Math.round(ours.busy * 100)} %.`
         : `${head}the CPUs under test (Postgres, Redis and the gateway share them) spend ` +
@@ -399,10 +454,12 @@ const transfers: Scenario = async ({ quick }) => {
       '',
       formatTable(['ratio of transfers/s', 'median', 'min', 'max', 'target'], ratioRows),
       '',
-      ...results.flatMap((r) => (r.pgbench ? r.placements.map((p) => reading(r, p)) : [])),
+      ...results.flatMap((r) => (r.pgbench ? r.runs.map((p) => reading(r, p)) : [])),
       '',
+      ...(generators.length ? [generatorReport(generators), ''] : []),
+      ...(wrkAvailable ? [] : [WRK_MISSING, '']),
       `${quick ? 'Quick run: ' : ''}${rounds} interleaved rounds of ${durationSec} s per phase (ratio: median of the per-round ratios), ` +
-        `${CONNECTIONS} connections (gateway: autocannon, HTTP keep-alive; its Postgres pool has ${DEFAULT_POOL_MAX}) and ${PGBENCH_CLIENTS} pgbench clients, as many as the gateway's Postgres connections ` +
+        `${CONNECTIONS} connections (gateway: autocannon, and wrk where named, one thread, HTTP keep-alive; its Postgres pool has ${DEFAULT_POOL_MAX}) and ${PGBENCH_CLIENTS} pgbench clients, as many as the gateway's Postgres connections ` +
         `(one thread, prepared statement as the gateway's, CPUs ${pgbenchCpus || 'n/a'}). ${CUSTOMERS.toLocaleString('en')} customers with one VND account ` +
         'each, each with a session created in Redis as login creates it; 1 VND per transfer, a new Idempotency-Key each. ' +
         'Random pairs: any account to any other; hot account: every other customer pays the first one. pgbench runs ' +
@@ -419,11 +476,11 @@ const transfers: Scenario = async ({ quick }) => {
       ...(pgbenchAvailable ? [] : ['', PGBENCH_MISSING]),
     ].join('\n')
     const ratios: RatioBar[] = results.flatMap((r) =>
-      r.placements.flatMap((p) =>
+      r.runs.flatMap((p) =>
         p.ratio
           ? [
               {
-                label: `${r.phase}: gateway ${p.placement} / pgbench`,
+                label: `${r.phase}: gateway ${p.name} / pgbench`,
                 median: p.ratio.median,
                 min: p.ratio.min,
                 max: p.ratio.max,
@@ -436,7 +493,14 @@ const transfers: Scenario = async ({ quick }) => {
     return {
       title: 'Transfers: 10,000 accounts, random pairs and a hot account, against pgbench',
       markdown,
-      data: { customers: CUSTOMERS, connections: CONNECTIONS, target: TARGET, phases: results, invariants },
+      data: {
+        customers: CUSTOMERS,
+        connections: CONNECTIONS,
+        target: TARGET,
+        phases: results,
+        generators,
+        invariants,
+      },
       ratios,
     }
   } finally {
@@ -444,6 +508,7 @@ const transfers: Scenario = async ({ quick }) => {
     redis.disconnect()
     await server?.stop()
     await services.stop()
+    rmSync(cookieDir, { recursive: true, force: true })
   }
 }
 
