@@ -147,6 +147,16 @@ export async function interleave(
     label?: string
     /** The load generator: autocannon (`measure`) unless given, e.g. wrk (load/lib/wrk.ts). */
     measure?: (url: string, spec: LoadSpec) => Promise<Sample>
+    /** Runs before each measured run, outside it (e.g. vacuumTransferTables). */
+    beforeRun?: () => Promise<void>
+    /**
+     * The same order every round instead of alternating (A B, A B instead of A B, B A): every run
+     * then follows the other contenders' runs. Alternating, half of a contender's runs follow its
+     * own and half follow an idle stretch of two runs, long enough for a Postgres pool (10 s idle
+     * timeout) to close its connections and open new ones on the next run: the per-round ratios
+     * split into two groups by order, and their median lands on the boundary.
+     */
+    sameOrder?: boolean
   } = {},
 ): Promise<Summary[]> {
   const rounds = options.rounds ?? 5
@@ -154,8 +164,9 @@ export async function interleave(
   for (const c of contenders) await run(c.url, { ...c.spec, durationSec: options.warmupSec ?? 1 })
   const samples = new Map<string, Sample[]>(contenders.map((c) => [c.name, []]))
   for (let round = 0; round < rounds; round++) {
-    const order = round % 2 === 0 ? contenders : [...contenders].reverse()
+    const order = options.sameOrder || round % 2 === 0 ? contenders : [...contenders].reverse()
     for (const c of order) {
+      await options.beforeRun?.()
       const sample = await run(c.url, c.spec)
       samples.get(c.name)!.push(sample)
       const bad = sample.non2xx + sample.errors + sample.timeouts

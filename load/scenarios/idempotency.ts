@@ -24,7 +24,7 @@ import {
   startServer,
 } from '../lib/runner.ts'
 import type { Scenario } from '../lib/scenario.ts'
-import { startBenchServices } from '../lib/services.ts'
+import { startBenchServices, vacuumTransferTables } from '../lib/services.ts'
 
 const SECRET = 'bench-secret-0123456789-abcdefghijklmnop'
 const TARGET = 0.9
@@ -139,11 +139,14 @@ const idempotency: Scenario = async ({ quick }) => {
     // Transfers are few per second and bound by Postgres commits, so rounds vary more than reads:
     // seven pairs instead of five.
     const rounds = quick ? 2 : 7
+    const admin = createPgDatabase({ connectionString: services.databaseUrl, max: 1 })
     const [ours, bare] = await interleave(contenders, {
       rounds,
       warmupSec: quick ? 1 : 2,
       label: 'idempotency',
-    })
+      beforeRun: () => vacuumTransferTables(admin),
+      sameOrder: true,
+    }).finally(() => admin.close())
     const transferRatio = ratio(ours!, bare!)
 
     // Replay storm: one completed transfer, then every client retries it with the same key and body.
