@@ -89,7 +89,6 @@ interface Phase {
   name: string
   /** The same pairs in load/lib/wrk-transfers.lua. */
   wrkPair: 'random' | 'hot'
-
   /** The pair of one request: account indexes 0..CUSTOMERS-1. */
   pair(): [number, number]
   /** pgbench meta-commands choosing the same pair (ids, not indexes). */
@@ -376,14 +375,14 @@ const transfers: Scenario = async ({ quick }) => {
       c.redisMicros.toFixed(0),
     ]
     const rows = results.flatMap((r) => [
-      ...r.runs.map((p) => [
-        `${r.phase}, gateway ${p.name}`,
-        cell(p.gateway.transfersPerSecond),
-        cell(p.gateway.p50, 1),
-        cell(p.gateway.p99, 1),
-        p.gateway.statementsPerTransfer.toFixed(2),
-        ...cpuCells(p.gateway.cpu),
-        p.gateway.failures,
+      ...r.runs.map((run) => [
+        `${r.phase}, gateway ${run.name}`,
+        cell(run.gateway.transfersPerSecond),
+        cell(run.gateway.p50, 1),
+        cell(run.gateway.p99, 1),
+        run.gateway.statementsPerTransfer.toFixed(2),
+        ...cpuCells(run.gateway.cpu),
+        run.gateway.failures,
       ]),
       r.pgbench
         ? [
@@ -399,33 +398,33 @@ const transfers: Scenario = async ({ quick }) => {
     ])
     // Where the load generator shares the gateway's CPU its own cost counts: the same ratio with wrk.
     const generators = results.flatMap((r) => {
-      const byAutocannon = r.runs.find((p) => p.key === VERDICT.key)?.ratio
-      const byWrk = r.runs.find((p) => p.generator === 'wrk')?.ratio
+      const byAutocannon = r.runs.find((run) => run.key === VERDICT.key)?.ratio
+      const byWrk = r.runs.find((run) => run.generator === 'wrk')?.ratio
       return byAutocannon && byWrk
         ? [compareGenerators(`${r.phase}: gateway ${VERDICT.name} / pgbench`, byAutocannon, byWrk)]
         : []
     })
     const judged = (phase: string, key: string) => phase === 'random pairs' && key === VERDICT.key
     const ratioRows = results.flatMap((r) =>
-      r.runs.map((p) => [
-        `${r.phase}: gateway ${p.name} / pgbench`,
-        p.ratio ? `${p.ratio.median.toFixed(2)}x` : 'n/a',
-        p.ratio ? `${p.ratio.min.toFixed(2)}x` : '',
-        p.ratio ? `${p.ratio.max.toFixed(2)}x` : '',
-        judged(r.phase, p.key)
-          ? p.ratio
-            ? `>= ${TARGET}x: ${p.ratio.median >= TARGET ? 'met' : 'NOT met'}`
+      r.runs.map((run) => [
+        `${r.phase}: gateway ${run.name} / pgbench`,
+        run.ratio ? `${run.ratio.median.toFixed(2)}x` : 'n/a',
+        run.ratio ? `${run.ratio.min.toFixed(2)}x` : '',
+        run.ratio ? `${run.ratio.max.toFixed(2)}x` : '',
+        judged(r.phase, run.key)
+          ? run.ratio
+            ? `>= ${TARGET}x: ${run.ratio.median >= TARGET ? 'met' : 'NOT met'}`
             : 'not measured'
           : 'reported',
       ]),
     )
-    const reading = (r: (typeof results)[number], p: (typeof results)[number]['runs'][number]) => {
-      const ours = p.gateway.cpu
+    const reading = (r: (typeof results)[number], run: (typeof results)[number]['runs'][number]) => {
+      const ours = run.gateway.cpu
       const theirs = r.pgbench!.cpu
-      const head = `- ${r.phase}, gateway ${p.name}: `
-      return p.placement === 'besideLoadGenerator'
+      const head = `- ${r.phase}, gateway ${run.name}: `
+      return run.placement === 'besideLoadGenerator'
         ? `${head}Postgres, alone on the CPU under test with the kernel, spends ${ours.underTestMicros.toFixed(0)} µs per gateway ` +
-            `transfer against ${theirs.underTestMicros.toFixed(0)} µs per pgbench transfer; the load generator's CPU, which also ran ${p.generator}, the ` +
+            `transfer against ${theirs.underTestMicros.toFixed(0)} µs per pgbench transfer; the load generator's CPU, which also ran ${run.generator}, the ` +
             `gateway (${ours.serverMicros.toFixed(0)} µs per transfer) and its redis-server (${ours.redisMicros.toFixed(0)} µs), was ` +
             `${Math.round(ours.loadGeneratorBusy * 100)} % busy, and Postgres's ${Math.round(ours.busy * 100)} %.`
         : `${head}the CPUs under test (Postgres, Redis and the gateway share them) spend ` +
@@ -454,7 +453,7 @@ const transfers: Scenario = async ({ quick }) => {
       '',
       formatTable(['ratio of transfers/s', 'median', 'min', 'max', 'target'], ratioRows),
       '',
-      ...results.flatMap((r) => (r.pgbench ? r.runs.map((p) => reading(r, p)) : [])),
+      ...results.flatMap((r) => (r.pgbench ? r.runs.map((run) => reading(r, run)) : [])),
       '',
       ...(generators.length ? [generatorReport(generators), ''] : []),
       ...(wrkAvailable ? [] : [WRK_MISSING, '']),
@@ -476,15 +475,15 @@ const transfers: Scenario = async ({ quick }) => {
       ...(pgbenchAvailable ? [] : ['', PGBENCH_MISSING]),
     ].join('\n')
     const ratios: RatioBar[] = results.flatMap((r) =>
-      r.runs.flatMap((p) =>
-        p.ratio
+      r.runs.flatMap((run) =>
+        run.ratio
           ? [
               {
-                label: `${r.phase}: gateway ${p.name} / pgbench`,
-                median: p.ratio.median,
-                min: p.ratio.min,
-                max: p.ratio.max,
-                ...(judged(r.phase, p.key) ? { target: TARGET } : {}),
+                label: `${r.phase}: gateway ${run.name} / pgbench`,
+                median: run.ratio.median,
+                min: run.ratio.min,
+                max: run.ratio.max,
+                ...(judged(r.phase, run.key) ? { target: TARGET } : {}),
               },
             ]
           : [],
