@@ -224,7 +224,8 @@ test('handleBatch: a read is handled in one call and acknowledged in one XACK; a
     },
   })
   await consumer.start()
-  await until(() => done.size === 6, 'the good entries')
+  // The poison entry's own call comes after the sixth good one: wait for all eight calls.
+  await until(() => done.size === 6 && calls.length === 8, 'the good entries and the poison alone')
   // All seven together, then each alone: six succeed and are acknowledged, the poison stays pending.
   assert.deepEqual(calls[0], [...ids, poison])
   assert.deepEqual(
