@@ -3,7 +3,7 @@ import { randomUUID } from 'node:crypto'
 import { after, before, test } from 'node:test'
 import { Redis } from 'ioredis'
 import { startRedisServer } from '../src/embedded/redis-server.ts'
-import { createOutboxRelay } from '../src/events/outbox-relay.ts'
+import { CLAIM_SQL, createOutboxRelay } from '../src/events/outbox-relay.ts'
 import { executeTransfer } from '../src/ledger/ledger.ts'
 import {
   buildTestApp,
@@ -195,6 +195,49 @@ async function makeTransfers(
     )
   }
 }
+
+/** Every node of an EXPLAIN (FORMAT JSON) plan, depth first. */
+function planNodes(node: Record<string, unknown>): Array<Record<string, unknown>> {
+  const children = (node.Plans as Array<Record<string, unknown>> | undefined) ?? []
+  return [node, ...children.flatMap(planNodes)]
+}
+
+test("the relay's claim finds its rows by primary key: no scan of the backlog or of its dead rows", async () => {
+  const database = await createTestDatabase()
+  try {
+    // A backlog of 5,000 events, half of them deleted (relayed) and not yet vacuumed, and the
+    // generic plan the relay's prepared statement settles on.
+    const plan = await database.db
+      .transaction(async (tx) => {
+        await tx.query(
+          `INSERT INTO outbox_events (id, type, transfer_id, from_customer_id, to_customer_id, from_account_id,
+             to_account_id, amount, currency, occurred_at)
+           SELECT g, 'transfer.completed', g, 1, 2, 1, 2, 1, 'VND', now() FROM generate_series(1, 5000) g`,
+        )
+        await tx.query('ANALYZE outbox_events')
+        await tx.query('DELETE FROM outbox_events WHERE id <= 2500')
+        await tx.query("SET LOCAL plan_cache_mode = 'force_generic_plan'")
+        await tx.query(`PREPARE relay_claim_plan(int) AS ${CLAIM_SQL}`)
+        const [row] = await tx.query<{ 'QUERY PLAN': Array<{ Plan: Record<string, unknown> }> }>(
+          'EXPLAIN (FORMAT JSON) EXECUTE relay_claim_plan(100)',
+        )
+        throw { plan: row!['QUERY PLAN'][0]!.Plan }
+      })
+      .catch((thrown: { plan?: Record<string, unknown> }) => {
+        if (!thrown.plan) throw thrown
+        return thrown.plan
+      })
+    const scans = planNodes(plan)
+      .filter(
+        (node) => node['Relation Name'] === 'outbox_events' && String(node['Node Type']).endsWith('Scan'),
+      )
+      .map((node) => `${node['Node Type']}${node['Index Name'] ? ` using ${node['Index Name']}` : ''}`)
+    // The subquery walks the primary key from the oldest id; the delete looks its ids up in it.
+    assert.deepEqual(scans, ['Index Scan using outbox_events_pkey', 'Index Scan using outbox_events_pkey'])
+  } finally {
+    await database.drop()
+  }
+})
 
 test('four relays in parallel on one backlog: every event on the stream exactly once', async () => {
   const database = await createTestDatabase()
