@@ -280,3 +280,114 @@ test('appendEachOnce: several entries in one call, each once per marker, publish
     await listener.quit()
   }
 })
+
+/** Customers' notifications in one call: entries name their own stream and channel. */
+const acrossStreams = (tags: string[], event: string) =>
+  tags.map((tag) => ({
+    stream: `${prefix}across:{${tag}}`,
+    channel: `${prefix}across-channel:{${tag}}`,
+    marker: `${prefix}across-seen:{${tag}}:${event}`,
+    fields: { event },
+    message: { event },
+  }))
+
+test('appendEachOnce: entries of several streams in one script call, each once, each on its own channel', async () => {
+  const { appendEachOnce } = await import('../src/index.ts')
+  const client = new Redis(TEST_REDIS_URL)
+  const listener = new Redis(TEST_REDIS_URL)
+  const messages: Array<[string, string]> = []
+  await listener.subscribe(`${prefix}across-channel:{a}`, `${prefix}across-channel:{b}`)
+  listener.on('message', (channel, message) => messages.push([channel, message]))
+  // Every command this client sends, by name.
+  const sent: string[] = []
+  const send = client.sendCommand.bind(client)
+  client.sendCommand = (command, stream) => {
+    sent.push(command.name)
+    return send(command, stream)
+  }
+  try {
+    const first = await appendEachOnce(client, {
+      markerTtlMs: 60_000,
+      entries: acrossStreams(['a', 'b', 'a'], 'e1'),
+    })
+    // The third entry repeats the first's marker: it is the first's, not appended again.
+    assert.deepEqual(
+      first.map((r) => r.appended),
+      [true, true, false],
+    )
+    assert.equal(first[2]!.id, first[0]!.id)
+    // One script call: EVALSHA, and EVAL only if the server did not know the script yet.
+    assert.deepEqual(
+      sent.filter((name) => name !== 'eval'),
+      ['evalsha'],
+    )
+    const again = await appendEachOnce(client, {
+      markerTtlMs: 60_000,
+      entries: [...acrossStreams(['b'], 'e1'), ...acrossStreams(['b'], 'e2')],
+    })
+    assert.deepEqual(again[0], { id: first[1]!.id, appended: false })
+    assert.equal(again[1]!.appended, true)
+    const a = (await redis.xrange(`${prefix}across:{a}`, '-', '+')) as Array<[string, string[]]>
+    const b = (await redis.xrange(`${prefix}across:{b}`, '-', '+')) as Array<[string, string[]]>
+    assert.deepEqual(
+      a.map(([id, fields]) => [id, fields[1]]),
+      [[first[0]!.id, 'e1']],
+    )
+    assert.deepEqual(
+      b.map(([id, fields]) => [id, fields[1]]),
+      [
+        [first[1]!.id, 'e1'],
+        [again[1]!.id, 'e2'],
+      ],
+    )
+    await until(() => messages.length === 3, 'the messages')
+    assert.deepEqual(
+      messages.map(([channel, message]) => [channel, JSON.parse(message)]),
+      [
+        [`${prefix}across-channel:{a}`, { id: first[0]!.id, event: 'e1' }],
+        [`${prefix}across-channel:{b}`, { id: first[1]!.id, event: 'e1' }],
+        [`${prefix}across-channel:{b}`, { id: again[1]!.id, event: 'e2' }],
+      ],
+    )
+    await assert.rejects(
+      appendEachOnce(client, { markerTtlMs: 1000, entries: [{ marker: `${prefix}x`, fields: { a: '1' } }] }),
+      TypeError,
+    )
+  } finally {
+    client.disconnect()
+    await listener.quit()
+  }
+})
+
+test('appendEachOnce on a Redis Cluster: entries of streams in different slots, one call per stream', async () => {
+  const { appendEachOnce } = await import('../src/index.ts')
+  const { startRedisCluster } = await import('../scripts/redis-cluster.ts')
+  const { createRedisClient } = await import('../src/plugins/redis/index.ts')
+  const cluster = await startRedisCluster()
+  const client = createRedisClient({ clusterNodes: cluster.nodes })
+  try {
+    await client.connect()
+    // Tags chosen to land on different masters of three (slots 15495, 3300, 7365).
+    const tags = ['a', 'b', 'c']
+    const first = await appendEachOnce(client, { markerTtlMs: 60_000, entries: acrossStreams(tags, 'e1') })
+    const again = await appendEachOnce(client, { markerTtlMs: 60_000, entries: acrossStreams(tags, 'e1') })
+    assert.deepEqual(
+      first.map((r) => r.appended),
+      [true, true, true],
+    )
+    assert.deepEqual(
+      again,
+      first.map((r) => ({ id: r.id, appended: false })),
+    )
+    for (const [i, tag] of tags.entries()) {
+      const stored = (await client.xrange(`${prefix}across:{${tag}}`, '-', '+')) as Array<[string, string[]]>
+      assert.deepEqual(
+        stored.map(([id]) => id),
+        [first[i]!.id],
+      )
+    }
+  } finally {
+    client.disconnect()
+    await cluster.stop()
+  }
+})

@@ -44,9 +44,9 @@ export interface Notification {
 }
 
 /**
- * Appends notifications, each once per customer, event id and name: one script call per customer
- * (their keys share the customer's hash tag), all in flight together. Resolves with the stream ids,
- * in the order given.
+ * Appends notifications, each once per customer, event id and name, in one script call (one per
+ * customer on a Cluster, where customers' keys live on different nodes). Resolves with the stream
+ * ids, in the order given.
  */
 export async function notifyCustomers(
   redis: RedisClient,
@@ -55,37 +55,22 @@ export async function notifyCustomers(
   retention: number,
   dedupTtlMs: number,
 ): Promise<string[]> {
-  const byCustomer = new Map<number, number[]>()
-  notifications.forEach((n, index) => {
-    const list = byCustomer.get(n.customerId)
-    if (list) list.push(index)
-    else byCustomer.set(n.customerId, [index])
-  })
-  const ids: string[] = new Array(notifications.length)
-  await Promise.all(
-    [...byCustomer].map(async ([customerId, indexes]) => {
+  const results = await appendEachOnce(redis, {
+    markerTtlMs: dedupTtlMs,
+    maxLen: retention,
+    entries: notifications.map(({ customerId, event, data }) => {
       const keys = notificationKeys(prefix, customerId)
-      const results = await appendEachOnce(redis, {
+      const payload = JSON.stringify(data)
+      return {
         stream: keys.stream,
         channel: keys.channel,
-        markerTtlMs: dedupTtlMs,
-        maxLen: retention,
-        entries: indexes.map((index) => {
-          const { event, data } = notifications[index]!
-          const payload = JSON.stringify(data)
-          return {
-            marker: keys.marker(data.eventId, event),
-            fields: { event, data: payload },
-            message: { event, data: payload },
-          }
-        }),
-      })
-      results.forEach((result, i) => {
-        ids[indexes[i]!] = result.id
-      })
+        marker: keys.marker(data.eventId, event),
+        fields: { event, data: payload },
+        message: { event, data: payload },
+      }
     }),
-  )
-  return ids
+  })
+  return results.map((result) => result.id)
 }
 
 /** The two notifications of one transfer event; none for other event types. */
@@ -110,7 +95,7 @@ function notificationsOf(entry: StreamEntry): Notification[] {
 /**
  * The `notifier` consumer group on the transfer events: the sender gets `transfer.sent`, the
  * recipient `transfer.received`, each on their notification stream and their Pub/Sub channel.
- * A read's entries are handled together: one script call per customer involved, one XACK.
+ * A read's entries are handled together: one script call for all their notifications, one XACK.
  */
 export function createNotifier(options: NotifierOptions): StreamConsumer {
   const { redis, prefix, retention, dedupTtlMs } = options

@@ -1,27 +1,28 @@
--- Appends entries to one stream, each once per marker, and publishes each appended one:
--- redeliveries of the same source event (at-least-once upstream) land on the stream and the
--- channel exactly once. Several entries in one call: one round trip for a batch.
--- KEYS[1] the stream
--- KEYS[2..] one marker per entry (same hash tag as the stream); holds the entry's id while it lives
+-- Appends entries to streams, each once per marker, and publishes each appended one: redeliveries
+-- of the same source event (at-least-once upstream) land on the stream and the channel exactly
+-- once. Several entries, of one stream or of several, in one call: one round trip for a batch.
+-- KEYS per entry, in order: its stream, then its marker (same hash tag as the stream; holds the
+--   entry's id while it lives)
 -- ARGV[1] approximate stream cap (MAXLEN ~); 0: no cap
 -- ARGV[2] marker lifetime, ms
--- ARGV[3] Pub/Sub channel ('' publishes nothing)
--- then per entry, in KEYS order: its message (a JSON object, published with "id", the new entry's
--- id, put first), its number of field/value arguments n, and those n arguments
+-- then per entry, in KEYS order: its Pub/Sub channel ('' publishes nothing), its message (a JSON
+-- object, published with "id", the new entry's id, put first), its number of field/value arguments
+-- n, and those n arguments
 -- Reply: per entry {entry id, 1 appended now | 0 the marker existed (the id appended the first time)}
 local cap = tonumber(ARGV[1])
 local replies = {}
-local at = 4
-for k = 2, #KEYS do
-  local message = ARGV[at]
-  local n = tonumber(ARGV[at + 1])
-  local first = at + 2
+local at = 3
+for k = 1, #KEYS, 2 do
+  local channel = ARGV[at]
+  local message = ARGV[at + 1]
+  local n = tonumber(ARGV[at + 2])
+  local first = at + 3
   at = first + n
-  local existing = redis.call('GET', KEYS[k])
+  local existing = redis.call('GET', KEYS[k + 1])
   if existing then
     replies[#replies + 1] = {existing, 0}
   else
-    local xadd = {'XADD', KEYS[1]}
+    local xadd = {'XADD', KEYS[k]}
     if cap > 0 then
       xadd[#xadd + 1] = 'MAXLEN'
       xadd[#xadd + 1] = '~'
@@ -32,13 +33,13 @@ for k = 2, #KEYS do
       xadd[#xadd + 1] = ARGV[i]
     end
     local id = redis.call(unpack(xadd))
-    redis.call('SET', KEYS[k], id, 'PX', ARGV[2])
-    if ARGV[3] ~= '' then
+    redis.call('SET', KEYS[k + 1], id, 'PX', ARGV[2])
+    if channel ~= '' then
       local rest = string.sub(message, 2)
       if rest ~= '}' then
         rest = ',' .. rest
       end
-      redis.call('PUBLISH', ARGV[3], '{"id":"' .. id .. '"' .. rest)
+      redis.call('PUBLISH', channel, '{"id":"' .. id .. '"' .. rest)
     end
     replies[#replies + 1] = {id, 1}
   end

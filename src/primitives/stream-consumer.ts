@@ -323,48 +323,74 @@ export function createStreamConsumer(redis: RedisClient, options: StreamConsumer
 }
 
 export interface AppendOnceEntry {
-  /** Names the source event (e.g. `<prefix>seen:{tag}:<eventId>`); must share the stream's hash tag. */
+  /** Names the source event (e.g. `<prefix>seen:{tag}:<eventId>`); must share its stream's hash tag. */
   marker: string
   fields: Record<string, string>
-  /** The published JSON object (when `channel` is set), sent with `"id"` (the entry's id) put first. Default `{}`. */
+  /** The published JSON object (when there is a channel), sent with `"id"` (the entry's id) put first. Default `{}`. */
   message?: Record<string, unknown>
+  /** This entry's stream, when it is not the call's `stream`: one call appends to several streams. */
+  stream?: string
+  /** This entry's channel, when it is not the call's `channel`. */
+  channel?: string
 }
 
 export interface AppendEachOnceOptions {
-  stream: string
+  /** The stream of every entry that does not name its own. */
+  stream?: string
   /** How long each marker is remembered: longer than any redelivery of the source event. */
   markerTtlMs: number
-  /** Approximate cap of the stream (MAXLEN ~). Default none. */
+  /** Approximate cap of the streams (MAXLEN ~). Default none. */
   maxLen?: number
-  /** Published (PUBLISH) with each entry appended now. */
+  /** Published (PUBLISH) with each entry appended now, for entries that do not name their own. */
   channel?: string
   entries: readonly AppendOnceEntry[]
 }
 
-export type AppendOnceOptions = Omit<AppendEachOnceOptions, 'entries'> & AppendOnceEntry
+export type AppendOnceOptions = Omit<AppendEachOnceOptions, 'entries' | 'stream'> &
+  AppendOnceEntry & { stream: string }
 
 /**
- * Appends entries to one stream, each once per marker, in one script (one round trip): for each
- * entry the marker (SET PX) with its id, the XADD and the PUBLISH happen together or not at all. A
- * handler running again for the same source events gets the first ids back and `appended: false`.
+ * Appends entries, each once per marker, in one script call (one round trip): for each entry the
+ * marker (SET PX) with its id, the XADD and the PUBLISH happen together or not at all. A handler
+ * running again for the same source events gets the first ids back and `appended: false`. On a
+ * Cluster, entries of different streams may live on different nodes: one call per stream, all in
+ * flight together.
  */
 export async function appendEachOnce(
   redis: RedisClient,
   options: AppendEachOnceOptions,
 ): Promise<Array<{ id: string; appended: boolean }>> {
-  if (options.entries.length === 0) return []
-  const args: Array<string | number> = [options.maxLen ?? 0, options.markerTtlMs, options.channel ?? '']
-  for (const entry of options.entries) {
-    const fields = Object.entries(entry.fields).flat()
-    args.push(JSON.stringify(entry.message ?? {}), fields.length, ...fields)
-  }
-  const replies = await runScript<Array<[string, number]>>(
-    redis,
-    'streamAppendOnce',
-    [options.stream, ...options.entries.map((e) => e.marker)],
-    args,
+  const entries = options.entries.map((entry) => {
+    const stream = entry.stream ?? options.stream
+    if (!stream)
+      throw new TypeError('appendEachOnce: an entry has no stream (give options.stream or entry.stream)')
+    return { ...entry, stream, channel: entry.channel ?? options.channel ?? '' }
+  })
+  const groups = new Map<string, number[]>()
+  entries.forEach((entry, index) => {
+    const key = isCluster(redis) ? entry.stream : ''
+    const group = groups.get(key)
+    if (group) group.push(index)
+    else groups.set(key, [index])
+  })
+  const results: Array<{ id: string; appended: boolean }> = new Array(entries.length)
+  await Promise.all(
+    [...groups.values()].map(async (indexes) => {
+      const keys: string[] = []
+      const args: Array<string | number> = [options.maxLen ?? 0, options.markerTtlMs]
+      for (const index of indexes) {
+        const entry = entries[index]!
+        const fields = Object.entries(entry.fields).flat()
+        keys.push(entry.stream, entry.marker)
+        args.push(entry.channel, JSON.stringify(entry.message ?? {}), fields.length, ...fields)
+      }
+      const replies = await runScript<Array<[string, number]>>(redis, 'streamAppendOnce', keys, args)
+      replies.forEach(([id, appended], i) => {
+        results[indexes[i]!] = { id: String(id), appended: appended === 1 }
+      })
+    }),
   )
-  return replies.map(([id, appended]) => ({ id: String(id), appended: appended === 1 }))
+  return results
 }
 
 /** `appendEachOnce` for one entry. */
