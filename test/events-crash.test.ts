@@ -71,8 +71,8 @@ test('relay and notifier SIGKILLed mid-work: after restart, one notification per
     assert.equal(await relay.relayPending(), 40)
     assert.equal(await redis.xlen(stream), 70)
 
-    // The notifier reads the 70 entries in one batch (one script per customer) and dies right after its
-    // first script's reply: one customer notified of everything, the other maybe not, every entry pending.
+    // The notifier reads the 70 entries in one batch (one script call for all their notifications) and
+    // dies right after the script's reply: everything notified, nothing acknowledged, every entry pending.
     assert.equal(await runChild({ ...env, MODE: 'notifier', CRASH_AT: '1' }), 'SIGKILL')
     const [pending] = (await redis.xpending(stream, 'notifier')) as [number]
     assert.ok(Number(pending) > 0, 'the dead notifier left entries pending')

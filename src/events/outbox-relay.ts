@@ -32,13 +32,16 @@ export interface OutboxRelayOptions {
    * back a refill after Redis lost entries reaches.
    */
   retention: number
-  /** Rows claimed per transaction. Default 100. */
+  /** Rows claimed per transaction. Default 200: a wake-up's pass at 2,000 transfers/s. */
   batch?: number
   /** The poll period; `wake()` runs a pass sooner. */
   intervalMs: number
   /**
-   * How long a wake-up waits for more commits to join its pass. Default 50 ms: under load one pass
-   * (three statements) relays the commits of those milliseconds together instead of one each.
+   * How long a wake-up waits for more commits to join its pass. Default 100 ms: under load one pass
+   * (three statements and one Redis pipeline) relays the commits of those milliseconds together
+   * instead of one each. A pass costs about as much again as the rows it moves: relaying a backlog
+   * in passes of 50 rows took 26 µs of Node and 17 µs of Postgres CPU per row, in passes of 100
+   * 13-19 and 12, in passes of 200 15 and 9.
    */
   wakeDelayMs?: number
   onError?: (err: unknown) => void
@@ -100,9 +103,9 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
     redis,
     stream,
     retention,
-    batch = 100,
+    batch = 200,
     intervalMs,
-    wakeDelayMs = 50,
+    wakeDelayMs = 100,
     onError = () => {},
   } = options
   let timer: NodeJS.Timeout | null = null
