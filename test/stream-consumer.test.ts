@@ -298,7 +298,8 @@ test('appendEachOnce: entries of several streams in one script call, each once, 
   const messages: Array<[string, string]> = []
   await listener.subscribe(`${prefix}across-channel:{a}`, `${prefix}across-channel:{b}`)
   listener.on('message', (channel, message) => messages.push([channel, message]))
-  // Every command this client sends, by name.
+  await client.ping()
+  // Every command this client sends once connected, by name.
   const sent: string[] = []
   const send = client.sendCommand.bind(client)
   client.sendCommand = (command, stream) => {
