@@ -71,8 +71,8 @@ test('relay and notifier SIGKILLed mid-work: after restart, one notification per
     assert.equal(await relay.relayPending(), 40)
     assert.equal(await redis.xlen(stream), 70)
 
-    // The notifier reads the 70 entries in one batch (one script call for all their notifications) and
-    // dies right after the script's reply: everything notified, nothing acknowledged, every entry pending.
+    // The notifier reads the 70 entries in one batch (140 notifications: script calls of 100 and 40)
+    // and dies right after the first call's reply: some notified, the rest not, every entry pending.
     assert.equal(await runChild({ ...env, MODE: 'notifier', CRASH_AT: '1' }), 'SIGKILL')
     const [pending] = (await redis.xpending(stream, 'notifier')) as [number]
     assert.ok(Number(pending) > 0, 'the dead notifier left entries pending')

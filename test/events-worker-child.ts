@@ -2,7 +2,7 @@
 //   MODE=relay:    relays in batches of 10 and SIGKILLs itself in batch CRASH_AT, after its XADDs
 //                  reached Redis and before its COMMIT;
 //   MODE=notifier: consumes `notifier` and SIGKILLs itself right after its CRASH_AT-th notification
-//                  script replied (a batch's notifications written, its entries still pending).
+//                  script replied (a batch's notifications partly written, its entries still pending).
 // DATABASE_URL, REDIS_URL and PREFIX name the shared database, Redis and key prefix.
 import { Redis } from 'ioredis'
 import { createPgDatabase, type Database } from '../src/db/database.ts'

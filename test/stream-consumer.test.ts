@@ -360,6 +360,38 @@ test('appendEachOnce: entries of several streams in one script call, each once, 
   }
 })
 
+test('appendEachOnce: 250 entries go as three script calls of at most 100, appended in order', async () => {
+  const { appendEachOnce } = await import('../src/index.ts')
+  const client = new Redis(TEST_REDIS_URL)
+  await client.ping()
+  const calls: number[] = []
+  const send = client.sendCommand.bind(client)
+  client.sendCommand = (command, stream) => {
+    // EVALSHA <sha> <numkeys> ...: two keys per entry.
+    if (command.name === 'evalsha') calls.push(Number(command.args[1]) / 2)
+    return send(command, stream)
+  }
+  try {
+    const stream = `${prefix}chunked:{c}`
+    const entries = Array.from({ length: 250 }, (_, i) => ({
+      marker: `${prefix}chunked-seen:{c}:${i}`,
+      fields: { n: String(i) },
+    }))
+    // The last entry repeats the first's marker: a later call sees the first call's marker.
+    entries.push({ ...entries[0]!, fields: { n: 'again' } })
+    const results = await appendEachOnce(client, { stream, markerTtlMs: 60_000, entries })
+    assert.deepEqual(calls, [100, 100, 51])
+    assert.deepEqual(results.at(-1), { id: results[0]!.id, appended: false })
+    const stored = (await redis.xrange(stream, '-', '+')) as Array<[string, string[]]>
+    assert.deepEqual(
+      stored.map(([id, fields]) => [id, fields[1]]),
+      results.slice(0, 250).map((r, i) => [r.id, String(i)]),
+    )
+  } finally {
+    client.disconnect()
+  }
+})
+
 test('appendEachOnce on a Redis Cluster: entries of streams in different slots, one call per stream', async () => {
   const { appendEachOnce } = await import('../src/index.ts')
   const { startRedisCluster } = await import('../scripts/redis-cluster.ts')

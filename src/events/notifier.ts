@@ -44,9 +44,9 @@ export interface Notification {
 }
 
 /**
- * Appends notifications, each once per customer, event id and name, in one script call (one per
- * customer on a Cluster, where customers' keys live on different nodes). Resolves with the stream
- * ids, in the order given.
+ * Appends notifications, each once per customer, event id and name, in script calls of up to 100
+ * (one per customer on a Cluster, where customers' keys live on different nodes), sent together.
+ * Resolves with the stream ids, in the order given.
  */
 export async function notifyCustomers(
   redis: RedisClient,
@@ -95,7 +95,7 @@ function notificationsOf(entry: StreamEntry): Notification[] {
 /**
  * The `notifier` consumer group on the transfer events: the sender gets `transfer.sent`, the
  * recipient `transfer.received`, each on their notification stream and their Pub/Sub channel.
- * A read's entries are handled together: one script call for all their notifications, one XACK.
+ * A read's entries are handled together: script calls of up to 100 notifications, one XACK.
  */
 export function createNotifier(options: NotifierOptions): StreamConsumer {
   const { redis, prefix, retention, dedupTtlMs } = options
