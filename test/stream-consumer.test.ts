@@ -281,6 +281,18 @@ test('appendEachOnce: several entries in one call, each once per marker, publish
   }
 })
 
+/** Every command `client` sends from now on, once connected (its ready check is not one). */
+async function commandsSentBy(client: Redis): Promise<Array<{ name: string; args: unknown[] }>> {
+  await client.ping()
+  const commands: Array<{ name: string; args: unknown[] }> = []
+  const send = client.sendCommand.bind(client)
+  client.sendCommand = (command, stream) => {
+    commands.push(command)
+    return send(command, stream)
+  }
+  return commands
+}
+
 /** Customers' notifications in one call: entries name their own stream and channel. */
 const acrossStreams = (tags: string[], event: string) =>
   tags.map((tag) => ({
@@ -298,14 +310,7 @@ test('appendEachOnce: entries of several streams in one script call, each once, 
   const messages: Array<[string, string]> = []
   await listener.subscribe(`${prefix}across-channel:{a}`, `${prefix}across-channel:{b}`)
   listener.on('message', (channel, message) => messages.push([channel, message]))
-  await client.ping()
-  // Every command this client sends once connected, by name.
-  const sent: string[] = []
-  const send = client.sendCommand.bind(client)
-  client.sendCommand = (command, stream) => {
-    sent.push(command.name)
-    return send(command, stream)
-  }
+  const commands = await commandsSentBy(client)
   try {
     const first = await appendEachOnce(client, {
       markerTtlMs: 60_000,
@@ -319,7 +324,7 @@ test('appendEachOnce: entries of several streams in one script call, each once, 
     assert.equal(first[2]!.id, first[0]!.id)
     // One script call: EVALSHA, and EVAL only if the server did not know the script yet.
     assert.deepEqual(
-      sent.filter((name) => name !== 'eval'),
+      commands.map((c) => c.name).filter((name) => name !== 'eval'),
       ['evalsha'],
     )
     const again = await appendEachOnce(client, {
@@ -363,14 +368,7 @@ test('appendEachOnce: entries of several streams in one script call, each once, 
 test('appendEachOnce: 250 entries go as three script calls of at most 100, appended in order', async () => {
   const { appendEachOnce } = await import('../src/index.ts')
   const client = new Redis(TEST_REDIS_URL)
-  await client.ping()
-  const calls: number[] = []
-  const send = client.sendCommand.bind(client)
-  client.sendCommand = (command, stream) => {
-    // EVALSHA <sha> <numkeys> ...: two keys per entry.
-    if (command.name === 'evalsha') calls.push(Number(command.args[1]) / 2)
-    return send(command, stream)
-  }
+  const commands = await commandsSentBy(client)
   try {
     const stream = `${prefix}chunked:{c}`
     const entries = Array.from({ length: 250 }, (_, i) => ({
@@ -380,6 +378,8 @@ test('appendEachOnce: 250 entries go as three script calls of at most 100, appen
     // The last entry repeats the first's marker: a later call sees the first call's marker.
     entries.push({ ...entries[0]!, fields: { n: 'again' } })
     const results = await appendEachOnce(client, { stream, markerTtlMs: 60_000, entries })
+    // EVALSHA <sha> <numkeys> ...: two keys per entry.
+    const calls = commands.filter((c) => c.name === 'evalsha').map((c) => Number(c.args[1]) / 2)
     assert.deepEqual(calls, [100, 100, 51])
     assert.deepEqual(results.at(-1), { id: results[0]!.id, appended: false })
     const stored = (await redis.xrange(stream, '-', '+')) as Array<[string, string[]]>

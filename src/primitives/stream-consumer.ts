@@ -375,10 +375,11 @@ export async function appendEachOnce(
   })
   // Entries by call, in order: calls to one node run in the order sent, so a stream's entries keep
   // theirs and a marker repeated in a later call finds the earlier one's.
+  const perStream = isCluster(redis)
   const groups: number[][] = []
   const filling = new Map<string, number[]>()
   entries.forEach((entry, index) => {
-    const key = isCluster(redis) ? entry.stream : ''
+    const key = perStream ? entry.stream : ''
     let group = filling.get(key)
     if (!group || group.length === APPEND_ENTRIES_PER_CALL) {
       group = []
