@@ -2,8 +2,9 @@ import assert from 'node:assert/strict'
 import { randomUUID } from 'node:crypto'
 import { after, before, test } from 'node:test'
 import { Redis } from 'ioredis'
+import type { Queryable } from '../src/db/database.ts'
 import { startRedisServer } from '../src/embedded/redis-server.ts'
-import { CLAIM_SQL, createOutboxRelay } from '../src/events/outbox-relay.ts'
+import { CLAIM_PLAN_SETTING, CLAIM_SQL, createOutboxRelay } from '../src/events/outbox-relay.ts'
 import { executeTransfer } from '../src/ledger/ledger.ts'
 import {
   buildTestApp,
@@ -202,38 +203,62 @@ function planNodes(node: Record<string, unknown>): Array<Record<string, unknown>
   return [node, ...children.flatMap(planNodes)]
 }
 
+/**
+ * The scans of outbox_events in the generic plan of the relay's claim, planned as the relay plans
+ * it (CLAIM_PLAN_SETTING first, in the same transaction) after `setup`.
+ */
+async function claimPlanScans(database: TestDatabase, setup: (tx: Queryable) => Promise<void>) {
+  const plan = await database.db
+    .transaction(async (tx) => {
+      await setup(tx)
+      await tx.query(CLAIM_PLAN_SETTING)
+      await tx.query("SET LOCAL plan_cache_mode = 'force_generic_plan'")
+      await tx.query(`PREPARE relay_claim_plan(int) AS ${CLAIM_SQL}`)
+      const [row] = await tx.query<{ 'QUERY PLAN': Array<{ Plan: Record<string, unknown> }> }>(
+        'EXPLAIN (FORMAT JSON) EXECUTE relay_claim_plan(100)',
+      )
+      await tx.query('DEALLOCATE relay_claim_plan')
+      // Rolled back: the events go.
+      throw { plan: row!['QUERY PLAN'][0]!.Plan }
+    })
+    .catch((thrown: { plan?: Record<string, unknown> }) => {
+      if (!thrown.plan) throw thrown
+      return thrown.plan
+    })
+  return planNodes(plan)
+    .filter((node) => node['Relation Name'] === 'outbox_events' && String(node['Node Type']).endsWith('Scan'))
+    .map((node) => `${node['Node Type']}${node['Index Name'] ? ` using ${node['Index Name']}` : ''}`)
+}
+
+const insertEvents = async (tx: Queryable, count: number) => {
+  await tx.query(
+    `INSERT INTO outbox_events (id, type, transfer_id, from_customer_id, to_customer_id, from_account_id,
+       to_account_id, amount, currency, occurred_at)
+     SELECT g, 'transfer.completed', g, 1, 2, 1, 2, 1, 'VND', now() FROM generate_series(1, $1::integer) g`,
+    [count],
+  )
+}
+
 test("the relay's claim finds its rows by primary key: no scan of the backlog or of its dead rows", async () => {
   const database = await createTestDatabase()
   try {
-    // A backlog of 5,000 events, half of them deleted (relayed) and not yet vacuumed, and the
-    // generic plan the relay's prepared statement settles on.
-    const plan = await database.db
-      .transaction(async (tx) => {
-        await tx.query(
-          `INSERT INTO outbox_events (id, type, transfer_id, from_customer_id, to_customer_id, from_account_id,
-             to_account_id, amount, currency, occurred_at)
-           SELECT g, 'transfer.completed', g, 1, 2, 1, 2, 1, 'VND', now() FROM generate_series(1, 5000) g`,
-        )
-        await tx.query('ANALYZE outbox_events')
-        await tx.query('DELETE FROM outbox_events WHERE id <= 2500')
-        await tx.query("SET LOCAL plan_cache_mode = 'force_generic_plan'")
-        await tx.query(`PREPARE relay_claim_plan(int) AS ${CLAIM_SQL}`)
-        const [row] = await tx.query<{ 'QUERY PLAN': Array<{ Plan: Record<string, unknown> }> }>(
-          'EXPLAIN (FORMAT JSON) EXECUTE relay_claim_plan(100)',
-        )
-        throw { plan: row!['QUERY PLAN'][0]!.Plan }
-      })
-      .catch((thrown: { plan?: Record<string, unknown> }) => {
-        if (!thrown.plan) throw thrown
-        return thrown.plan
-      })
-    const scans = planNodes(plan)
-      .filter(
-        (node) => node['Relation Name'] === 'outbox_events' && String(node['Node Type']).endsWith('Scan'),
-      )
-      .map((node) => `${node['Node Type']}${node['Index Name'] ? ` using ${node['Index Name']}` : ''}`)
     // The subquery walks the primary key from the oldest id; the delete looks its ids up in it.
-    assert.deepEqual(scans, ['Index Scan using outbox_events_pkey', 'Index Scan using outbox_events_pkey'])
+    const byPrimaryKey = ['Index Scan using outbox_events_pkey', 'Index Scan using outbox_events_pkey']
+    // A backlog of 5,000 events, half of them deleted (relayed) and not yet vacuumed.
+    const backlog = await claimPlanScans(database, async (tx) => {
+      await insertEvents(tx, 5000)
+      await tx.query('ANALYZE outbox_events')
+      await tx.query('DELETE FROM outbox_events WHERE id <= 2500')
+    })
+    assert.deepEqual(backlog, byPrimaryKey)
+    // A drained outbox that (auto)vacuum has emptied and analyzed, as it finds a queue table, planned
+    // when the next events arrive. Without CLAIM_PLAN_SETTING both scans are sequential (and the
+    // subquery sorts), and the relay keeps that plan while the backlog and its dead rows grow.
+    await insertEvents(database.db, 5000)
+    await database.db.query('DELETE FROM outbox_events')
+    await database.db.query('VACUUM ANALYZE outbox_events')
+    const drained = await claimPlanScans(database, (tx) => insertEvents(tx, 50))
+    assert.deepEqual(drained, byPrimaryKey)
   } finally {
     await database.drop()
   }
