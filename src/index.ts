@@ -110,9 +110,11 @@ export {
 // A consumer-group runtime for Redis Streams (also the named exports of `fastify-redis-gateway/stream-consumer`).
 export {
   type AppendEachOnceOptions,
+  type AppendJsonEntriesOptions,
   type AppendOnceEntry,
   type AppendOnceOptions,
   appendEachOnce,
+  appendJsonEntries,
   appendOnce,
   createStreamConsumer,
   type StreamConsumer,

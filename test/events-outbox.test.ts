@@ -300,6 +300,37 @@ test('four relays in parallel on one backlog: every event on the stream exactly 
   }
 })
 
+test('a batch Redis refuses stays in the backlog; one accepted goes on the stream in id order', async () => {
+  const database = await createTestDatabase()
+  const redis = new Redis(TEST_REDIS_URL)
+  const stream = `${uniquePrefix('relay')}events:transfers`
+  try {
+    const a = await createCustomer(database.db, 'alice', [1_000_000])
+    const b = await createCustomer(database.db, 'bob', [1_000_000])
+    await makeTransfers(database.db, a, b, 30)
+    const relay = createOutboxRelay({ db: database.db, redis, stream, retention: 10_000, intervalMs: 1000 })
+    // A key of the wrong type: every XADD of the pass fails, so its transaction rolls back.
+    await redis.set(stream, 'not a stream')
+    await assert.rejects(relay.relayPending(), /WRONGTYPE/)
+    const backlog = async () =>
+      (
+        await database.db.query<{ id: string }>(
+          'SELECT id::text FROM outbox_events ORDER BY outbox_events.id',
+        )
+      ).map((r) => r.id)
+    const pending = await backlog()
+    assert.equal(pending.length, 30, 'the refused batch is still in the backlog')
+    await redis.del(stream)
+    assert.equal(await relay.relayPending(), 30)
+    assert.deepEqual(await streamEventIds(redis, stream), pending)
+    assert.deepEqual(await backlog(), [])
+  } finally {
+    await redis.del(stream, `${stream}:relay-epoch`)
+    redis.disconnect()
+    await database.drop()
+  }
+})
+
 /**
  * A relay on a redis-server of its own, over a new database where alice paid bob 20 times, all
  * relayed. `restartEmpty` restarts that Redis without its data, running `whileDown` in between.

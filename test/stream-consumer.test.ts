@@ -392,7 +392,7 @@ test('appendEachOnce: 250 entries go as three script calls of at most 100, appen
   }
 })
 
-test('appendEachOnce on a Redis Cluster: entries of streams in different slots, one call per stream', async () => {
+test('appendEachOnce on a Redis Cluster: entries of streams in different slots, one call per stream; appendJsonEntries too', async () => {
   const { appendEachOnce } = await import('../src/index.ts')
   const { startRedisCluster } = await import('../scripts/redis-cluster.ts')
   const { createRedisClient } = await import('../src/plugins/redis/index.ts')
@@ -419,8 +419,51 @@ test('appendEachOnce on a Redis Cluster: entries of streams in different slots, 
         [first[i]!.id],
       )
     }
+    // A JSON batch goes to its stream's node.
+    const { appendJsonEntries } = await import('../src/index.ts')
+    const jsonStream = `${prefix}json:{b}`
+    const ids = await appendJsonEntries(client, { stream: jsonStream, entries: '[["n","1"],["n","2"]]' })
+    const stored = (await client.xrange(jsonStream, '-', '+')) as Array<[string, string[]]>
+    assert.deepEqual(stored, [
+      [ids[0], ['n', '1']],
+      [ids[1], ['n', '2']],
+    ])
   } finally {
     client.disconnect()
     await cluster.stop()
   }
+})
+
+test('appendJsonEntries: a JSON batch goes on the stream in order, byte for byte, capped, in one script call', async () => {
+  const { appendJsonEntries } = await import('../src/index.ts')
+  const stream = `${prefix}json`
+  const entries = Array.from({ length: 150 }, (_, i) => [
+    'n',
+    String(i),
+    'data',
+    JSON.stringify({
+      i,
+      text: `quote " backslash \\ newline \n ${i % 2 ? 'đồng ₫' : ''}`,
+      pad: 'x'.repeat(100),
+    }),
+  ])
+  const before = Number(/cmdstat_evalsha:calls=(\d+)/.exec(await redis.info('commandstats'))?.[1] ?? 0)
+  const ids = await appendJsonEntries(redis, { stream, maxLen: 100, entries: JSON.stringify(entries) })
+  const after = Number(/cmdstat_evalsha:calls=(\d+)/.exec(await redis.info('commandstats'))?.[1] ?? 0)
+  assert.ok(after - before <= 2, `one script call (two with a NOSCRIPT retry), counted ${after - before}`)
+  assert.equal(ids.length, 150)
+  const stored = (await redis.xrange(stream, '-', '+')) as Array<[string, string[]]>
+  // MAXLEN ~ 100 trims whole nodes (about 20 of these entries each): at least 100 kept, the newest.
+  assert.ok(stored.length >= 100 && stored.length < 150, `kept ${stored.length}`)
+  const kept = entries.slice(150 - stored.length)
+  assert.deepEqual(
+    stored.map(([, fields]) => fields),
+    kept,
+  )
+  assert.deepEqual(
+    stored.map(([id]) => id),
+    ids.slice(150 - stored.length),
+  )
+  assert.deepEqual(await appendJsonEntries(redis, { stream, entries: '[]' }), [])
+  assert.equal(await redis.xlen(stream), stored.length, 'an empty batch appends nothing')
 })

@@ -408,6 +408,39 @@ export async function appendEachOnce(
   return results
 }
 
+export interface AppendJsonEntriesOptions {
+  stream: string
+  /** Approximate cap of the stream (MAXLEN ~). Default none. */
+  maxLen?: number
+  /**
+   * The entries as one JSON array, each entry an array of field/value strings
+   * (`[["eventId","7","data","{...}"], ...]`), for instance built by the database query that
+   * produced them. Every field and value must be a JSON string.
+   */
+  entries: string
+}
+
+/**
+ * Appends a batch of entries, given as one JSON array, to one stream in order, in one script call:
+ * the caller's process neither parses nor rebuilds an entry. Resolves with the new ids, in order.
+ * Nothing is deduplicated: a caller that may run twice for the same entries absorbs duplicates
+ * downstream (or uses `appendEachOnce`). A script that fails midway (a wrong key type, out of
+ * memory) leaves the entries before the failure appended.
+ */
+export async function appendJsonEntries(
+  redis: RedisClient,
+  options: AppendJsonEntriesOptions,
+): Promise<string[]> {
+  const ids = await runScript<string[] | null>(
+    redis,
+    'streamAppendJson',
+    [options.stream],
+    [options.maxLen ?? 0, options.entries],
+  )
+  // An empty Lua table comes back as an empty array (or nil from older servers).
+  return (ids ?? []).map(String)
+}
+
 /** `appendEachOnce` for one entry. */
 export async function appendOnce(
   redis: RedisClient,
