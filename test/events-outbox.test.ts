@@ -173,6 +173,38 @@ test('the relay puts each committed event on the stream once and deletes it from
   assert.equal((await t.db.query('SELECT id FROM outbox_events')).length, 0, 'nothing left behind')
 })
 
+test("a 201 from POST /transfers wakes this instance's relay: the event is relayed long before the next poll", async () => {
+  const database = await createTestDatabase()
+  // A poll period of an hour: after the start's pass, only a wake-up can relay the transfer's event.
+  const relaying = await buildTestApp(
+    { EVENT_WORKERS: 'relay', OUTBOX_RELAY_INTERVAL: '1h' },
+    { testDatabase: database, eventWorkers: 'on' },
+  )
+  try {
+    const a = await createCustomer(relaying.db, 'alice', [1000])
+    const b = await createCustomer(relaying.db, 'bob', [1000])
+    const response = await relaying.app.inject({
+      method: 'POST',
+      url: '/transfers',
+      headers: { cookie: await login(relaying.app, a), 'idempotency-key': randomUUID() },
+      payload: { fromAccountId: a.accountIds[0], toAccountId: b.accountIds[0], amount: 1, currency: 'VND' },
+    })
+    assert.equal(response.statusCode, 201)
+    const { transferId } = response.json() as { transferId: number }
+    const stream = relaying.app.events.stream
+    for (let waited = 0; waited < 15_000; waited += 50) {
+      if ((await streamEventIds(relaying.redis, stream)).includes(String(transferId))) break
+      await new Promise((resolve) => setTimeout(resolve, 50))
+    }
+    assert.deepEqual(await streamEventIds(relaying.redis, stream), [String(transferId)])
+    assert.deepEqual(await relaying.db.query('SELECT id FROM outbox_events'), [])
+  } finally {
+    await relaying.redis.del(relaying.app.events.stream, `${relaying.app.events.stream}:relay-epoch`)
+    await relaying.close()
+    await database.drop()
+  }
+})
+
 /** `n` transfers of 1 VND, with their events unless `outbox` is false (OUTBOX=off). */
 async function makeTransfers(
   db: TestDatabase['db'],

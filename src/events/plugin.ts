@@ -178,16 +178,19 @@ async function eventsPlugin(app: FastifyInstance, options: EventsPluginOptions):
   app.decorate('events', api)
 
   // A logout in this process ends the session's streams at once (others see it at their next heartbeat).
+  // These two hooks run on every request of the app: callback style, so they cost no promise.
   const loggingOut = new WeakMap<object, string>()
-  app.addHook('preHandler', async (request) => {
+  app.addHook('preHandler', (request, _reply, done) => {
     if (request.method === 'DELETE' && request.routeOptions.url === '/session' && request.session?.id)
       loggingOut.set(request, request.session.id)
+    done()
   })
-  app.addHook('onResponse', async (request, reply) => {
-    const route = request.routeOptions.url
-    if (route === '/transfers' && request.method === 'POST' && reply.statusCode === 201) relay.wake()
+  app.addHook('onResponse', (request, reply, done) => {
+    if (request.method === 'POST' && reply.statusCode === 201 && request.routeOptions.url === '/transfers')
+      relay.wake()
     const sessionId = loggingOut.get(request)
     if (sessionId && reply.statusCode < 300) hub.closeSession(sessionId)
+    done()
   })
   app.addHook('onReady', async () => {
     if (app.hasDecorator('metrics')) observeEvents(app.metrics.registry, app.db, redis, api)
