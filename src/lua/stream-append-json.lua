@@ -6,18 +6,15 @@
 -- ARGV[2] JSON array of entries, each an array of field/value strings
 -- Reply: the ids appended, in order
 local entries = cjson.decode(ARGV[2])
-local head = {'XADD', KEYS[1]}
-if tonumber(ARGV[1]) > 0 then
-  head = {'XADD', KEYS[1], 'MAXLEN', '~', ARGV[1]}
-end
-head[#head + 1] = '*'
 local ids = {}
-for i = 1, #entries do
-  local xadd = {unpack(head)}
-  local fields = entries[i]
-  for j = 1, #fields do
-    xadd[#xadd + 1] = fields[j]
+-- Each entry's fields go to XADD as they are (unpack), no table built per entry.
+if tonumber(ARGV[1]) > 0 then
+  for i = 1, #entries do
+    ids[i] = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', unpack(entries[i]))
   end
-  ids[i] = redis.call(unpack(xadd))
+else
+  for i = 1, #entries do
+    ids[i] = redis.call('XADD', KEYS[1], '*', unpack(entries[i]))
+  end
 end
 return ids
