@@ -22,17 +22,13 @@ for k = 1, #KEYS, 2 do
   if existing then
     replies[#replies + 1] = {existing, 0}
   else
-    local xadd = {'XADD', KEYS[k]}
+    -- The entry's fields go to XADD straight from ARGV (unpack of a range), no table built.
+    local id
     if cap > 0 then
-      xadd[#xadd + 1] = 'MAXLEN'
-      xadd[#xadd + 1] = '~'
-      xadd[#xadd + 1] = ARGV[1]
+      id = redis.call('XADD', KEYS[k], 'MAXLEN', '~', ARGV[1], '*', unpack(ARGV, first, at - 1))
+    else
+      id = redis.call('XADD', KEYS[k], '*', unpack(ARGV, first, at - 1))
     end
-    xadd[#xadd + 1] = '*'
-    for i = first, first + n - 1 do
-      xadd[#xadd + 1] = ARGV[i]
-    end
-    local id = redis.call(unpack(xadd))
     redis.call('SET', KEYS[k + 1], id, 'PX', ARGV[2])
     if channel ~= '' then
       local rest = string.sub(message, 2)
