@@ -100,25 +100,40 @@ test('a transfer writes exactly one outbox event, in its own transaction; a refu
   assert.equal(Number(after[0]!.n), Number(before[0]!.n) + 1)
 })
 
-test('OUTBOX=off: transfers write no event', async () => {
+/**
+ * Alice pays bob 1 VND on an app of its own (`env`, `eventWorkers`) over a new database, then
+ * `check` runs with the app and the transfer's id.
+ */
+async function withOneTransfer(
+  env: Record<string, string>,
+  eventWorkers: 'on' | undefined,
+  check: (app: TestApp, transferId: number) => Promise<void>,
+) {
   const database = await createTestDatabase()
-  const off = await buildTestApp({ OUTBOX: 'off' }, { testDatabase: database })
+  const own = await buildTestApp(env, { testDatabase: database, eventWorkers })
   try {
-    const a = await createCustomer(off.db, 'alice', [1000])
-    const b = await createCustomer(off.db, 'bob', [1000])
-    const response = await off.app.inject({
+    const a = await createCustomer(own.db, 'alice', [1000])
+    const b = await createCustomer(own.db, 'bob', [1000])
+    const response = await own.app.inject({
       method: 'POST',
       url: '/transfers',
-      headers: { cookie: await login(off.app, a), 'idempotency-key': randomUUID() },
+      headers: { cookie: await login(own.app, a), 'idempotency-key': randomUUID() },
       payload: { fromAccountId: a.accountIds[0], toAccountId: b.accountIds[0], amount: 1, currency: 'VND' },
     })
     assert.equal(response.statusCode, 201)
-    assert.deepEqual(await off.db.query('SELECT id FROM outbox_events'), [])
-    assert.deepEqual(await off.db.query('SELECT has_event FROM transfers'), [{ has_event: false }])
+    await check(own, (response.json() as { transferId: number }).transferId)
   } finally {
-    await off.close()
+    await own.redis.del(own.app.events.stream, `${own.app.events.stream}:relay-epoch`)
+    await own.close()
     await database.drop()
   }
+}
+
+test('OUTBOX=off: transfers write no event', async () => {
+  await withOneTransfer({ OUTBOX: 'off' }, undefined, async (off) => {
+    assert.deepEqual(await off.db.query('SELECT id FROM outbox_events'), [])
+    assert.deepEqual(await off.db.query('SELECT has_event FROM transfers'), [{ has_event: false }])
+  })
 })
 
 /** The event a transfer of `amount` VND from `from` to `to` puts on the stream. */
@@ -174,35 +189,20 @@ test('the relay puts each committed event on the stream once and deletes it from
 })
 
 test("a 201 from POST /transfers wakes this instance's relay: the event is relayed long before the next poll", async () => {
-  const database = await createTestDatabase()
   // A poll period of an hour: after the start's pass, only a wake-up can relay the transfer's event.
-  const relaying = await buildTestApp(
+  await withOneTransfer(
     { EVENT_WORKERS: 'relay', OUTBOX_RELAY_INTERVAL: '1h' },
-    { testDatabase: database, eventWorkers: 'on' },
+    'on',
+    async (relaying, transferId) => {
+      const stream = relaying.app.events.stream
+      for (let waited = 0; waited < 15_000; waited += 50) {
+        if ((await streamEventIds(relaying.redis, stream)).includes(String(transferId))) break
+        await new Promise((resolve) => setTimeout(resolve, 50))
+      }
+      assert.deepEqual(await streamEventIds(relaying.redis, stream), [String(transferId)])
+      assert.deepEqual(await relaying.db.query('SELECT id FROM outbox_events'), [])
+    },
   )
-  try {
-    const a = await createCustomer(relaying.db, 'alice', [1000])
-    const b = await createCustomer(relaying.db, 'bob', [1000])
-    const response = await relaying.app.inject({
-      method: 'POST',
-      url: '/transfers',
-      headers: { cookie: await login(relaying.app, a), 'idempotency-key': randomUUID() },
-      payload: { fromAccountId: a.accountIds[0], toAccountId: b.accountIds[0], amount: 1, currency: 'VND' },
-    })
-    assert.equal(response.statusCode, 201)
-    const { transferId } = response.json() as { transferId: number }
-    const stream = relaying.app.events.stream
-    for (let waited = 0; waited < 15_000; waited += 50) {
-      if ((await streamEventIds(relaying.redis, stream)).includes(String(transferId))) break
-      await new Promise((resolve) => setTimeout(resolve, 50))
-    }
-    assert.deepEqual(await streamEventIds(relaying.redis, stream), [String(transferId)])
-    assert.deepEqual(await relaying.db.query('SELECT id FROM outbox_events'), [])
-  } finally {
-    await relaying.redis.del(relaying.app.events.stream, `${relaying.app.events.stream}:relay-epoch`)
-    await relaying.close()
-    await database.drop()
-  }
 })
 
 /** `n` transfers of 1 VND, with their events unless `outbox` is false (OUTBOX=off). */
@@ -303,16 +303,30 @@ test("the relay's claim finds its rows by primary key: no scan of the backlog or
   }
 })
 
-test('four relays in parallel on one backlog: every event on the stream exactly once', async () => {
+/** A new database where alice paid bob `n` times (n events in the backlog), a Redis client and a stream name of their own. */
+async function withBacklog(
+  n: number,
+  check: (backlog: { db: TestDatabase['db']; redis: Redis; stream: string }) => Promise<void>,
+) {
   const database = await createTestDatabase()
   const redis = new Redis(TEST_REDIS_URL)
   const stream = `${uniquePrefix('relay')}events:transfers`
   try {
     const a = await createCustomer(database.db, 'alice', [1_000_000])
     const b = await createCustomer(database.db, 'bob', [1_000_000])
-    await makeTransfers(database.db, a, b, 200)
+    await makeTransfers(database.db, a, b, n)
+    await check({ db: database.db, redis, stream })
+  } finally {
+    await redis.del(stream, `${stream}:relay-epoch`)
+    redis.disconnect()
+    await database.drop()
+  }
+}
+
+test('four relays in parallel on one backlog: every event on the stream exactly once', async () => {
+  await withBacklog(200, async ({ db, redis, stream }) => {
     const relays = Array.from({ length: 4 }, () =>
-      createOutboxRelay({ db: database.db, redis, stream, retention: 10_000, batch: 7, intervalMs: 1000 }),
+      createOutboxRelay({ db, redis, stream, retention: 10_000, batch: 7, intervalMs: 1000 }),
     )
     const moved = await Promise.all(relays.map((r) => r.relayPending()))
     assert.equal(
@@ -323,44 +337,28 @@ test('four relays in parallel on one backlog: every event on the stream exactly 
     const ids = await streamEventIds(redis, stream)
     assert.equal(ids.length, 200)
     assert.equal(new Set(ids).size, 200)
-    const [left] = await database.db.query<{ n: string }>('SELECT count(*)::text AS n FROM outbox_events')
+    const [left] = await db.query<{ n: string }>('SELECT count(*)::text AS n FROM outbox_events')
     assert.equal(left!.n, '0')
-  } finally {
-    await redis.del(stream, `${stream}:relay-epoch`)
-    redis.disconnect()
-    await database.drop()
-  }
+  })
 })
 
 test('a batch Redis refuses stays in the backlog; one accepted goes on the stream in id order', async () => {
-  const database = await createTestDatabase()
-  const redis = new Redis(TEST_REDIS_URL)
-  const stream = `${uniquePrefix('relay')}events:transfers`
-  try {
-    const a = await createCustomer(database.db, 'alice', [1_000_000])
-    const b = await createCustomer(database.db, 'bob', [1_000_000])
-    await makeTransfers(database.db, a, b, 30)
-    const relay = createOutboxRelay({ db: database.db, redis, stream, retention: 10_000, intervalMs: 1000 })
+  await withBacklog(30, async ({ db, redis, stream }) => {
+    const relay = createOutboxRelay({ db, redis, stream, retention: 10_000, intervalMs: 1000 })
     // A key of the wrong type: every XADD of the pass fails, so its transaction rolls back.
     await redis.set(stream, 'not a stream')
     await assert.rejects(relay.relayPending(), /WRONGTYPE/)
     const backlog = async () =>
-      (
-        await database.db.query<{ id: string }>(
-          'SELECT id::text FROM outbox_events ORDER BY outbox_events.id',
-        )
-      ).map((r) => r.id)
+      (await db.query<{ id: string }>('SELECT id::text FROM outbox_events ORDER BY outbox_events.id')).map(
+        (r) => r.id,
+      )
     const pending = await backlog()
     assert.equal(pending.length, 30, 'the refused batch is still in the backlog')
     await redis.del(stream)
     assert.equal(await relay.relayPending(), 30)
     assert.deepEqual(await streamEventIds(redis, stream), pending)
     assert.deepEqual(await backlog(), [])
-  } finally {
-    await redis.del(stream, `${stream}:relay-epoch`)
-    redis.disconnect()
-    await database.drop()
-  }
+  })
 })
 
 /**
