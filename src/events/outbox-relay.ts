@@ -72,18 +72,19 @@ const EVENT_JSON = `format('{"eventId":"%s","type":%s,"transferId":%s,"fromCusto
 
 /**
  * Claims up to $1 of the oldest unrelayed events by deleting them, and returns them as one row: how
- * many, and their stream entries (eventId, type and data fields) in id order as one JSON array, which
- * the relay hands to Redis as it is (`appendJsonEntries`). The claimed ids go in as an array (`= ANY`), so the
- * delete finds them by primary key: as `id IN (subquery)` the planner hashed the ids and scanned the
- * whole table for them, the dead rows of earlier passes included, which cost Postgres more than the
- * rows it moved.
+ * many, and their stream entries (eventId, type and data fields) in id order as one JSON array,
+ * which the relay hands to Redis as it is (`appendJsonEntries`). The claimed ids go in as an array
+ * (`= ANY`), so the delete finds them by primary key: as `id IN (subquery)` the planner hashed the
+ * ids and scanned the whole table for them, the dead rows of earlier passes included, which cost
+ * Postgres more than the rows it moved.
  */
 export const CLAIM_SQL = `WITH claimed AS (
     DELETE FROM outbox_events
     WHERE id = ANY (ARRAY(SELECT id FROM outbox_events ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED))
       AND set_config('synchronous_commit', 'off', true) = 'off'
     RETURNING id, type, ${EVENT_JSON} AS data)
-  SELECT count(*)::int AS n, json_agg(json_build_array('eventId', id::text, 'type', type, 'data', data) ORDER BY id)::text AS events
+  SELECT count(*)::int AS n,
+    json_agg(json_build_array('eventId', id::text, 'type', type, 'data', data) ORDER BY id)::text AS events
   FROM claimed`
 
 /**
