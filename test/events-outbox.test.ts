@@ -458,6 +458,86 @@ test('Redis restarted empty and newer events appended before a loss check: the o
   }
 })
 
+test('a loss check reads the transfers since the previous check, never more than the retention, where most wrote no event', async () => {
+  const database = await createTestDatabase()
+  const redis = new Redis(TEST_REDIS_URL)
+  const stream = `${uniquePrefix('search')}events:transfers`
+  // The relay's statements pass through; its loss check's searches are kept to be measured.
+  const searches: Array<{ sql: string; params: unknown[] }> = []
+  const db = new Proxy(database.db, {
+    get(target, key) {
+      if (key === 'query')
+        return (sql: string, params: unknown[] = [], options?: object) => {
+          if (sql.includes('t.has_event AND NOT EXISTS')) searches.push({ sql, params })
+          return target.query(sql, params, options)
+        }
+      const value = Reflect.get(target, key)
+      return typeof value === 'function' ? value.bind(target) : value
+    },
+  })
+  const relay = createOutboxRelay({ db, redis, stream, retention: 1000, intervalMs: 1000 })
+  /** Transfers the newest search read: those its scan returned and those its filter dropped. */
+  const rowsReadByLastSearch = async () => {
+    const { sql, params } = searches.at(-1)!
+    const [row] = await database.db.query<{ 'QUERY PLAN': unknown }>(
+      `EXPLAIN (ANALYZE, FORMAT JSON) ${sql}`,
+      params,
+    )
+    type PlanNode = {
+      'Relation Name'?: string
+      'Actual Rows'?: number
+      'Rows Removed by Filter'?: number
+      Plans?: PlanNode[]
+    }
+    const read = (node: PlanNode): number =>
+      (node['Relation Name'] === 'transfers'
+        ? (node['Actual Rows'] ?? 0) + (node['Rows Removed by Filter'] ?? 0)
+        : 0) + (node.Plans ?? []).reduce((sum, child) => sum + read(child), 0)
+    return read((row!['QUERY PLAN'] as Array<{ Plan: PlanNode }>)[0]!.Plan)
+  }
+  /** n transfers without an event, as instances with OUTBOX=off write them. */
+  const withoutEvents = (n: number) =>
+    database.db.query(
+      `INSERT INTO transfers (customer_id, from_account_id, to_account_id, amount, currency, has_event)
+       SELECT $1, $2, $3, 1, 'VND', false FROM generate_series(1, $4::integer)`,
+      [a.customerId, a.accountIds[0], b.accountIds[0], n],
+    )
+  let a: TestCustomer
+  let b: TestCustomer
+  try {
+    a = await createCustomer(database.db, 'alice', [1_000_000])
+    b = await createCustomer(database.db, 'bob', [1_000_000])
+    await makeTransfers(database.db, a, b, 5)
+    assert.equal(await relay.relayPending(), 5, 'relayed after a check that found them all in the backlog')
+    assert.equal(await relay.relayPending(), 0)
+
+    await withoutEvents(20_000)
+    assert.equal(await relay.relayPending(), 0)
+    assert.equal(await rowsReadByLastSearch(), 1000, 'the newest 1,000 (the retention), not 20,000')
+    await withoutEvents(50)
+    assert.equal(await relay.relayPending(), 0)
+    assert.equal(await rowsReadByLastSearch(), 50, 'only those since the previous check')
+    assert.equal(await relay.relayPending(), 0)
+    assert.equal(await rowsReadByLastSearch(), 0)
+
+    // The check still finds what Redis lost: the events within the retention of the newest.
+    await makeTransfers(database.db, a, b, 3)
+    await withoutEvents(10)
+    assert.equal(await relay.relayPending(), 3)
+    await redis.del(stream)
+    assert.equal(await relay.relayPending(), 3, 'the three newer events go back to the stream')
+    assert.equal(await rowsReadByLastSearch(), 11, 'from the newest back to the newest relayed event')
+    const events = await database.db.query<{ id: string }>(
+      'SELECT id::text FROM transfers WHERE has_event ORDER BY transfers.id DESC LIMIT 3',
+    )
+    assert.deepEqual(await streamEventIds(redis, stream), events.map((e) => e.id).reverse())
+  } finally {
+    await redis.del(stream, `${stream}:relay-epoch`)
+    redis.disconnect()
+    await database.drop()
+  }
+})
+
 test('a refill reaches back at most the stream retention, and only to transfers that wrote an event', async () => {
   const database = await createTestDatabase()
   const redis = new Redis(TEST_REDIS_URL)

@@ -127,6 +127,8 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
   let running: Promise<unknown> | null = null
   let again = false
   let stopped = true
+  /** The loss check's search reads transfers above this id only (see refillAfterLoss). */
+  let searchAbove = 0
 
   /**
    * Claims a batch by deleting it (outbox_events holds only the backlog); the delete only counts if
@@ -150,6 +152,9 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
    * from the transfers table (at most `retention` transfers back). "Relayed" is the newest transfer
    * with an event that is no longer in the backlog (an event's id is its transfer's); Postgres is
    * read before the stream, so events relayed in between are not taken for lost ones.
+   * Its search reads only transfers above `searchAbove`, never more than `retention` back: walking
+   * back from the newest transfer to the newest relayed one over every transfer without an event
+   * (OUTBOX=off instances, or all of them) read the whole table on every timed pass.
    * - Redis restarted without its data: the key `<stream>:relay-epoch`, set after each such check,
    *   is gone. Relays may already have appended newer events to the empty stream, so what is missing
    *   is everything relayed before the stream's oldest entry.
@@ -160,13 +165,29 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
     // While Redis is unreachable there is nothing to compare with, and the query below walks back
     // over the growing backlog: skip it.
     if (redis.status !== 'ready') return
+    const [bounds] = await db.query<{ newest: string; backlog_from: string | null }>(
+      `SELECT coalesce(max(id), 0)::text AS newest, (SELECT min(id) FROM outbox_events)::text AS backlog_from
+       FROM transfers`,
+    )
+    const newest = Number(bounds!.newest)
+    // The bound goes in as a value, so the plan is a backward walk of the primary key down to it.
     const [row] = await db.query<{ id: string }>(
       `SELECT t.id::text AS id FROM transfers t
-       WHERE t.has_event AND NOT EXISTS (SELECT 1 FROM outbox_events o WHERE o.id = t.id)
+       WHERE t.id > $1::bigint AND t.has_event AND NOT EXISTS (SELECT 1 FROM outbox_events o WHERE o.id = t.id)
        ORDER BY t.id DESC LIMIT 1`,
+      [Math.max(searchAbove, newest - retention)],
     )
-    if (!row) return
+    if (!row) {
+      // No relayed event above the bound. One relayed later is newer than `newest` or waits in the
+      // backlog now: the next search starts below both. (A transfer below `newest` still
+      // committing now is found only once a newer event is relayed.)
+      searchAbove = bounds!.backlog_from ? Math.min(newest, Number(bounds!.backlog_from) - 1) : newest
+      return
+    }
     const relayed = Number(row.id)
+    // The newest relayed event only moves up, unless a refill puts it back in the backlog (then
+    // the search finds nothing above it until it is relayed again, and starts from the backlog).
+    searchAbove = relayed - 1
     const epochKey = `${stream}:relay-epoch`
     let lostAfter: number
     let lostUpTo = relayed
