@@ -328,6 +328,11 @@ test('four relays in parallel on one backlog: every event on the stream exactly 
     const relays = Array.from({ length: 4 }, () =>
       createOutboxRelay({ db, redis, stream, retention: 10_000, batch: 7, intervalMs: 1000 }),
     )
+    // Four pool connections open and warm first: a relay that waited for a new connection while
+    // another relayed the whole backlog made a run with no parallelism to test.
+    await Promise.all(
+      relays.map(() => db.query('SELECT count(*) FROM outbox_events, transfers, pg_sleep(0.05)')),
+    )
     const moved = await Promise.all(relays.map((r) => r.relayPending()))
     assert.equal(
       moved.reduce((x, y) => x + y),
@@ -339,6 +344,33 @@ test('four relays in parallel on one backlog: every event on the stream exactly 
     assert.equal(new Set(ids).size, 200)
     const [left] = await db.query<{ n: string }>('SELECT count(*)::text AS n FROM outbox_events')
     assert.equal(left!.n, '0')
+  })
+})
+
+test('a loss check while another relay appends older events after newer committed ones refills nothing', async () => {
+  await withBacklog(14, async ({ db, redis, stream }) => {
+    const ids = (
+      await db.query<{ id: string }>('SELECT id::text FROM outbox_events ORDER BY outbox_events.id')
+    ).map((r) => r.id)
+    const append = async (eventIds: string[]) => {
+      for (const id of eventIds)
+        await redis.xadd(stream, '*', 'eventId', id, 'type', 'transfer.completed', 'data', '{}')
+    }
+    // Relays A and C claimed the older and the newer seven. C appended its seven and committed;
+    // A appended its seven after C's and has not committed (it dies here: its rows stay).
+    await redis.set(`${stream}:relay-epoch`, '1')
+    await append(ids.slice(7))
+    await db.query('DELETE FROM outbox_events WHERE id = ANY ($1::bigint[])', [ids.slice(7)])
+    await append(ids.slice(0, 7))
+    // The stream's newest seven are older than the newest relayed event: not a loss.
+    const relay = createOutboxRelay({ db, redis, stream, retention: 10_000, batch: 7, intervalMs: 1000 })
+    assert.equal(await relay.relayPending(), 7, 'A\u2019s rows, relayed again (the one way to a duplicate)')
+    const onStream = await streamEventIds(redis, stream)
+    assert.deepEqual(
+      ids.map((id) => onStream.filter((x) => x === id).length),
+      [2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1],
+      'C\u2019s committed events are not refilled',
+    )
   })
 })
 

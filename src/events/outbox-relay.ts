@@ -159,7 +159,7 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
    *   is gone. Relays may already have appended newer events to the empty stream, so what is missing
    *   is everything relayed before the stream's oldest entry.
    * - Redis lost only its newest writes (failover to a replica that had not got them): the stream's
-   *   newest event ids are behind the newest relayed one.
+   *   newest event ids are behind the newest relayed one (`newestEventOnTail`).
    */
   async function refillAfterLoss(): Promise<void> {
     // While Redis is unreachable there is nothing to compare with, and the query below walks back
@@ -198,10 +198,7 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
       lostAfter = 0
       if (oldest !== null) lostUpTo = Math.min(relayed, oldest - 1)
     } else {
-      const tail = (await redis.xrevrange(stream, '+', '-', 'COUNT', Math.min(batch, 100))) as Array<
-        [string, string[]]
-      >
-      lostAfter = Math.max(0, ...tail.map((entry) => eventIdOf(entry) ?? 0))
+      lostAfter = await newestEventOnTail(relayed)
       if (lostAfter >= relayed) return
     }
     await db.query(
@@ -216,6 +213,26 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
     // Set only once the refill is in the backlog: a relay that dies before this leaves the next
     // check to find the key missing and refill again (duplicates, which consumers absorb).
     if (restarted) await redis.set(epochKey, String(Date.now()))
+  }
+
+  /**
+   * The newest event id among the stream's latest entries: read back from the end in pages of 100
+   * until one is at least `relayed`, at most 10 batches deep. Relays append in parallel, so the
+   * entries after the newest relayed event's may all be older events (a relay that claimed them
+   * before and appended after): looking at the last batch only took that for a loss and relayed
+   * the newer events again.
+   */
+  async function newestEventOnTail(relayed: number): Promise<number> {
+    let newestSeen = 0
+    let before = '+'
+    for (let read = 0; read < 10 * batch; ) {
+      const page = (await redis.xrevrange(stream, before, '-', 'COUNT', 100)) as Array<[string, string[]]>
+      for (const entry of page) newestSeen = Math.max(newestSeen, eventIdOf(entry) ?? 0)
+      if (newestSeen >= relayed || page.length < 100) break
+      read += page.length
+      before = `(${page.at(-1)![0]}`
+    }
+    return newestSeen
   }
 
   /** `checkLoss`: on the timer's passes and direct calls; a commit's wake-up only relays. */
