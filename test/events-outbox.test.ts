@@ -490,6 +490,35 @@ test('Redis restarted empty and newer events appended before a loss check: the o
   }
 })
 
+test('Redis restarted empty, then an older batch appended first: the newer events relayed before the restart are refilled', async () => {
+  const t = await relayedOnOwnRedis()
+  try {
+    await t.transfer(14)
+    const backlog = await t.db.query<{ id: string }>(
+      'SELECT id::text FROM outbox_events ORDER BY outbox_events.id',
+    )
+    const [older, newer] = [backlog.slice(0, 7).map((r) => r.id), backlog.slice(7).map((r) => r.id)]
+    // Relay C appended and committed the newer seven; relay A had claimed the older seven and its
+    // pass failed with the restart (rolled back: they stay in the backlog).
+    await t.db.query('DELETE FROM outbox_events WHERE id = ANY ($1::bigint[])', [newer])
+    await t.restartEmpty()
+    // A's next pass, a commit's wake-up (no loss check), appends the older seven first.
+    await t.db.query('DELETE FROM outbox_events WHERE id = ANY ($1::bigint[])', [older])
+    for (const id of older)
+      await t.redis.xadd(t.stream, '*', 'eventId', id, 'type', 'transfer.completed', 'data', '{}')
+
+    assert.equal(await t.relay.relayPending(), 27, 'the twenty earlier events and C\u2019s seven')
+    const ids = (await streamEventIds(t.redis, t.stream)).map(Number)
+    assert.deepEqual(
+      [...ids].sort((x, y) => x - y),
+      await t.eventTransfers(),
+      'every event once',
+    )
+  } finally {
+    await t.close()
+  }
+})
+
 test('a loss check reads the transfers since the previous check, never more than the retention, where most wrote no event', async () => {
   const database = await createTestDatabase()
   const redis = new Redis(TEST_REDIS_URL)

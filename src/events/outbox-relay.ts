@@ -156,8 +156,10 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
    * back from the newest transfer to the newest relayed one over every transfer without an event
    * (OUTBOX=off instances, or all of them) read the whole table on every timed pass.
    * - Redis restarted without its data: the key `<stream>:relay-epoch`, set after each such check,
-   *   is gone. Relays may already have appended newer events to the empty stream, so what is missing
-   *   is everything relayed before the stream's oldest entry.
+   *   is gone. Every relayed event is lost but those relays appended to the empty stream since
+   *   (read up to 10 batches from its start; any beyond are relayed twice). Not "everything before
+   *   the stream's oldest entry": a relay whose pass the restart failed appends its older events
+   *   after another relay's newer ones were committed, and those would be missed.
    * - Redis lost only its newest writes (failover to a replica that had not got them): the stream's
    *   newest event ids are behind the newest relayed one (`newestEventOnTail`).
    */
@@ -189,14 +191,13 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
     // the search finds nothing above it until it is relayed again, and starts from the backlog).
     searchAbove = relayed - 1
     const epochKey = `${stream}:relay-epoch`
-    let lostAfter: number
-    let lostUpTo = relayed
+    let lostAfter = 0
+    /** Events appended since the restart: not lost. */
+    let onStream: number[] = []
     const restarted = (await redis.exists(epochKey)) === 0
     if (restarted) {
-      const head = (await redis.xrange(stream, '-', '+', 'COUNT', 1)) as Array<[string, string[]]>
-      const oldest = eventIdOf(head[0])
-      lostAfter = 0
-      if (oldest !== null) lostUpTo = Math.min(relayed, oldest - 1)
+      const head = (await redis.xrange(stream, '-', '+', 'COUNT', 10 * batch)) as Array<[string, string[]]>
+      onStream = head.map(eventIdOf).filter((id) => id !== null)
     } else {
       lostAfter = await newestEventOnTail(relayed)
       if (lostAfter >= relayed) return
@@ -207,8 +208,9 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
               t.to_account_id, t.amount, t.currency, t.created_at
        FROM transfers t JOIN accounts a ON a.id = t.to_account_id
        WHERE t.has_event AND t.id > GREATEST($1::bigint, $2::bigint) AND t.id <= $3::bigint
+         AND t.id <> ALL ($4::bigint[])
        ON CONFLICT (id) DO NOTHING`,
-      [lostAfter, relayed - retention, lostUpTo],
+      [lostAfter, relayed - retention, relayed, onStream],
     )
     // Set only once the refill is in the backlog: a relay that dies before this leaves the next
     // check to find the key missing and refill again (duplicates, which consumers absorb).
