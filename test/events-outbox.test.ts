@@ -161,6 +161,18 @@ const streamEventIds = async (redis: Redis | TestApp['redis'], stream: string) =
     ([, f]) => f[f.indexOf('eventId') + 1]!,
   )
 
+/** Every transfer that wrote an event, by id. */
+const eventTransferIds = async (db: TestDatabase['db']) =>
+  (
+    await db.query<{ id: string }>('SELECT id::text FROM transfers WHERE has_event ORDER BY transfers.id')
+  ).map((r) => Number(r.id))
+
+/** Appends entries for these event ids, one at a time, as another relay's pass does. */
+const appendEvents = async (redis: Redis, stream: string, eventIds: string[]) => {
+  for (const id of eventIds)
+    await redis.xadd(stream, '*', 'eventId', id, 'type', 'transfer.completed', 'data', '{}')
+}
+
 test('the relay puts each committed event on the stream once and deletes it from the backlog', async () => {
   const response = await transfer(5)
   const { transferId } = response.json() as { transferId: number }
@@ -352,16 +364,12 @@ test('a loss check while another relay appends older events after newer committe
     const ids = (
       await db.query<{ id: string }>('SELECT id::text FROM outbox_events ORDER BY outbox_events.id')
     ).map((r) => r.id)
-    const append = async (eventIds: string[]) => {
-      for (const id of eventIds)
-        await redis.xadd(stream, '*', 'eventId', id, 'type', 'transfer.completed', 'data', '{}')
-    }
     // Relays A and C claimed the older and the newer seven. C appended its seven and committed;
     // A appended its seven after C's and has not committed (it dies here: its rows stay).
     await redis.set(`${stream}:relay-epoch`, '1')
-    await append(ids.slice(7))
+    await appendEvents(redis, stream, ids.slice(7))
     await db.query('DELETE FROM outbox_events WHERE id = ANY ($1::bigint[])', [ids.slice(7)])
-    await append(ids.slice(0, 7))
+    await appendEvents(redis, stream, ids.slice(0, 7))
     // The stream's newest seven are older than the newest relayed event: not a loss.
     const relay = createOutboxRelay({ db, redis, stream, retention: 10_000, batch: 7, intervalMs: 1000 })
     assert.equal(await relay.relayPending(), 7, 'A\u2019s rows, relayed again (the one way to a duplicate)')
@@ -409,6 +417,7 @@ async function relayedOnOwnRedis() {
     await server.stop()
     await database.drop()
   }
+  const eventTransfers = () => eventTransferIds(database.db)
   try {
     const a = await createCustomer(database.db, 'alice', [1_000_000])
     const b = await createCustomer(database.db, 'bob', [1_000_000])
@@ -428,12 +437,14 @@ async function relayedOnOwnRedis() {
           redis.status === 'ready' ? resolve() : redis.once('ready', resolve),
         )
       },
-      /** Every transfer that wrote an event, by id. */
-      async eventTransfers() {
-        const rows = await database.db.query<{ id: string }>(
-          'SELECT id::text FROM transfers WHERE has_event ORDER BY transfers.id',
+      /** The stream holds every event once. */
+      async assertEveryEventOnce() {
+        const ids = (await streamEventIds(redis, stream)).map(Number)
+        assert.deepEqual(
+          ids.sort((x, y) => x - y),
+          await eventTransfers(),
+          'every event once',
         )
-        return rows.map((r) => Number(r.id))
       },
       close,
     }
@@ -453,12 +464,7 @@ test('Redis restarted without its data: the relay refills the stream from the tr
     })
     assert.equal(await t.redis.exists(t.stream), 0, 'the restarted Redis has no stream')
     await t.relay.relayPending()
-    const ids = (await streamEventIds(t.redis, t.stream)).map(Number)
-    assert.deepEqual(
-      [...new Set(ids)].sort((x, y) => x - y),
-      await t.eventTransfers(),
-    )
-    assert.equal(ids.length, 25)
+    await t.assertEveryEventOnce()
   } finally {
     await t.close()
   }
@@ -474,16 +480,14 @@ test('Redis restarted empty and newer events appended before a loss check: the o
     await t.transfer(5)
     const newer = await t.db.query<{ id: string }>('DELETE FROM outbox_events RETURNING id::text AS id')
     assert.equal(newer.length, 5)
-    for (const { id } of newer)
-      await t.redis.xadd(t.stream, '*', 'eventId', id, 'type', 'transfer.completed', 'data', '{}')
+    await appendEvents(
+      t.redis,
+      t.stream,
+      newer.map((r) => r.id),
+    )
 
     assert.equal(await t.relay.relayPending(), 20, 'the twenty lost with the restart go back to the stream')
-    const ids = (await streamEventIds(t.redis, t.stream)).map(Number)
-    assert.deepEqual(
-      [...ids].sort((x, y) => x - y),
-      await t.eventTransfers(),
-      'every event once',
-    )
+    await t.assertEveryEventOnce()
     assert.equal(await t.relay.relayPending(), 0, 'and a later check finds nothing more to refill')
   } finally {
     await t.close()
@@ -504,16 +508,10 @@ test('Redis restarted empty, then an older batch appended first: the newer event
     await t.restartEmpty()
     // A's next pass, a commit's wake-up (no loss check), appends the older seven first.
     await t.db.query('DELETE FROM outbox_events WHERE id = ANY ($1::bigint[])', [older])
-    for (const id of older)
-      await t.redis.xadd(t.stream, '*', 'eventId', id, 'type', 'transfer.completed', 'data', '{}')
+    await appendEvents(t.redis, t.stream, older)
 
     assert.equal(await t.relay.relayPending(), 27, 'the twenty earlier events and C\u2019s seven')
-    const ids = (await streamEventIds(t.redis, t.stream)).map(Number)
-    assert.deepEqual(
-      [...ids].sort((x, y) => x - y),
-      await t.eventTransfers(),
-      'every event once',
-    )
+    await t.assertEveryEventOnce()
   } finally {
     await t.close()
   }
@@ -604,12 +602,7 @@ test('a refill reaches back at most the stream retention, and only to transfers 
   const redis = new Redis(TEST_REDIS_URL)
   const stream = `${uniquePrefix('refill')}events:transfers`
   const relay = createOutboxRelay({ db: database.db, redis, stream, retention: 10, intervalMs: 1000 })
-  const eventTransfers = async () =>
-    (
-      await database.db.query<{ id: string }>(
-        'SELECT id::text FROM transfers WHERE has_event ORDER BY transfers.id',
-      )
-    ).map((r) => Number(r.id))
+  const eventTransfers = () => eventTransferIds(database.db)
   try {
     const a = await createCustomer(database.db, 'alice', [1_000_000])
     const b = await createCustomer(database.db, 'bob', [1_000_000])
