@@ -152,14 +152,14 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
    * from the transfers table (at most `retention` transfers back). "Relayed" is the newest transfer
    * with an event that is no longer in the backlog (an event's id is its transfer's); Postgres is
    * read before the stream, so events relayed in between are not taken for lost ones.
-   * Its search reads only transfers above `searchAbove`, never more than `retention` back: walking
-   * back from the newest transfer to the newest relayed one over every transfer without an event
-   * (OUTBOX=off instances, or all of them) read the whole table on every timed pass.
+   * Its search reads only transfers above `searchAbove`, never more than `retention` back: an
+   * unbounded walk back from the newest transfer would step over every transfer without an event
+   * (instances with OUTBOX=off, or all of them) on every timed pass.
    * - Redis restarted without its data: the key `<stream>:relay-epoch`, set after each such check,
    *   is gone. Every relayed event is lost but those relays appended to the empty stream since
-   *   (read up to 10 batches from its start; any beyond are relayed twice). Not "everything before
-   *   the stream's oldest entry": a relay whose pass the restart failed appends its older events
-   *   after another relay's newer ones were committed, and those would be missed.
+   *   (read up to 10 batches from its start; any beyond are relayed twice). The stream's oldest
+   *   entry is no boundary: a relay whose pass the restart broke appends its older events after
+   *   another relay's newer, committed ones.
    * - Redis lost only its newest writes (failover to a replica that had not got them): the stream's
    *   newest event ids are behind the newest relayed one (`newestEventOnTail`).
    */
@@ -221,8 +221,8 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
    * The newest event id among the stream's latest entries: read back from the end in pages of 100
    * until one is at least `relayed`, at most 10 batches deep. Relays append in parallel, so the
    * entries after the newest relayed event's may all be older events (a relay that claimed them
-   * before and appended after): looking at the last batch only took that for a loss and relayed
-   * the newer events again.
+   * before and appended after): the last batch alone would look like a loss, and the newer events
+   * would be relayed again.
    */
   async function newestEventOnTail(relayed: number): Promise<number> {
     let newestSeen = 0
