@@ -82,6 +82,58 @@ test('entries a dead consumer held are claimed after the visibility timeout and 
   await survivor.stop()
 })
 
+test('a claim among entries this consumer already holds handles every claimed entry, dead-letters none', async () => {
+  const stream = `${prefix}interleaved`
+  const dead = `${stream}:dead`
+  await redis.xgroup('CREATE', stream, 'g', '0', 'MKSTREAM')
+  const ids = await addEntries(stream, 5)
+  await redis.xreadgroup('GROUP', 'g', 'dead', 'COUNT', 10, 'STREAMS', stream, '>')
+  // The second and fourth are this consumer's, failed a moment ago (not idle yet); the others a
+  // dead consumer's, idle for a minute: a claim takes those three, with these two in their range.
+  await redis.call('XCLAIM', stream, 'g', 'alive', '0', ids[1]!, ids[3]!, 'IDLE', '0', 'JUSTID')
+  await redis.call('XCLAIM', stream, 'g', 'dead', '0', ids[0]!, ids[2]!, ids[4]!, 'IDLE', '60000', 'JUSTID')
+  const handled: string[] = []
+  const consumer = start({
+    stream,
+    group: 'g',
+    consumer: 'alive',
+    visibilityTimeoutMs: 30_000,
+    deadLetterStream: dead,
+    handler: async (entry) => void handled.push(entry.id),
+  })
+  await consumer.start()
+  await until(async () => (await pendingCount(stream, 'g')) === 2, 'the claimed three handled')
+  await consumer.stop()
+  assert.deepEqual(handled, [ids[0], ids[2], ids[4]])
+  assert.equal(await redis.xlen(dead), 0)
+})
+
+test('an onError that throws does not stop the consumer', async () => {
+  const stream = `${prefix}throwing-on-error`
+  const handled: string[] = []
+  let reported = 0
+  const consumer = start({
+    stream,
+    group: 'g',
+    consumer: 'c1',
+    onError: () => {
+      reported++
+      throw new Error('the error callback failed too')
+    },
+    handler: async (entry) => {
+      if (entry.fields.bad) throw new Error('cannot handle this')
+      handled.push(entry.id)
+    },
+  })
+  await consumer.start()
+  await addEntries(stream, 1, { bad: 'yes' })
+  await until(() => reported === 1, 'the failure reported')
+  const later = await addEntries(stream, 2)
+  await until(() => handled.length === 2, 'later entries handled')
+  assert.deepEqual(handled, later)
+  await consumer.stop()
+})
+
 test('a poison entry goes to the dead-letter stream after maxDeliveries and the group moves on', async () => {
   const stream = `${prefix}poison`
   const dead = `${prefix}poison:dead`

@@ -111,10 +111,18 @@ export function createStreamConsumer(redis: RedisClient, options: StreamConsumer
     blockMs = 2000,
     batchWaitMs = 0,
     startId = '0',
-    onError = () => {},
+    onError: onErrorOption = () => {},
   } = options
   if (!handler === !handleBatch)
     throw new TypeError('createStreamConsumer needs handler or handleBatch, not both')
+  /** Reports to `onError`; a callback that throws must not end the loop. */
+  const onError = (err: unknown, entry?: StreamEntry) => {
+    try {
+      onErrorOption(err, entry)
+    } catch {
+      // The loop goes on regardless: there is no one else to tell.
+    }
+  }
   const claimIntervalMs = options.claimIntervalMs ?? Math.min(5000, Math.max(10, visibilityTimeoutMs / 2))
   let blocking: RedisClient | null = null
   let stopping = false
@@ -206,23 +214,31 @@ export function createStreamConsumer(redis: RedisClient, options: StreamConsumer
       cursor = reply[0]
       const claimed = reply[1].filter((e): e is [string, Fields] => e !== null && Array.isArray(e[1]))
       if (claimed.length === 0) continue
-      const pending = (await redis.xpending(
-        stream,
-        group,
-        claimed[0]![0],
-        claimed[claimed.length - 1]![0],
-        claimed.length,
-        consumer,
-      )) as Array<[string, string, number, number]>
-      const counts = new Map(pending.map(([id, , , deliveries]) => [id, Number(deliveries)]))
+      // Delivery counts from this consumer's pending entries over the claimed range, which may
+      // also hold others of its own (failed, not idle yet): every page, not the first
+      // `claimed.length` entries. A claimed entry no longer pending here was acknowledged or
+      // claimed by another consumer since: it is not this consumer's to handle.
+      const counts = new Map<string, number>()
+      for await (const page of pendingHere(claimed[0]![0], claimed[claimed.length - 1]![0]))
+        for (const [id, , , deliveries] of page) counts.set(id, Number(deliveries))
       await handleAll(
-        claimed.map(([id, list]) => ({
-          id,
-          fields: toFields(list),
-          deliveries: counts.get(id) ?? maxDeliveries + 1,
-        })),
+        claimed
+          .filter(([id]) => counts.has(id))
+          .map(([id, list]) => ({ id, fields: toFields(list), deliveries: counts.get(id)! })),
       )
     } while (cursor !== '0-0')
+  }
+
+  /** This consumer's pending entries from `start` to `end` (XPENDING), in pages of 100. */
+  async function* pendingHere(start: string, end: string) {
+    for (;;) {
+      const page = (await redis.xpending(stream, group, start, end, 100, consumer)) as Array<
+        [string, string, number, number]
+      >
+      yield page
+      if (page.length < 100) return
+      start = `(${page[page.length - 1]![0]}`
+    }
   }
 
   /** Reads and handles new entries; resolves with how many there were. */
@@ -265,13 +281,7 @@ export function createStreamConsumer(redis: RedisClient, options: StreamConsumer
    * closed connection never brought them here), which no one would otherwise see before the timeout.
    */
   async function handBackPending(): Promise<void> {
-    let start = '-'
-    for (;;) {
-      const pending = (await redis.xpending(stream, group, start, '+', 100, consumer)) as Array<[string]>
-      await handBack(pending.map(([id]) => id))
-      if (pending.length < 100) return
-      start = `(${pending[pending.length - 1]![0]}`
-    }
+    for await (const page of pendingHere('-', '+')) await handBack(page.map(([id]) => id))
   }
 
   async function run(): Promise<void> {
