@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict'
 import { randomUUID } from 'node:crypto'
+import { request } from 'node:http'
 import { after, before, test } from 'node:test'
 import { notificationKeys } from '../src/events/notifier.ts'
 import { openSse, type SseConnection } from './events-sse.ts'
@@ -10,6 +11,7 @@ import {
   listen,
   login,
   scanKeys,
+  TEST_REDIS_URL,
   type TestApp,
   type TestCustomer,
   type TestDatabase,
@@ -176,6 +178,33 @@ test('a customer gets at most SSE_MAX_STREAMS open streams per instance: 429 bey
   while (b.app.events.hub.count(bob.customerId) > 0 && Date.now() < deadline)
     await new Promise((r) => setTimeout(r, 20))
   assert.equal((await sse(urlB, bobCookieB)).status, 200)
+})
+
+test('a client that disconnects before its stream opens takes no place among its SSE_MAX_STREAMS', async () => {
+  const carol = await createCustomer(database.db, 'carol', [1_000])
+  const cookie = await login(b.app, carol)
+  // Redis holds every command for a moment, the session load among them: the client gives up
+  // while its request waits, before the route runs.
+  const { Redis } = await import('ioredis')
+  const admin = new Redis(TEST_REDIS_URL)
+  try {
+    await admin.call('CLIENT', 'PAUSE', '400', 'ALL')
+    const impatient = request(`${urlB}/notifications`, { headers: { cookie }, agent: false })
+    impatient.on('error', () => {})
+    impatient.end()
+    await new Promise((r) => setTimeout(r, 100))
+    impatient.destroy()
+    // Their session loads queue behind the impatient one's: the route runs for it first.
+    const streams = [await sse(urlB, cookie), await sse(urlB, cookie), await sse(urlB, cookie)]
+    assert.deepEqual(
+      streams.map((s) => s.status),
+      [200, 200, 200],
+    )
+    assert.equal(b.app.events.hub.count(carol.customerId), 3)
+    for (const s of streams) s.close()
+  } finally {
+    admin.disconnect()
+  }
 })
 
 test('without a session: 401; logout in this process and a session ended elsewhere close the streams', async () => {

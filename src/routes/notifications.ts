@@ -73,6 +73,9 @@ const notificationRoutes: FastifyPluginAsyncTypebox = async (app) => {
       out.on('error', () => {})
       const client: SseClient = { customerId, sessionId: session.id, out, buffer: [], lastId: null }
       reply.raw.on('close', () => hub.close(client))
+      // A client gone before the route ran (while its session loaded) has emitted its 'close'
+      // already: opened now, its stream would hold a place until the session ends.
+      if (reply.raw.destroyed) return reply.hijack()
       try {
         await hub.open(client, request.headers['last-event-id'] ?? null)
       } catch (err) {
