@@ -158,13 +158,18 @@ async function eventsPlugin(app: FastifyInstance, options: EventsPluginOptions):
     redis,
     prefix,
     heartbeatMs: options.sseHeartbeatMs,
-    // EXISTS does not touch the session: an open stream does not keep it alive.
-    async sessionAlive(ids) {
-      const pipeline = redis.pipeline()
-      for (const id of ids) pipeline.exists(app.sessions.sessionKey(id))
-      const results = (await pipeline.exec()) ?? []
-      return results.map(([err, n]) => (err ? true : n === 1))
-    },
+    // EXISTS does not touch the session: an open stream does not keep it alive. One command per
+    // session, not one pipeline: on a Redis Cluster their keys sit in different slots, and a
+    // pipeline across slots fails whole. A session Redis cannot answer for counts as alive.
+    sessionAlive: (ids) =>
+      Promise.all(
+        ids.map((id) =>
+          redis.exists(app.sessions.sessionKey(id)).then(
+            (n) => n === 1,
+            () => true,
+          ),
+        ),
+      ),
     onError,
   })
   const api: EventsApi = {
