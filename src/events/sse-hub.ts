@@ -19,6 +19,15 @@ export function streamIdAfter(a: string, b: string): boolean {
 
 export const STREAM_ID = /^[0-9]{1,20}-[0-9]{1,20}$/
 
+type StreamEntries = Array<[string, string[]]>
+
+const toNotifications = (entries: StreamEntries): Notification[] =>
+  entries.map(([id, fields]) => {
+    const f: Record<string, string> = {}
+    for (let i = 0; i + 1 < fields.length; i += 2) f[fields[i]!] = fields[i + 1]!
+    return { id, event: f.event ?? '', data: f.data ?? '' }
+  })
+
 export interface SseClient {
   customerId: number
   sessionId: string
@@ -153,8 +162,11 @@ export class SseHub {
     await withTimeout(subscribing, this.#options.subscribeTimeoutMs ?? 2000)
     write(client, ': connected\n\n')
     if (lastEventId) {
-      const missed = await this.#after(client.customerId, lastEventId)
-      client.lastId = lastEventId
+      const { missed, newest } = await this.#replay(client.customerId, lastEventId)
+      // An id beyond the stream's newest (made up, or kept from before Redis lost the stream)
+      // would hold back every live message until one is newer: such a client starts as a new one,
+      // with what arrived since it subscribed (nothing was replayed, so nothing comes twice).
+      client.lastId = newest === null || streamIdAfter(lastEventId, newest) ? null : lastEventId
       for (const n of missed) {
         write(client, frame(n))
         client.lastId = n.id
@@ -182,12 +194,24 @@ export class SseHub {
   /** The notifications on a customer's stream after `id` (XRANGE with an exclusive start). */
   async #after(customerId: number, id: string): Promise<Notification[]> {
     const key = notificationKeys(this.#options.prefix, customerId).stream
-    const entries = (await this.#options.redis.xrange(key, `(${id}`, '+')) as Array<[string, string[]]>
-    return entries.map(([entryId, fields]) => {
-      const f: Record<string, string> = {}
-      for (let i = 0; i + 1 < fields.length; i += 2) f[fields[i]!] = fields[i + 1]!
-      return { id: entryId, event: f.event ?? '', data: f.data ?? '' }
-    })
+    return toNotifications((await this.#options.redis.xrange(key, `(${id}`, '+')) as StreamEntries)
+  }
+
+  /**
+   * The notifications after `id` and the stream's newest id (null: empty), read together (MULTI),
+   * so that the newest id is the one the replay saw.
+   */
+  async #replay(customerId: number, id: string): Promise<{ missed: Notification[]; newest: string | null }> {
+    const key = notificationKeys(this.#options.prefix, customerId).stream
+    const replies = (await this.#options.redis
+      .multi()
+      .xrange(key, `(${id}`, '+')
+      .xrevrange(key, '+', '-', 'COUNT', 1)
+      .exec()) as [[Error | null, StreamEntries], [Error | null, StreamEntries]] | null
+    if (!replies) throw new Error('the replay transaction was aborted')
+    const [[afterErr, after], [newestErr, newest]] = replies
+    if (afterErr || newestErr) throw afterErr ?? newestErr
+    return { missed: toNotifications(after), newest: newest[0]?.[0] ?? null }
   }
 
   close(client: SseClient): void {
