@@ -417,6 +417,21 @@ test('appendEachOnce: entries of several streams in one script call, each once, 
   }
 })
 
+test('appendEachOnce: a marker lifetime that is not a positive whole number is refused before anything is appended', async () => {
+  const { appendEachOnce } = await import('../src/index.ts')
+  const stream = `${prefix}bad-ttl`
+  for (const markerTtlMs of [0, -1, 1.5, Number.NaN])
+    await assert.rejects(
+      appendEachOnce(redis, {
+        stream,
+        markerTtlMs,
+        entries: [{ marker: `${stream}:m`, fields: { a: '1' } }],
+      }),
+      /markerTtlMs/,
+    )
+  assert.equal(await redis.exists(stream), 0)
+})
+
 test('appendEachOnce: 250 entries go as three script calls of at most 100, appended in order', async () => {
   const { appendEachOnce } = await import('../src/index.ts')
   const client = new Redis(TEST_REDIS_URL)

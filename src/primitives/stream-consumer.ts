@@ -377,6 +377,10 @@ export async function appendEachOnce(
   redis: RedisClient,
   options: AppendEachOnceOptions,
 ): Promise<Array<{ id: string; appended: boolean }>> {
+  // Checked here: in the script, a refused SET PX would come after its XADD, leaving an entry
+  // without a marker that every retry appends again.
+  if (!Number.isSafeInteger(options.markerTtlMs) || options.markerTtlMs <= 0)
+    throw new TypeError('appendEachOnce: markerTtlMs must be a whole number of milliseconds above 0')
   const entries = options.entries.map((entry) => {
     const stream = entry.stream ?? options.stream
     if (!stream)
