@@ -2,7 +2,7 @@ import assert from 'node:assert/strict'
 import { randomUUID } from 'node:crypto'
 import { request } from 'node:http'
 import { after, before, test } from 'node:test'
-import { notificationKeys } from '../src/events/notifier.ts'
+import { notificationKeys, notifyCustomers } from '../src/events/notifier.ts'
 import { openSse, type SseConnection } from './events-sse.ts'
 import {
   buildTestApp,
@@ -172,6 +172,73 @@ test('a Last-Event-ID beyond the newest notification replays nothing and holds b
   const [first] = await ahead.waitFor(1)
   assert.equal(first!.data.transferId, live)
   ahead.close()
+})
+
+test('notifications published while the Pub/Sub connection is down arrive after it reconnects, once each', async () => {
+  const frank = await createCustomer(database.db, 'frank', [1_000])
+  const grace = await createCustomer(database.db, 'grace', [1_000])
+  // frank has had a notification (the resync replays after it), grace none yet (after where her
+  // stream stood when she opened).
+  const [frankStream, graceStream] = await Promise.all([
+    sse(urlB, await login(b.app, frank)),
+    sse(urlB, await login(b.app, grace)),
+  ])
+  const notify = (customerId: number, transferId: number) =>
+    notifyCustomers(
+      b.redis,
+      prefix,
+      [
+        {
+          customerId,
+          event: 'transfer.received',
+          data: {
+            eventId: `drop-${transferId}`,
+            transferId,
+            fromAccountId: 1,
+            toAccountId: 2,
+            amount: 1,
+            currency: 'VND',
+            occurredAt: new Date().toISOString(),
+          },
+        },
+      ],
+      1000,
+      60_000,
+    )
+  await notify(frank.customerId, 1)
+  await frankStream.waitFor(1)
+
+  const { Redis } = await import('ioredis')
+  const admin = new Redis(TEST_REDIS_URL)
+  try {
+    const subscriber = String(await admin.call('CLIENT', 'LIST', 'TYPE', 'pubsub'))
+      .split('\n')
+      .find((line) => line.includes(` name=${prefix}sse-subscriber `))
+    const id = /^id=([0-9]+) /.exec(subscriber ?? '')?.[1]
+    assert.ok(id, "instance B's subscriber connection is listed")
+    await admin.call('CLIENT', 'KILL', 'ID', id)
+    // Published at once, before ioredis reconnects (its first retry waits 50 ms).
+    await Promise.all([notify(frank.customerId, 2), notify(grace.customerId, 3)])
+  } finally {
+    admin.disconnect()
+  }
+  const [frankGot, graceGot] = await Promise.all([frankStream.waitFor(2), graceStream.waitFor(1)])
+  assert.deepEqual(
+    frankGot.map((m) => m.data.transferId),
+    [1, 2],
+  )
+  assert.deepEqual(
+    graceGot.map((m) => m.data.transferId),
+    [3],
+  )
+  // Live again: the next one comes once, over the new connection.
+  await notify(grace.customerId, 4)
+  assert.deepEqual(
+    (await graceStream.waitFor(2)).map((m) => m.data.transferId),
+    [3, 4],
+  )
+  frankStream.close()
+  graceStream.close()
 })
 
 test('a customer gets at most SSE_MAX_STREAMS open streams per instance: 429 beyond', async () => {

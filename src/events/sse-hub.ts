@@ -36,6 +36,13 @@ export interface SseClient {
   buffer: Notification[] | null
   /** The newest id written, so a buffered or repeated message is never sent twice. */
   lastId: string | null
+  /**
+   * Where its stream stood once it was subscribed (null before): what a resync after a Pub/Sub
+   * reconnect replays from while nothing was written yet.
+   */
+  from?: string | null
+  /** Buffering because the Pub/Sub connection dropped: the resync after the reconnect flushes it. */
+  resyncing?: boolean
 }
 
 const frame = (n: Notification) => `id: ${n.id}\nevent: ${n.event}\ndata: ${n.data}\n\n`
@@ -101,13 +108,24 @@ export class SseHub {
             enableOfflineQueue: true,
             commandTimeout: undefined,
             maxRetriesPerRequest: null,
+            // Named, so that CLIENT LIST shows which connection is the instance's SSE subscriber.
+            connectionName: `${this.#options.prefix}sse-subscriber`.replace(/\s/g, '_'),
           })
     sub.on('error', (err) => this.#options.onError?.(err))
     sub.on('message', (channel: string, message: string) => this.#deliver(channel, message))
-    // After a reconnect (ioredis subscribes again), what was published meanwhile comes from the streams.
+    // What is published while the connection is down reaches no one: live clients buffer from the
+    // drop until the resync after the reconnect has replayed their streams.
+    sub.on('close', () => {
+      for (const set of this.clients.values())
+        for (const client of set)
+          if (!client.buffer) {
+            client.buffer = []
+            client.resyncing = true
+          }
+    })
     let connectedBefore = false
     sub.on('ready', () => {
-      if (connectedBefore) void this.#resync()
+      if (connectedBefore) void this.#resync(sub)
       connectedBefore = true
     })
     this.#subscriber = sub
@@ -161,32 +179,59 @@ export class SseHub {
     }
     await withTimeout(subscribing, this.#options.subscribeTimeoutMs ?? 2000)
     write(client, ': connected\n\n')
+    const { missed, newest } = await this.#replay(client.customerId, lastEventId)
+    client.from = newest ?? '0-0'
     if (lastEventId) {
-      const { missed, newest } = await this.#replay(client.customerId, lastEventId)
       // An id beyond the stream's newest (made up, or kept from before Redis lost the stream)
       // would hold back every live message until one is newer: such a client starts as a new one,
       // with what arrived since it subscribed (nothing was replayed, so nothing comes twice).
       client.lastId = newest === null || streamIdAfter(lastEventId, newest) ? null : lastEventId
-      for (const n of missed) {
-        write(client, frame(n))
-        client.lastId = n.id
-      }
+      this.#writeReplay(client, missed)
     }
+    this.#flush(client)
+  }
+
+  #writeReplay(client: SseClient, missed: Notification[]): void {
+    for (const n of missed) {
+      write(client, frame(n))
+      client.lastId = n.id
+    }
+  }
+
+  /** Ends a client's buffering: what came meanwhile goes out, without what it already has. */
+  #flush(client: SseClient): void {
     const buffered = client.buffer ?? []
     client.buffer = null
+    client.resyncing = false
     for (const n of buffered) this.send(client, n)
   }
 
-  /** Sends each live client what its stream holds after the last id it got (sent once, by id). */
-  async #resync(): Promise<void> {
-    for (const set of [...this.clients.values()]) {
-      for (const client of [...set]) {
-        if (client.buffer || !client.lastId) continue
-        try {
-          for (const n of await this.#after(client.customerId, client.lastId)) this.send(client, n)
-        } catch (err) {
-          this.#options.onError?.(err)
-        }
+  /**
+   * After the Pub/Sub connection came back: subscribes the channels again and waits for the reply
+   * (ioredis sends its own SUBSCRIBE after 'ready', so this one's reply says they are active),
+   * then sends each client that buffered since the drop what its stream got after the last id it
+   * has (or after where it stood when it opened), then what it buffered. A client that cannot be
+   * resynced is closed: it reconnects with Last-Event-ID.
+   */
+  async #resync(sub: Redis): Promise<void> {
+    const customers = [...this.clients.keys()]
+    const resyncing = () =>
+      [...this.clients.values()].flatMap((set) => [...set]).filter((client) => client.resyncing)
+    try {
+      if (customers.length > 0)
+        await sub.subscribe(...customers.map((id) => notificationKeys(this.#options.prefix, id).channel))
+    } catch (err) {
+      this.#options.onError?.(err)
+      for (const client of resyncing()) this.close(client)
+      return
+    }
+    for (const client of resyncing()) {
+      try {
+        this.#writeReplay(client, await this.#after(client.customerId, client.lastId ?? client.from ?? '0-0'))
+        this.#flush(client)
+      } catch (err) {
+        this.#options.onError?.(err)
+        this.close(client)
       }
     }
   }
@@ -201,17 +246,21 @@ export class SseHub {
    * The notifications after `id` and the stream's newest id (null: empty), read together (MULTI),
    * so that the newest id is the one the replay saw.
    */
-  async #replay(customerId: number, id: string): Promise<{ missed: Notification[]; newest: string | null }> {
+  async #replay(
+    customerId: number,
+    id: string | null,
+  ): Promise<{ missed: Notification[]; newest: string | null }> {
     const key = notificationKeys(this.#options.prefix, customerId).stream
+    // Without an id there is nothing to replay: an empty range (from after the newest possible id).
     const replies = (await this.#options.redis
       .multi()
-      .xrange(key, `(${id}`, '+')
+      .xrange(key, id ? `(${id}` : '+', '+')
       .xrevrange(key, '+', '-', 'COUNT', 1)
       .exec()) as [[Error | null, StreamEntries], [Error | null, StreamEntries]] | null
     if (!replies) throw new Error('the replay transaction was aborted')
     const [[afterErr, after], [newestErr, newest]] = replies
     if (afterErr || newestErr) throw afterErr ?? newestErr
-    return { missed: toNotifications(after), newest: newest[0]?.[0] ?? null }
+    return { missed: id ? toNotifications(after) : [], newest: newest[0]?.[0] ?? null }
   }
 
   close(client: SseClient): void {
@@ -234,7 +283,8 @@ export class SseHub {
   async #heartbeat(): Promise<void> {
     const all = [...this.clients.values()].flatMap((set) => [...set])
     if (all.length === 0) return
-    for (const client of all) if (!client.buffer) write(client, ': heartbeat\n\n')
+    // Not into a stream being opened (its replay comes first); on through a Pub/Sub outage.
+    for (const client of all) if (!client.buffer || client.resyncing) write(client, ': heartbeat\n\n')
     try {
       const alive = await this.#options.sessionAlive(all.map((c) => c.sessionId))
       all.forEach((client, i) => {
