@@ -164,6 +164,21 @@ test('reconnecting with Last-Event-ID delivers exactly the missed notifications,
   again.close()
 })
 
+test('a Last-Event-ID Redis cannot start after (a part of 2^64 or more, the largest id) is a 400, not a 503', async () => {
+  for (const id of [
+    '99999999999999999999-0',
+    '0-18446744073709551616',
+    '18446744073709551615-18446744073709551615',
+  ]) {
+    const refused = await sse(urlB, bobCookieB, id)
+    assert.equal(refused.status, 400)
+    assert.equal(JSON.parse(refused.body).type, '/problems/validation')
+  }
+  const largest = await sse(urlB, bobCookieB, '18446744073709551615-0')
+  assert.equal(largest.status, 200)
+  largest.close()
+})
+
 test('a Last-Event-ID beyond the newest notification replays nothing and holds back no live one', async () => {
   // Made up, or kept from before Redis lost the stream: newer than anything the stream holds.
   const ahead = await sse(urlB, bobCookieB, `${Date.now() + 86_400_000}-0`)

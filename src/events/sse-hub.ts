@@ -17,7 +17,16 @@ export function streamIdAfter(a: string, b: string): boolean {
   return am > bm || (am === bm && as > bs)
 }
 
-export const STREAM_ID = /^[0-9]{1,20}-[0-9]{1,20}$/
+const MAX_ID_PART = 2n ** 64n - 1n
+
+/**
+ * A stream id a replay can start after: `<milliseconds>-<sequence>`, each part below 2^64, and not
+ * the largest id (nothing comes after it; Redis refuses it as an exclusive start).
+ */
+export const isStreamId = (id: string) =>
+  /^[0-9]{1,20}-[0-9]{1,20}$/.test(id) &&
+  id.split('-').every((part) => BigInt(part) <= MAX_ID_PART) &&
+  id !== `${MAX_ID_PART}-${MAX_ID_PART}`
 
 type StreamEntries = Array<[string, string[]]>
 

@@ -2,7 +2,7 @@ import { PassThrough } from 'node:stream'
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import { Type } from 'typebox'
 import { HttpProblem } from '../errors.ts'
-import type { SseClient } from '../events/sse-hub.ts'
+import { isStreamId, type SseClient } from '../events/sse-hub.ts'
 import { problems } from './openapi.ts'
 
 const LAST_EVENT_ID_PATTERN = '^[0-9]{1,20}-[0-9]{1,20}$'
@@ -60,6 +60,15 @@ const notificationRoutes: FastifyPluginAsyncTypebox = async (app) => {
       const session = request.session!
       const customerId = Number(session.principal)
       const { hub, maxStreamsPerCustomer } = app.events
+      const lastEventId = request.headers['last-event-id'] ?? null
+      // The pattern allows 20 digits a part; Redis refuses a part of 2^64 or more (a 503 otherwise).
+      if (lastEventId !== null && !isStreamId(lastEventId))
+        throw new HttpProblem(
+          400,
+          'validation',
+          'Invalid request',
+          'headers/last-event-id must be a notification id: <milliseconds>-<sequence>, each below 2^64, not the largest',
+        )
       if (hub.count(customerId) >= maxStreamsPerCustomer) {
         throw new HttpProblem(
           429,
@@ -77,7 +86,7 @@ const notificationRoutes: FastifyPluginAsyncTypebox = async (app) => {
       // already: opened now, its stream would hold a place until the session ends.
       if (reply.raw.destroyed) return reply.hijack()
       try {
-        await hub.open(client, request.headers['last-event-id'] ?? null)
+        await hub.open(client, lastEventId)
       } catch (err) {
         hub.close(client)
         request.log.warn({ err }, 'notification stream could not be opened')
