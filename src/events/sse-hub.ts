@@ -46,10 +46,10 @@ export interface SseClient {
   /** The newest id written, so a buffered or repeated message is never sent twice. */
   lastId: string | null
   /**
-   * Where its stream stood once it was subscribed (null before): what a resync after a Pub/Sub
+   * Where its stream stood once it was subscribed (set by `open`): what a resync after a Pub/Sub
    * reconnect replays from while nothing was written yet.
    */
-  from?: string | null
+  from?: string
   /** Buffering because the Pub/Sub connection dropped: the resync after the reconnect flushes it. */
   resyncing?: boolean
 }
