@@ -1,6 +1,7 @@
 // Balance reads through the gateway's whole chain (IP rate limit, session, cache hit) against the
-// same chain with the cache off, THE PEER STACK (load/peer/server.ts) and a bare route returning the
-// same JSON, interleaved in one run; then Redis round trips and Postgres work per request for each,
+// same chain with the cache off, THE PEER STACK (load/peer/server.ts), a bare route returning the
+// same JSON and that route with one Redis GET (the most a chain waiting on Redis once can reach),
+// interleaved in one run; then Redis round trips and Postgres work per request for each,
 // and for a transfer with a unique Idempotency-Key.
 import { randomUUID } from 'node:crypto'
 import type { RatioBar } from '../lib/chart.ts'
@@ -89,12 +90,13 @@ const chain: Scenario = async ({ quick }) => {
     // The first gateway migrates and seeds; the others start after it, on the same database.
     const gateway = await startServer(entry('../servers/chain.ts'), { ...common, CACHE: 'on' })
     servers.push(gateway)
-    const [noCache, peer, bare] = await Promise.all([
+    const [noCache, peer, bare, oneGet] = await Promise.all([
       startServer(entry('../servers/chain.ts'), { ...common, CACHE: 'off' }),
       startServer(entry('../peer/server.ts'), common),
       startServer(entry('../servers/bare.ts')),
+      startServer(entry('../servers/one-round-trip.ts'), { REDIS_URL: services.redisUrl }),
     ])
-    servers.push(noCache, peer, bare)
+    servers.push(noCache, peer, bare, oneGet)
 
     const alice = await login(gateway.url, 'alice')
     const bob = await login(gateway.url, 'bob')
@@ -121,6 +123,7 @@ const chain: Scenario = async ({ quick }) => {
         spec: { path, headers: { cookie: noCacheLogin.cookie }, durationSec },
       },
       { name: 'bare route', url: bare.url, spec: { path, durationSec } },
+      { name: 'bare route + one Redis GET', url: oneGet.url, spec: { path, durationSec } },
     ]
     for (const c of contenders) await expectOk(c)
 
@@ -130,11 +133,12 @@ const chain: Scenario = async ({ quick }) => {
       label: 'chain',
     })
     const by = (name: string) => summaries.find((s) => s.name === name) as Summary
-    const [ours, theirs, uncached, floor] = [
+    const [ours, theirs, uncached, floor, oneTrip] = [
       by('gateway chain'),
       by('peer stack'),
       by('gateway, cache off'),
       by('bare route'),
+      by('bare route + one Redis GET'),
     ]
     // The headline ratios again with wrk as the load generator: same placement, connections and rounds.
     const wrkSummaries = wrkAvailable
@@ -193,6 +197,7 @@ const chain: Scenario = async ({ quick }) => {
       { name: 'gateway, cache off', memory: processMemory(noCache.pid) },
       { name: 'peer stack', memory: processMemory(peer.pid) },
       { name: 'bare route', memory: processMemory(bare.pid) },
+      { name: 'bare route + one Redis GET', memory: processMemory(oneGet.pid) },
     ]
 
     const ratios: RatioBar[] = [
@@ -200,6 +205,9 @@ const chain: Scenario = async ({ quick }) => {
       { label: 'gateway chain / cache off', ...ratio(ours, uncached) },
       { label: 'gateway chain / bare route', ...ratio(ours, floor), target: BARE_TARGET },
       { label: 'peer stack / bare route', ...ratio(theirs, floor) },
+      // The ceiling of chain / bare route on this machine: a route that only waits on Redis once.
+      { label: 'bare route + one Redis GET / bare route', ...ratio(oneTrip, floor) },
+      { label: 'gateway chain / bare route + one Redis GET', ...ratio(ours, oneTrip) },
     ]
     const generators = wrkSummaries
       ? [
@@ -217,6 +225,11 @@ const chain: Scenario = async ({ quick }) => {
             'peer stack / bare route',
             ratio(theirs, floor),
             ratio(byWrk('peer stack'), byWrk('bare route')),
+          ),
+          compareGenerators(
+            'bare route + one Redis GET / bare route',
+            ratio(oneTrip, floor),
+            ratio(byWrk('bare route + one Redis GET'), byWrk('bare route')),
           ),
         ]
       : []
