@@ -299,6 +299,56 @@ test('a client that disconnects before its stream opens takes no place among its
   }
 })
 
+test('a client that stops reading is dropped once 1 MiB waits for it; a reading one gets everything', async () => {
+  const dave = await createCustomer(database.db, 'dave', [1_000])
+  const erin = await createCustomer(database.db, 'erin', [1_000])
+  const [daveCookie, erinCookie] = [await login(b.app, dave), await login(b.app, erin)]
+  // dave's client reads the response head and then nothing: the socket's buffers fill, then the hub's.
+  let received = 0
+  const stalled = await new Promise<import('node:http').IncomingMessage>((resolve, reject) => {
+    const req = request(`${urlB}/notifications`, { headers: { cookie: daveCookie }, agent: false })
+    req.on('error', reject)
+    req.on('response', (res) => {
+      res.on('data', (chunk: Buffer) => {
+        received += chunk.length
+      })
+      res.pause()
+      resolve(res)
+    })
+    req.end()
+  })
+  assert.equal(stalled.statusCode, 200)
+  const reading = await sse(urlB, erinCookie)
+  while (b.app.events.hub.count(dave.customerId) === 0) await new Promise((r) => setTimeout(r, 10))
+  // 16 MiB of live notifications to each, well past what loopback sockets hold (a few MiB).
+  const data = JSON.stringify({ pad: 'x'.repeat(64 * 1024) })
+  const published = 256
+  const start = Date.now()
+  for (let i = 1; i <= published; i++) {
+    for (const customerId of [dave.customerId, erin.customerId]) {
+      const message = JSON.stringify({ id: `${start}-${i}`, event: 'transfer.received', data })
+      await b.redis.publish(notificationKeys(prefix, customerId).channel, message)
+    }
+  }
+  const deadline = Date.now() + 15_000
+  while (b.app.events.hub.count(dave.customerId) > 0 && Date.now() < deadline)
+    await new Promise((r) => setTimeout(r, 20))
+  assert.equal(b.app.events.hub.count(dave.customerId), 0, 'the stalled stream is closed')
+  // The server dropped the connection: reading again, the client gets what the sockets held, then the end.
+  const closed = new Promise<void>((resolve) => stalled.on('close', () => resolve()))
+  stalled.resume()
+  await closed
+  assert.ok(received < published * data.length, `received ${received} bytes, fewer than were published`)
+  // The reading client kept its stream and got every one of them, in order.
+  const got = await reading.waitFor(published, 30_000)
+  assert.deepEqual(
+    got.map((m) => m.id),
+    Array.from({ length: published }, (_, i) => `${start}-${i + 1}`),
+  )
+  assert.equal(b.app.events.hub.count(erin.customerId), 1)
+  reading.close()
+})
+
 test('without a session: 401; logout in this process and a session ended elsewhere close the streams', async () => {
   const anonymous = await sse(urlB, '')
   assert.equal(anonymous.status, 401)

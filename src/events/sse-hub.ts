@@ -52,14 +52,11 @@ export interface SseClient {
   from?: string
   /** Buffering because the Pub/Sub connection dropped: the resync after the reconnect flushes it. */
   resyncing?: boolean
+  /** Bytes still queued for the client when it last went live (its replay, bounded by the retention). */
+  queuedAtLive?: number
 }
 
 const frame = (n: Notification) => `id: ${n.id}\nevent: ${n.event}\ndata: ${n.data}\n\n`
-
-/** Writes unless the client is gone (a disconnect can land while a replay is being read). */
-function write(client: SseClient, text: string): void {
-  if (!client.out.writableEnded && !client.out.destroyed) client.out.write(text)
-}
 
 export interface SseHubOptions {
   redis: RedisClient
@@ -70,7 +67,15 @@ export interface SseHubOptions {
   onError?: (err: unknown) => void
   /** How long opening a stream waits for the subscription (Redis unreachable: it fails). Default 2 s. */
   subscribeTimeoutMs?: number
+  /**
+   * Bytes that may wait for a client that is not reading (beyond what the socket holds) before its
+   * stream is closed: it reconnects with Last-Event-ID and misses nothing. Default 1 MiB.
+   */
+  maxBufferedBytes?: number
 }
+
+/** The default of `maxBufferedBytes`. */
+export const SSE_MAX_BUFFERED_BYTES = 1024 * 1024
 
 function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T> {
   let timer: NodeJS.Timeout | undefined
@@ -165,7 +170,7 @@ export class SseHub {
     }
     if (client.lastId && !streamIdAfter(n.id, client.lastId)) return
     client.lastId = n.id
-    write(client, frame(n))
+    this.#write(client, frame(n))
   }
 
   /**
@@ -187,7 +192,7 @@ export class SseHub {
       subscribing.catch(() => this.#subscribed.delete(client.customerId))
     }
     await withTimeout(subscribing, this.#options.subscribeTimeoutMs ?? 2000)
-    write(client, ': connected\n\n')
+    this.#write(client, ': connected\n\n')
     const { missed, newest } = await this.#replay(client.customerId, lastEventId)
     client.from = newest ?? '0-0'
     if (lastEventId) {
@@ -202,7 +207,7 @@ export class SseHub {
 
   #writeReplay(client: SseClient, missed: Notification[]): void {
     for (const n of missed) {
-      write(client, frame(n))
+      this.#write(client, frame(n))
       client.lastId = n.id
     }
   }
@@ -211,6 +216,7 @@ export class SseHub {
   #flush(client: SseClient): void {
     const buffered = client.buffer ?? []
     client.buffer = null
+    client.queuedAtLive = client.out.writableLength
     client.resyncing = false
     for (const n of buffered) this.send(client, n)
   }
@@ -272,10 +278,31 @@ export class SseHub {
     return { missed: id ? toNotifications(after) : [], newest: newest[0]?.[0] ?? null }
   }
 
+  /**
+   * Writes unless the client is gone (a disconnect can land while a replay is being read). A live
+   * client that stops reading would hold every notification and heartbeat in memory: once
+   * `maxBufferedBytes` more than its replay wait for it, its stream is dropped (destroyed, not
+   * ended after the backlog) and it reconnects with Last-Event-ID. A replay (bounded by the
+   * stream's retention) is written whole, before the stream is handed to the response.
+   */
+  #write(client: SseClient, text: string): void {
+    const { out } = client
+    if (out.writableEnded || out.destroyed) return
+    out.write(text)
+    if (client.buffer !== null) return
+    const limit = (client.queuedAtLive ?? 0) + (this.#options.maxBufferedBytes ?? SSE_MAX_BUFFERED_BYTES)
+    if (out.writableLength <= limit) return
+    this.#options.onError?.(
+      new Error(`notification stream of customer ${client.customerId} closed: its client is not reading`),
+    )
+    out.destroy()
+    this.close(client)
+  }
+
   close(client: SseClient): void {
     const set = this.clients.get(client.customerId)
     if (!set?.delete(client)) return
-    if (!client.out.writableEnded) client.out.end()
+    if (!client.out.writableEnded && !client.out.destroyed) client.out.end()
     if (set.size > 0) return
     this.clients.delete(client.customerId)
     this.#subscribed.delete(client.customerId)
@@ -293,7 +320,7 @@ export class SseHub {
     const all = [...this.clients.values()].flatMap((set) => [...set])
     if (all.length === 0) return
     // Not into a stream being opened (its replay comes first); on through a Pub/Sub outage.
-    for (const client of all) if (!client.buffer || client.resyncing) write(client, ': heartbeat\n\n')
+    for (const client of all) if (!client.buffer || client.resyncing) this.#write(client, ': heartbeat\n\n')
     try {
       const alive = await this.#options.sessionAlive(all.map((c) => c.sessionId))
       all.forEach((client, i) => {
@@ -310,7 +337,7 @@ export class SseHub {
     // The instance is going away: the client reconnects (to another instance) with Last-Event-ID.
     for (const set of [...this.clients.values()])
       for (const client of [...set]) {
-        write(client, ': shutting down, reconnect\n\n')
+        this.#write(client, ': shutting down, reconnect\n\n')
         this.close(client)
       }
     const sub = this.#subscriber
