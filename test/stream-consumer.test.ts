@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict'
 import { after, before, test } from 'node:test'
 import { Redis } from 'ioredis'
+import { type RedisServerProcess, startRedisServer } from '../src/embedded/redis-server.ts'
 import { createStreamConsumer, type StreamConsumer, type StreamEntry } from '../src/index.ts'
 import { scanKeys, TEST_REDIS_URL, uniquePrefix } from './helpers.ts'
 
@@ -548,4 +549,43 @@ test('appendJsonEntries: a JSON batch goes on the stream in order, byte for byte
   )
   assert.deepEqual(await appendJsonEntries(redis, { stream, entries: '[]' }), [])
   assert.equal(await redis.xlen(stream), stored.length, 'an empty batch appends nothing')
+})
+
+test('after a Redis outage longer than a read timeout, new entries are handled at once, not held by reads sent late', async () => {
+  const server = await startRedisServer()
+  let restarted: RedisServerProcess | undefined
+  const own = new Redis(server.url, { maxRetriesPerRequest: null })
+  own.on('error', () => {})
+  const stream = 'outage'
+  await own.xgroup('CREATE', stream, 'g', '0', 'MKSTREAM')
+  const handled: string[] = []
+  // Claims only after a minute: an entry delivered to a read nobody awaits would wait that long.
+  const consumer = createStreamConsumer(own, {
+    stream,
+    group: 'g',
+    consumer: 'c',
+    blockMs: 100,
+    visibilityTimeoutMs: 60_000,
+    handler: async (entry: StreamEntry) => void handled.push(entry.id),
+    onError: () => {},
+  })
+  try {
+    await consumer.start()
+    await server.stop()
+    // Down past the read's timeout (blockMs + 5 s): the read in flight when it went down times out.
+    await new Promise((r) => setTimeout(r, 6500))
+    restarted = await startRedisServer(server.port)
+    // The stream and its group are back with entries before the consumer reconnects.
+    const admin = new Redis(restarted.url)
+    await admin.xgroup('CREATE', stream, 'g', '0', 'MKSTREAM')
+    const ids: string[] = []
+    for (let i = 0; i < 3; i++) ids.push((await admin.xadd(stream, '*', 'n', String(i))) as string)
+    await until(() => handled.length === 3, 'the three entries handled', 10_000)
+    assert.deepEqual(handled, ids)
+    admin.disconnect()
+  } finally {
+    await consumer.stop()
+    own.disconnect()
+    await (restarted ?? server).stop()
+  }
 })
