@@ -589,3 +589,31 @@ test('after a Redis outage longer than a read timeout, new entries are handled a
     await (restarted ?? server).stop()
   }
 })
+
+test('a stop while starting starts nothing; two starts at once run one loop; a later start runs', async () => {
+  const stream = `${prefix}start-stop`
+  const handled: string[] = []
+  const consumer = start({
+    stream,
+    group: 'g',
+    consumer: 'c',
+    handler: async (entry) => void handled.push(entry.id),
+  })
+  const starting = consumer.start()
+  await consumer.stop()
+  await starting
+  assert.equal(consumer.running, false, 'stopped while its group was being created')
+
+  await Promise.all([consumer.start(), consumer.start()])
+  assert.equal(consumer.running, true)
+  const ids = await addEntries(stream, 3)
+  await until(() => handled.length === 3, 'the entries handled')
+  assert.deepEqual(handled, ids)
+  // Every entry handled once, one consumer in the group; stopped, it is no longer running.
+  await consumer.stop()
+  assert.equal(consumer.running, false)
+  await addEntries(stream, 1)
+  const consumers = (await redis.xinfo('CONSUMERS', stream, 'g')) as unknown[][]
+  assert.equal(consumers.length, 1)
+  assert.equal(handled.length, 3)
+})

@@ -150,6 +150,7 @@ export function createStreamConsumer(redis: RedisClient, options: StreamConsumer
   }
   const claimIntervalMs = options.claimIntervalMs ?? Math.min(5000, Math.max(10, visibilityTimeoutMs / 2))
   let blocking: RedisClient | null = null
+  let starting: Promise<void> | null = null
   let stopping = false
   let loop: Promise<void> | null = null
   let nextClaimAt = 0
@@ -337,18 +338,28 @@ export function createStreamConsumer(redis: RedisClient, options: StreamConsumer
     get running() {
       return loop !== null && !stopping
     },
-    async start() {
-      if (loop) return
+    start() {
+      if (loop) return Promise.resolve()
+      // Called again while starting: the same start, not a second loop.
+      if (starting) return starting
       stopping = false
-      // Redis unreachable now: the loop creates the group once it answers (NOGROUP).
-      await createGroup().catch(onError)
-      blocking = blockingConnection(redis, blockMs)
-      blocking.on('error', () => {})
-      loop = run()
+      starting = (async () => {
+        // Redis unreachable now: the loop creates the group once it answers (NOGROUP).
+        await createGroup().catch(onError)
+        // stop() came while the group was being created: nothing starts.
+        if (stopping) return
+        blocking = blockingConnection(redis, blockMs)
+        blocking.on('error', () => {})
+        loop = run()
+      })().finally(() => {
+        starting = null
+      })
+      return starting
     },
     async stop() {
-      if (!loop) return
       stopping = true
+      if (starting) await starting
+      if (!loop) return
       // Ends a blocked XREADGROUP now; an entry being handled still finishes on the main client.
       blocking?.disconnect()
       await loop
