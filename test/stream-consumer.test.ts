@@ -554,7 +554,8 @@ test('appendJsonEntries: a JSON batch goes on the stream in order, byte for byte
 test('after a Redis outage longer than a read timeout, new entries are handled at once, not held by reads sent late', async () => {
   const server = await startRedisServer()
   let restarted: RedisServerProcess | undefined
-  const own = new Redis(server.url, { maxRetriesPerRequest: null })
+  // Lazy, as the redis plugin creates its client: the consumer's own connection must connect by itself.
+  const own = new Redis(server.url, { maxRetriesPerRequest: null, lazyConnect: true })
   own.on('error', () => {})
   const stream = 'outage'
   await own.xgroup('CREATE', stream, 'g', '0', 'MKSTREAM')

@@ -81,6 +81,8 @@ function blockingConnection(redis: RedisClient, blockMs: number): RedisClient {
   const commandTimeout = blockMs + 5000
   if (isCluster(redis)) {
     return redis.duplicate(undefined, {
+      // Connects now even when the caller's client connects lazily: the loop waits for `ready`.
+      lazyConnect: false,
       enableOfflineQueue: false,
       redisOptions: { ...redis.options.redisOptions, commandTimeout, autoResendUnfulfilledCommands: false },
     })
@@ -88,6 +90,7 @@ function blockingConnection(redis: RedisClient, blockMs: number): RedisClient {
   return (redis as Redis).duplicate({
     commandTimeout,
     maxRetriesPerRequest: null,
+    lazyConnect: false,
     enableOfflineQueue: false,
     autoResendUnfulfilledCommands: false,
   })
