@@ -1,8 +1,10 @@
 import assert from 'node:assert/strict'
 import { randomUUID } from 'node:crypto'
 import { request } from 'node:http'
+import { PassThrough } from 'node:stream'
 import { after, before, test } from 'node:test'
 import { notificationKeys, notifyCustomers } from '../src/events/notifier.ts'
+import { SseHub } from '../src/events/sse-hub.ts'
 import { openSse, type SseConnection } from './events-sse.ts'
 import {
   buildTestApp,
@@ -90,6 +92,42 @@ async function groupDone(stream: string, group: string): Promise<boolean> {
       return Number(fields.get('lag')) === 0 && Number(fields.get('pending')) === 0
   }
   return false
+}
+
+/** One `transfer.received` notification, as the notifier appends and publishes it; its stream id. */
+async function notify(customerId: number, transferId: number): Promise<string> {
+  const [id] = await notifyCustomers(
+    b.redis,
+    prefix,
+    [
+      {
+        customerId,
+        event: 'transfer.received',
+        data: {
+          eventId: `drop-${transferId}`,
+          transferId,
+          fromAccountId: 1,
+          toAccountId: 2,
+          amount: 1,
+          currency: 'VND',
+          occurredAt: new Date().toISOString(),
+        },
+      },
+    ],
+    1000,
+    60_000,
+  )
+  return id!
+}
+
+/** The client id of instance B's Pub/Sub connection (CLIENT LIST, by its name). */
+async function subscriberOfB(admin: import('ioredis').Redis): Promise<string> {
+  const subscriber = String(await admin.call('CLIENT', 'LIST', 'TYPE', 'pubsub'))
+    .split('\n')
+    .find((line) => line.includes(` name=${prefix}sse-subscriber `))
+  const id = /^id=([0-9]+) /.exec(subscriber ?? '')?.[1]
+  assert.ok(id, "instance B's subscriber connection is listed")
+  return id
 }
 
 async function sse(url: string, cookie: string, lastEventId?: string) {
@@ -198,40 +236,13 @@ test('notifications published while the Pub/Sub connection is down arrive after 
     sse(urlB, await login(b.app, frank)),
     sse(urlB, await login(b.app, grace)),
   ])
-  const notify = (customerId: number, transferId: number) =>
-    notifyCustomers(
-      b.redis,
-      prefix,
-      [
-        {
-          customerId,
-          event: 'transfer.received',
-          data: {
-            eventId: `drop-${transferId}`,
-            transferId,
-            fromAccountId: 1,
-            toAccountId: 2,
-            amount: 1,
-            currency: 'VND',
-            occurredAt: new Date().toISOString(),
-          },
-        },
-      ],
-      1000,
-      60_000,
-    )
   await notify(frank.customerId, 1)
   await frankStream.waitFor(1)
 
   const { Redis } = await import('ioredis')
   const admin = new Redis(TEST_REDIS_URL)
   try {
-    const subscriber = String(await admin.call('CLIENT', 'LIST', 'TYPE', 'pubsub'))
-      .split('\n')
-      .find((line) => line.includes(` name=${prefix}sse-subscriber `))
-    const id = /^id=([0-9]+) /.exec(subscriber ?? '')?.[1]
-    assert.ok(id, "instance B's subscriber connection is listed")
-    await admin.call('CLIENT', 'KILL', 'ID', id)
+    await admin.call('CLIENT', 'KILL', 'ID', await subscriberOfB(admin))
     // Published at once, before ioredis reconnects (its first retry waits 50 ms).
     await Promise.all([notify(frank.customerId, 2), notify(grace.customerId, 3)])
   } finally {
@@ -254,6 +265,104 @@ test('notifications published while the Pub/Sub connection is down arrive after 
   )
   frankStream.close()
   graceStream.close()
+})
+
+test('a stream opening while the Pub/Sub connection drops ends at its position; the reconnect misses nothing', async () => {
+  const { Redis } = await import('ioredis')
+  // A hub of its own, whose replay reply is held until the test lets it through: the replay has
+  // run in Redis, the subscriber drops and a notification is published, and only then does the
+  // open go on.
+  const hubPrefix = `${prefix}gate:`
+  const redis = new Redis(TEST_REDIS_URL)
+  const admin = new Redis(TEST_REDIS_URL)
+  let replayRan = () => {}
+  const ran = new Promise<void>((resolve) => {
+    replayRan = resolve
+  })
+  let release = () => {}
+  const held = new Promise<void>((resolve) => {
+    release = resolve
+  })
+  const multi = redis.multi.bind(redis)
+  redis.multi = ((...args: Parameters<typeof redis.multi>) => {
+    const transaction = multi(...args)
+    const exec = transaction.exec.bind(transaction)
+    transaction.exec = (async () => {
+      const replies = await exec()
+      replayRan()
+      await held
+      return replies
+    }) as typeof transaction.exec
+    return transaction
+  }) as typeof redis.multi
+  const hub = new SseHub({
+    redis,
+    prefix: hubPrefix,
+    heartbeatMs: 60_000,
+    sessionAlive: async (ids) => ids.map(() => true),
+  })
+  const customerId = 9_000_001
+  const keys = notificationKeys(hubPrefix, customerId)
+  /** What the notifier does for one notification: XADD to the customer's stream, then PUBLISH. */
+  const notifyCommands = (transferId: number, tx: ReturnType<typeof admin.multi>) => {
+    const data = JSON.stringify({ transferId })
+    const id = `${Date.now()}-${transferId}`
+    return tx
+      .xadd(keys.stream, id, 'event', 'transfer.received', 'data', data)
+      .publish(keys.channel, JSON.stringify({ id, event: 'transfer.received', data }))
+  }
+  const openClient = (lastEventId: string) => {
+    const out = new PassThrough()
+    let text = ''
+    out.setEncoding('utf8')
+    out.on('data', (chunk: string) => {
+      text += chunk
+    })
+    const client = { customerId, sessionId: 's', out, buffer: [] as never[], lastId: null }
+    return { client, out, opened: hub.open(client, lastEventId), text: () => text }
+  }
+  try {
+    await notifyCommands(21, admin.multi()).exec()
+    const seen = (await admin.xrevrange(keys.stream, '+', '-', 'COUNT', 1))[0]![0]
+    const first = openClient(seen)
+    await ran
+    const subscriber = String(await admin.call('CLIENT', 'LIST', 'TYPE', 'pubsub'))
+      .split('\n')
+      .find((line) => line.includes(` name=${hubPrefix}sse-subscriber `))
+    const subscriberId = /^id=([0-9]+) /.exec(subscriber ?? '')?.[1]
+    assert.ok(subscriberId, "the hub's subscriber connection is listed")
+    // The drop and the notification in one step: no subscriber can hear it.
+    await notifyCommands(22, admin.multi().client('KILL', 'ID', subscriberId)).exec()
+    // Back and subscribed again before the open goes on.
+    for (;;) {
+      const [, count] = (await admin.call('PUBSUB', 'NUMSUB', keys.channel)) as [string, number]
+      if (Number(count) === 1) break
+      await new Promise((r) => setTimeout(r, 10))
+    }
+    release()
+    await first.opened
+    assert.equal(first.out.writableEnded, true, 'the stream ends instead of going live')
+    assert.equal(hub.count(customerId), 0)
+    assert.doesNotMatch(first.text(), /"transferId\\?":22/)
+    assert.equal(/id: (\S+)\n\n$/.exec(first.text())?.[1], seen, 'its last line is its position')
+
+    // The browser reconnects with that id: the one it missed, once, then live ones.
+    const again = openClient(seen)
+    await again.opened
+    await notifyCommands(23, admin.multi()).exec()
+    for (;;) {
+      if (/"transferId\\?":23/.test(again.text())) break
+      await new Promise((r) => setTimeout(r, 10))
+    }
+    const ids = [...again.text().matchAll(/"transferId\\?":([0-9]+)/g)].map((m) => Number(m[1]))
+    assert.deepEqual(ids, [22, 23])
+  } finally {
+    release()
+    await hub.shutdown()
+    await admin.del(keys.stream)
+    redis.disconnect()
+    admin.disconnect()
+  }
 })
 
 test('a customer gets at most SSE_MAX_STREAMS open streams per instance: 429 beyond', async () => {

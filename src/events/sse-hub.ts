@@ -94,6 +94,8 @@ export class SseHub {
   #subscriber: Redis | null = null
   #subscribed = new Map<number, Promise<unknown>>()
   #timer: NodeJS.Timeout | null = null
+  /** How many times the Pub/Sub connection dropped: an open that saw one cannot vouch for its live messages. */
+  #drops = 0
   readonly #options: SseHubOptions
 
   constructor(options: SseHubOptions) {
@@ -130,6 +132,7 @@ export class SseHub {
     // What is published while the connection is down reaches no one: live clients buffer from the
     // drop until the resync after the reconnect has replayed their streams.
     sub.on('close', () => {
+      this.#drops++
       for (const set of this.clients.values())
         for (const client of set)
           if (!client.buffer) {
@@ -178,6 +181,7 @@ export class SseHub {
    * then flush the buffer without what the replay already sent: no gap, no duplicate.
    */
   async open(client: SseClient, lastEventId: string | null): Promise<void> {
+    const drops = this.#drops
     let set = this.clients.get(client.customerId)
     if (!set) {
       set = new Set()
@@ -202,7 +206,22 @@ export class SseHub {
       client.lastId = newest === null || streamIdAfter(lastEventId, newest) ? null : lastEventId
       this.#writeReplay(client, missed)
     }
-    this.#flush(client)
+    // The Pub/Sub connection dropped while this stream opened: what was published meanwhile may
+    // have reached neither its buffer nor its replay, and the resync after the reconnect covers
+    // only streams already live. It ends, and the client reconnects from its position.
+    if (this.#drops !== drops) this.#endForReconnect(client)
+    else this.#flush(client)
+  }
+
+  /**
+   * Ends a stream the hub cannot bring up to date. Its position goes first as an `id:` line without
+   * data (a browser takes it as its Last-Event-ID without showing anything), so the reconnect
+   * replays from there even when nothing was sent on this stream yet.
+   */
+  #endForReconnect(client: SseClient): void {
+    const position = client.lastId ?? client.from
+    if (position) this.#write(client, `id: ${position}\n\n`)
+    this.close(client)
   }
 
   #writeReplay(client: SseClient, missed: Notification[]): void {
@@ -237,7 +256,7 @@ export class SseHub {
         await sub.subscribe(...customers.map((id) => notificationKeys(this.#options.prefix, id).channel))
     } catch (err) {
       this.#options.onError?.(err)
-      for (const client of resyncing()) this.close(client)
+      for (const client of resyncing()) this.#endForReconnect(client)
       return
     }
     for (const client of resyncing()) {
@@ -246,7 +265,7 @@ export class SseHub {
         this.#flush(client)
       } catch (err) {
         this.#options.onError?.(err)
-        this.close(client)
+        this.#endForReconnect(client)
       }
     }
   }
