@@ -15,8 +15,6 @@ export interface SseConnection {
   body: string
   messages: SseMessage[]
   comments: string[]
-  /** The last `id:` received, as a browser keeps it for Last-Event-ID (an `id:` without data too). */
-  lastEventId: string | null
   /** Resolves once the stream ended (the server closed it, or close()). */
   ended: Promise<void>
   /** Waits until `n` messages arrived (fails after `ms`, or if the stream ends first). */
@@ -39,7 +37,6 @@ export function openSse(url: string, headers: Record<string, string>): Promise<S
       let done = false
       let body = ''
       let pending = ''
-      let lastEventId: string | null = null
       const ended = new Promise<void>((end) => {
         const finish = () => {
           done = true
@@ -55,9 +52,6 @@ export function openSse(url: string, headers: Record<string, string>): Promise<S
         contentType,
         get body() {
           return body
-        },
-        get lastEventId() {
-          return lastEventId
         },
         messages,
         comments,
@@ -100,12 +94,11 @@ export function openSse(url: string, headers: Record<string, string>): Promise<S
           const message: Partial<SseMessage> = {}
           for (const line of frame.split('\n')) {
             if (line.startsWith(':')) comments.push(line.slice(1).trim())
-            else if (line.startsWith('id: ')) {
-              message.id = line.slice(4)
-              lastEventId = message.id
-            } else if (line.startsWith('event: ')) message.event = line.slice(7)
+            else if (line.startsWith('id: ')) message.id = line.slice(4)
+            else if (line.startsWith('event: ')) message.event = line.slice(7)
             else if (line.startsWith('data: ')) message.data = JSON.parse(line.slice(6))
           }
+          // An `id:` without data (a stream ending at its position) moves Last-Event-ID, shows nothing.
           if (message.id && message.data !== undefined) messages.push(message as SseMessage)
           cut = pending.indexOf('\n\n')
         }

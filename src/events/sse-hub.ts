@@ -67,15 +67,13 @@ export interface SseHubOptions {
   onError?: (err: unknown) => void
   /** How long opening a stream waits for the subscription (Redis unreachable: it fails). Default 2 s. */
   subscribeTimeoutMs?: number
-  /**
-   * Bytes that may wait for a client that is not reading (beyond what the socket holds) before its
-   * stream is closed: it reconnects with Last-Event-ID and misses nothing. Default 1 MiB.
-   */
-  maxBufferedBytes?: number
 }
 
-/** The default of `maxBufferedBytes`. */
-export const SSE_MAX_BUFFERED_BYTES = 1024 * 1024
+/**
+ * Bytes that may wait for a live client that is not reading (beyond what its socket holds and its
+ * replay) before its stream is closed: it reconnects with Last-Event-ID and misses nothing.
+ */
+const MAX_BUFFERED_BYTES = 1024 * 1024
 
 function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T> {
   let timer: NodeJS.Timeout | undefined
@@ -300,7 +298,7 @@ export class SseHub {
   /**
    * Writes unless the client is gone (a disconnect can land while a replay is being read). A live
    * client that stops reading would hold every notification and heartbeat in memory: once
-   * `maxBufferedBytes` more than its replay wait for it, its stream is dropped (destroyed, not
+   * MAX_BUFFERED_BYTES more than its replay wait for it, its stream is dropped (destroyed, not
    * ended after the backlog) and it reconnects with Last-Event-ID. A replay (bounded by the
    * stream's retention) is written whole, before the stream is handed to the response.
    */
@@ -309,8 +307,7 @@ export class SseHub {
     if (out.writableEnded || out.destroyed) return
     out.write(text)
     if (client.buffer !== null) return
-    const limit = (client.queuedAtLive ?? 0) + (this.#options.maxBufferedBytes ?? SSE_MAX_BUFFERED_BYTES)
-    if (out.writableLength <= limit) return
+    if (out.writableLength <= (client.queuedAtLive ?? 0) + MAX_BUFFERED_BYTES) return
     this.#options.onError?.(
       new Error(`notification stream of customer ${client.customerId} closed: its client is not reading`),
     )
