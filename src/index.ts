@@ -10,6 +10,15 @@ export {
   default as cache,
   type GetOrLoadOptions,
 } from './plugins/cache/index.ts'
+export {
+  GatewayError,
+  InvalidOptionError,
+  RedisClientError,
+  RedisConnectionError,
+  RedisServerError,
+  RouteNotProtectedError,
+  UnknownOptionError,
+} from './plugins/common/errors.ts'
 export { HttpProblem, PROBLEM_CONTENT_TYPE, type ProblemBody, sendProblem } from './plugins/common/problem.ts'
 export {
   default as idempotency,

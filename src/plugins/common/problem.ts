@@ -1,4 +1,5 @@
 import type { FastifyReply } from 'fastify'
+import { PROBLEM_CODES } from './errors.ts'
 
 export const PROBLEM_CONTENT_TYPE = 'application/problem+json; charset=utf-8'
 
@@ -18,6 +19,8 @@ export class HttpProblem extends Error {
   readonly title: string
   readonly headers: Record<string, string>
   readonly extra: Record<string, string>
+  /** The library's code for a problem a plugin sends (`FRG_RATE_LIMITED`, ...); undefined for an app's own. */
+  readonly code: string | undefined
 
   constructor(
     status: number,
@@ -32,10 +35,18 @@ export class HttpProblem extends Error {
     this.title = title
     this.headers = options.headers ?? {}
     this.extra = options.extra ?? {}
+    this.code = PROBLEM_CODES[slug]
   }
 
   toJSON(): ProblemBody {
-    return { type: this.type, title: this.title, status: this.status, detail: this.message, ...this.extra }
+    const body: ProblemBody = {
+      type: this.type,
+      title: this.title,
+      status: this.status,
+      detail: this.message,
+    }
+    if (this.code) body.code = this.code
+    return Object.assign(body, this.extra)
   }
 }
 

@@ -1,6 +1,7 @@
 import type { FastifyInstance } from 'fastify'
 import type { Redis } from 'ioredis'
-import type { RedisClient } from '../../lua/index.ts'
+import { isCluster, type RedisClient } from '../../lua/index.ts'
+import { RedisClientError, RedisServerError } from './errors.ts'
 
 export type { RedisClient }
 
@@ -11,57 +12,258 @@ declare module 'fastify' {
   }
 }
 
+/** What a value is, for an error message: `a string ('redis://…')`, `an object (Object)`, `undefined`. */
+export function describeValue(value: unknown): string {
+  if (value === null || value === undefined) return String(value)
+  if (typeof value === 'string') return `a string ('${value.length > 60 ? `${value.slice(0, 60)}…` : value}')`
+  if (typeof value === 'object') return `an object (${value.constructor?.name ?? 'no prototype'})`
+  return `a ${typeof value}`
+}
+
+/** An ioredis client (Redis or Cluster, ioredis 5 or 6, or iovalkey): it sends commands and has a status. */
+export function isRedisClient(value: unknown): value is RedisClient {
+  const client = value as { sendCommand?: unknown; status?: unknown } | null
+  return typeof client?.sendCommand === 'function' && typeof client.status === 'string'
+}
+
 /** The client a Redis-backed plugin uses: its `redis` option, else the redis plugin's decorator. */
 export function pluginRedis(
   app: FastifyInstance,
   plugin: string,
   option: RedisClient | undefined,
 ): RedisClient {
-  const client = option ?? (app.hasDecorator('redis') ? app.redis : undefined)
-  if (!client || typeof (client as { sendCommand?: unknown }).sendCommand !== 'function')
-    throw new Error(`${plugin} plugin: pass \`redis\` (an ioredis client) or register the redis plugin first`)
-  return client
+  if (option !== undefined) {
+    if (isRedisClient(option)) return option
+    const hint =
+      typeof option === 'string'
+        ? ': create the client yourself (`new Redis(url)`) or register the redis plugin with `{ url }`'
+        : ''
+    throw new RedisClientError(
+      `${plugin} plugin: \`redis\` must be an ioredis client (new Redis() or new Cluster()), got ${describeValue(option)}${hint}`,
+    )
+  }
+  if (app.hasDecorator('redis') && isRedisClient(app.redis)) return app.redis
+  throw new RedisClientError(
+    `${plugin} plugin: no Redis client: pass \`redis\` (an ioredis client) or register the redis plugin before this one`,
+  )
 }
 
-/** Resolves once the client is ready: connects a lazy client, else waits for its connection. */
+/** Where a client connects, for messages: `127.0.0.1:6379`, a socket path, or a cluster's seed nodes. */
+export function redisAddress(client: RedisClient): string {
+  if (isCluster(client)) {
+    const nodes = (
+      client as unknown as { startupNodes?: Array<string | number | { host?: string; port?: number }> }
+    ).startupNodes
+    const seeds = (nodes ?? []).map((node) =>
+      typeof node === 'object' ? `${node.host ?? '127.0.0.1'}:${node.port ?? 6379}` : String(node),
+    )
+    return `cluster ${seeds.join(', ') || '(no startup nodes)'}`
+  }
+  const options = client.options
+  return options.path ? options.path : `${options.host ?? '127.0.0.1'}:${options.port ?? 6379}`
+}
+
+/**
+ * Resolves once the client is ready: connects a lazy client, else waits for its connection. Rejects
+ * with the connection's last error when the connection ends for good.
+ */
 export async function connectRedis(client: RedisClient): Promise<void> {
   if (client.status === 'ready') return
-  if (client.status === 'wait') await client.connect()
-  else
-    await new Promise<void>((resolve, reject) => {
-      client.once('ready', resolve)
-      client.once('end', () => reject(new Error('Redis connection ended before it was ready')))
-    })
+  let lastError: Error | undefined
+  const onError = (err: Error) => {
+    lastError = err
+  }
+  client.on('error', onError)
+  try {
+    if (client.status === 'wait') await client.connect()
+    else
+      await new Promise<void>((resolve, reject) => {
+        client.once('ready', resolve)
+        client.once('end', () =>
+          reject(
+            new Error(
+              `Redis connection ended before it was ready${lastError ? `: ${lastError.message}` : ''}`,
+              {
+                cause: lastError,
+              },
+            ),
+          ),
+        )
+      })
+  } catch (err) {
+    // ioredis reports a refused connection as "Connection is closed."; the socket's error says why.
+    if (lastError && err !== lastError)
+      throw new Error(`${(err as Error).message} (${lastError.message})`, { cause: lastError })
+    throw err
+  } finally {
+    client.off('error', onError)
+  }
 }
 
-/** How long a plugin waits at registration for a client that is still connecting. */
-const BOOT_WAIT_MS = 5000
+/** How long a plugin waits at registration for its client to be ready, unless told (`connectTimeoutMs`). */
+export const DEFAULT_CONNECT_TIMEOUT_MS = 5000
+
+/** One boot wait per client, shared by every plugin on it: true once ready, false when it gave up. */
+const bootWaits = new WeakMap<RedisClient, Promise<boolean>>()
 
 /**
  * Waits (boundedly) at registration for the plugin's client to be ready, connecting a lazy one, so
- * the first requests are decided by Redis and not by the failure policy. A Redis that stays away
- * does not stop the boot: the plugin says so and runs on its failure policy until Redis answers.
+ * the first requests are decided by Redis and not by the failure policy. The wait is shared by
+ * every plugin on the client: four plugins on a Redis that is down wait once, not four times. A
+ * Redis that stays away does not stop the boot: the warning names the address and the last error,
+ * and each plugin runs on its failure policy until Redis answers. `timeoutMs` 0: do not wait.
  */
 export async function awaitRedisAtBoot(
   app: FastifyInstance,
   client: RedisClient,
   plugin: string,
-): Promise<void> {
-  if (client.status === 'ready') return
+  timeoutMs = DEFAULT_CONNECT_TIMEOUT_MS,
+): Promise<boolean> {
+  if (client.status === 'ready') return true
+  let wait = bootWaits.get(client)
+  if (!wait) {
+    wait = waitForReady(app, client, plugin, timeoutMs)
+    bootWaits.set(client, wait)
+  }
+  return wait
+}
+
+async function waitForReady(
+  app: FastifyInstance,
+  client: RedisClient,
+  plugin: string,
+  timeoutMs: number,
+): Promise<boolean> {
+  const connecting = connectRedis(client)
+  if (timeoutMs === 0) {
+    connecting.catch(() => {})
+    return false
+  }
+  let lastError: Error | undefined
+  const onError = (err: Error) => {
+    lastError = err
+  }
+  client.on('error', onError)
   let timer: NodeJS.Timeout | undefined
   const timeout = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`not ready within ${BOOT_WAIT_MS} ms`)), BOOT_WAIT_MS)
+    timer = setTimeout(() => reject(new Error(`not ready within ${timeoutMs} ms`)), timeoutMs)
   })
   try {
-    await Promise.race([connectRedis(client), timeout])
+    await Promise.race([connecting, timeout])
+    return true
   } catch (err) {
+    connecting.catch(() => {})
+    const cause = lastError ?? (err as Error)
+    const address = redisAddress(client)
     app.log.warn(
-      { err, status: client.status },
-      `${plugin} plugin: Redis is not ready at boot; its failure policy applies until it is`,
+      { err: cause, address, status: client.status },
+      `${plugin} plugin: Redis at ${address} is not ready at boot (${(err as Error).message}; last error: ${cause.message}); every plugin on this client follows its failure policy until it is`,
     )
+    return false
   } finally {
     clearTimeout(timer)
+    client.off('error', onError)
   }
+}
+
+/** The oldest Redis the scripts run on (they use `PEXPIRE ... NX`, new in 7.0). */
+export const MIN_REDIS_VERSION = '7.0.0'
+
+export interface RedisServerInfo {
+  version: string
+  /** `maxmemory-policy`, from CONFIG GET or, where CONFIG is not allowed, from INFO. */
+  evictionPolicy: string | undefined
+}
+
+const serverInfos = new WeakMap<RedisClient, Promise<RedisServerInfo | undefined>>()
+
+/** Version and eviction policy of the server (a Cluster's first master), read once per client. */
+export function redisServerInfo(client: RedisClient): Promise<RedisServerInfo | undefined> {
+  let info = serverInfos.get(client)
+  if (!info) {
+    info = readServerInfo(client)
+    serverInfos.set(client, info)
+  }
+  return info
+}
+
+async function readServerInfo(client: RedisClient): Promise<RedisServerInfo | undefined> {
+  const node = isCluster(client) ? client.nodes('master')[0] : client
+  if (!node) return undefined
+  const field = (text: string, name: string) => new RegExp(`^${name}:(.*?)\\r?$`, 'm').exec(text)?.[1]
+  let server: string
+  try {
+    server = await node.info('server')
+  } catch {
+    return undefined
+  }
+  const version = field(server, 'redis_version') ?? '0.0.0'
+  let evictionPolicy: string | undefined
+  try {
+    evictionPolicy = ((await node.config('GET', 'maxmemory-policy')) as string[])[1]
+  } catch {
+    evictionPolicy = await node.info('memory').then(
+      (memory) => field(memory, 'maxmemory_policy'),
+      () => undefined,
+    )
+  }
+  return { version, evictionPolicy }
+}
+
+const olderThan = (version: string, minimum: string) => {
+  const a = version.split('.').map(Number)
+  const b = minimum.split('.').map(Number)
+  for (let i = 0; i < 3; i++) if ((a[i] ?? 0) !== (b[i] ?? 0)) return (a[i] ?? 0) < (b[i] ?? 0)
+  return false
+}
+
+/** What a plugin does about a server that may evict any key: refuse to boot, warn once, or accept. */
+export type EvictionCheck = 'refuse' | 'warn' | 'allow'
+
+/**
+ * Checks the server a plugin is handed, once it is connected: older than MIN_REDIS_VERSION is a
+ * boot error; an `allkeys-*` eviction policy (which may evict the plugin's records under memory
+ * pressure and undo its guarantee in silence) is refused or warned about. A client not ready at
+ * boot is checked when it first is, and what it finds then is logged as an error.
+ */
+export async function checkRedisServer(
+  app: FastifyInstance,
+  client: RedisClient,
+  plugin: string,
+  eviction: EvictionCheck,
+  fix = '',
+): Promise<void> {
+  const problem = async (): Promise<RedisServerError | string | null> => {
+    const info = await redisServerInfo(client)
+    if (!info) return null
+    const address = redisAddress(client)
+    if (olderThan(info.version, MIN_REDIS_VERSION))
+      return new RedisServerError(
+        'FRG_REDIS_VERSION',
+        `${plugin} plugin: Redis at ${address} is version ${info.version}; this library needs ${MIN_REDIS_VERSION} or later`,
+      )
+    if (eviction === 'allow' || !info.evictionPolicy?.startsWith('allkeys')) return null
+    const message = `${plugin} plugin: Redis at ${address} has maxmemory-policy ${info.evictionPolicy}, which may evict this plugin's keys under memory pressure; use noeviction or volatile-* (or a Redis of its own)`
+    if (eviction === 'warn') return message
+    return new RedisServerError('FRG_REDIS_EVICTION_POLICY', `${message}${fix}`)
+  }
+  if (client.status !== 'ready') {
+    client.once('ready', () => {
+      problem().then(
+        (found) =>
+          found &&
+          app.log.error(
+            { code: typeof found === 'string' ? undefined : found.code },
+            String(typeof found === 'string' ? found : found.message),
+          ),
+        () => {},
+      )
+    })
+    return
+  }
+  const found = await problem()
+  if (typeof found === 'string') app.log.warn(found)
+  else if (found) throw found
 }
 
 /** Clients whose commands `boundCommands` bounds, with the bound in ms. */

@@ -11,6 +11,7 @@ import { adoptMetric, observePluginRedis, whenMetricsReady } from '../common/met
 import { type PrincipalFunction, resolvePrincipal } from '../common/principal.ts'
 import { HttpProblem, PROBLEM_CONTENT_TYPE, sendProblem } from '../common/problem.ts'
 import { awaitRedisAtBoot, pluginRedis } from '../common/redis.ts'
+import { pluginRegistered, routeCovered } from '../common/route-coverage.ts'
 import { parseIdempotencyKey, requestFingerprint } from './key.ts'
 import {
   defaultScope,
@@ -99,6 +100,7 @@ function payloadBytes(payload: unknown): Buffer | null {
 
 async function idempotencyPlugin(app: FastifyInstance, rawOptions: IdempotencyPluginOptions) {
   const options = resolveOptions(rawOptions)
+  pluginRegistered(app, 'idempotency')
   const redis = pluginRedis(app, 'idempotency', rawOptions.redis)
   await awaitRedisAtBoot(app, redis, 'idempotency')
   const store = new IdempotencyStore(redis, options)
@@ -315,6 +317,7 @@ async function idempotencyPlugin(app: FastifyInstance, rawOptions: IdempotencyPl
     const routeName = `${routeOptions.method} ${routeOptions.url}`
     const route = resolveRouteConfig(routeOptions.config?.idempotency, options, routeName)
     if (!route) return
+    routeCovered(app, 'idempotency', routeOptions)
     const append = <T>(existing: T | T[] | undefined, hook: T): T[] =>
       existing === undefined ? [hook] : Array.isArray(existing) ? [...existing, hook] : [existing, hook]
     routeOptions.preHandler = append(routeOptions.preHandler, makePreHandler(route, routeOptions.constraints))
