@@ -70,9 +70,15 @@ async function buildApp(
   return app
 }
 
+/** A policy's counter key ends with its name and algorithm: `…}:<name>:<algorithm>`. */
+const isKeyOf = (key: string, name: string) =>
+  /^(fixed-window|sliding-log|sliding-counter|token-bucket|gcra)$/.test(
+    key.slice(key.lastIndexOf(`}:${name}:`) + name.length + 3),
+  ) && key.includes(`}:${name}:`)
+
 /** The Redis key of a policy for a client on 127.0.0.1 (found by scanning: names are unique per test). */
 async function keyOf(name: string): Promise<string> {
-  const keys = (await scanKeys(redis, prefix)).filter((k) => k.endsWith(`}:${name}`))
+  const keys = (await scanKeys(redis, prefix)).filter((k) => isKeyOf(k, name))
   assert.equal(keys.length, 1, `one key for ${name}`)
   return keys[0]!
 }
@@ -110,7 +116,7 @@ function memoryKey(name: string): string {
   if (!memoryKeys.has(name)) {
     const keys = memoryStoreOf(memoryPrefix)!
       .keys()
-      .filter((k) => k.endsWith(`}:${name}`))
+      .filter((k) => isKeyOf(k, name))
     assert.equal(keys.length, 1, `one key for ${name}`)
     memoryKeys.set(name, keys[0]!)
   }
@@ -405,8 +411,11 @@ for (const store of ['redis', 'memory'] as const) {
       await app.inject({ url: '/x', headers: { 'x-user': `{evil}${'x'.repeat(5000)}` } })
       const key = await inspect.key('hashed')
       const keyPrefix = store === 'redis' ? prefix : memoryPrefix
-      assert.equal(key, `${keyPrefix}{${key.slice(keyPrefix.length + 1, keyPrefix.length + 23)}}:hashed`)
-      assert.match(key.slice(keyPrefix.length), /^\{[A-Za-z0-9_-]{22}\}:hashed$/)
+      assert.equal(
+        key,
+        `${keyPrefix}{${key.slice(keyPrefix.length + 1, keyPrefix.length + 23)}}:hashed:fixed-window`,
+      )
+      assert.match(key.slice(keyPrefix.length), /^\{[A-Za-z0-9_-]{22}\}:hashed:fixed-window$/)
       // No key identity (header absent): the policy does not apply.
       assert.equal((await app.inject('/x')).headers.ratelimit, undefined)
     })
@@ -633,7 +642,10 @@ describe('options are checked at registration', () => {
     await app.register(rateLimit, { redis })
     // The plugin is loaded (its onRoute hook is in place); once the app is ready no route can be added at all.
     assert.throws(() => app.get('/x', { config: { rateLimits: 'nope' } }, async () => 'ok'), {
-      message: "rate-limit plugin: route GET /x names unknown policy 'nope'",
+      name: 'RateLimitUnknownPolicyError',
+      code: 'FRG_RATE_LIMIT_UNKNOWN_POLICY',
+      message:
+        "rate-limit plugin: route GET /x names unknown policy 'nope' (the plugin has no namedPolicies)",
     })
     await app.close()
   })

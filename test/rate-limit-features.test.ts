@@ -4,6 +4,7 @@ import { after, before, describe, test } from 'node:test'
 import Fastify, { type FastifyInstance, type FastifyRequest, type InjectOptions } from 'fastify'
 import { memoryStoreOf } from '../src/plugins/rate-limit/engine.ts'
 import rateLimit, {
+  type Algorithm,
   clientAddress,
   type Decision,
   keyBy,
@@ -91,8 +92,8 @@ async function ttlOf(store: Store, key: string): Promise<number> {
   return entry ? entry.exp - Date.now() : -2
 }
 
-const keyFor = (prefix: string, identity: string, name: string) =>
-  `${prefix}{${identityTag(identity)}}:${name}`
+const keyFor = (prefix: string, identity: string, name: string, algorithm: Algorithm) =>
+  `${prefix}{${identityTag(identity)}}:${name}:${algorithm}`
 const statuses = async (app: FastifyInstance, n: number, request: InjectOptions | string) => {
   const out = []
   for (let i = 0; i < n; i++) out.push((await app.inject(request as never)).statusCode)
@@ -140,7 +141,7 @@ for (const store of ['redis', 'memory'] as const) {
         assert.equal(hour.headers['ratelimit-policy'], '"plan-window";q=2;w=3600')
         assert.deepEqual(await statuses(app, 2, as('free')), [200, 429])
         assert.deepEqual(await statuses(app, 2, as('pro')), [200, 429])
-        const key = keyFor(prefix, 'x-user:dee', 'plan-window')
+        const key = keyFor(prefix, 'x-user:dee', 'plan-window', 'sliding-log')
         assert.ok((await ttlOf(store, `${key}:60000`)) > 0)
         assert.ok((await ttlOf(store, `${key}:3600000`)) > 60_000)
       })
@@ -263,7 +264,7 @@ for (const store of ['redis', 'memory'] as const) {
         assert.equal(over.statusCode, 429)
         assert.equal(over.headers['retry-after'], '30')
         assert.match(String(over.headers.ratelimit), /^"penalty";r=0;t=30$/)
-        const block = `${keyFor(prefix, 'ip:127.0.0.1', 'penalty')}:block`
+        const block = `${keyFor(prefix, 'ip:127.0.0.1', 'penalty', 'sliding-log')}:block`
         const ttl = await ttlOf(store, block)
         assert.ok(ttl > 29_000 && ttl <= 30_000, `block TTL ${ttl}`)
         await new Promise((r) => setTimeout(r, 300))
@@ -297,7 +298,7 @@ for (const store of ['redis', 'memory'] as const) {
           const url = await listen(app)
           const rs = await Promise.all(Array.from({ length: 50 }, () => fetch(`${url}/x`)))
           assert.equal(rs.filter((r) => r.status === 200).length, 5, algorithm)
-          assert.ok((await ttlOf(store, `${keyFor(prefix, 'ip:127.0.0.1', name)}:block`)) > 59_000)
+          assert.ok((await ttlOf(store, `${keyFor(prefix, 'ip:127.0.0.1', name, algorithm)}:block`)) > 59_000)
           await Promise.all(rs.map((r) => r.text()))
         }
       })
@@ -313,7 +314,8 @@ for (const store of ['redis', 'memory'] as const) {
         assert.equal((await app.inject('/x')).json().policy, 'sib-blocking')
         const wide = await app.rateLimiter.consume('sib-wide', 'ip:127.0.0.1', 0)
         assert.equal(wide.remaining, 99, 'only the first request counted')
-        if (store === 'redis') assert.equal(await redis.get(keyFor(prefix, 'ip:127.0.0.1', 'sib-wide')), '1')
+        if (store === 'redis')
+          assert.equal(await redis.get(keyFor(prefix, 'ip:127.0.0.1', 'sib-wide', 'fixed-window')), '1')
       })
 
       test('every instance honours a block (two apps on one key space)', async () => {
@@ -388,7 +390,7 @@ for (const store of ['redis', 'memory'] as const) {
         const r = await app.rateLimiter.consume('shared', 'ip:127.0.0.1', 2)
         assert.deepEqual([r.allowed, r.remaining], [true, 0])
         assert.equal((await app.inject('/x')).statusCode, 429)
-        assert.ok((await ttlOf(store, keyFor(prefix, 'ip:127.0.0.1', 'shared'))) > 0)
+        assert.ok((await ttlOf(store, keyFor(prefix, 'ip:127.0.0.1', 'shared', 'fixed-window'))) > 0)
       })
 
       test('a login route resets the brute-force counter after a successful login', async () => {
@@ -456,27 +458,45 @@ for (const store of ['redis', 'memory'] as const) {
         )
         const limiter = app.rateLimiter
         await assert.rejects(limiter.consume('nope', 'x'), {
-          message: "rate-limit plugin: consume(): unknown policy 'nope'",
+          name: 'RateLimitUnknownPolicyError',
+          code: 'FRG_RATE_LIMIT_UNKNOWN_POLICY',
+          message: "rate-limit plugin: consume(): unknown policy 'nope' (policies: login, plain, per-plan)",
         })
-        await assert.rejects(limiter.consume('login', ''), {
-          message:
-            'rate-limit plugin: consume(): `key` must be a non-empty string (the identity a key function returns)',
+        // Argument errors are TypeErrors with the code of every option error.
+        const argument = (message: string) => ({
+          name: 'RateLimitArgumentError',
+          code: 'FRG_INVALID_OPTION',
+          message,
         })
-        await assert.rejects(limiter.consume('login', 'username:x', 1.5), {
-          message: 'rate-limit plugin: consume(): `cost` must be a whole number of units (0 or more)',
-        })
-        await assert.rejects(limiter.block('plain', 'ip:1', 1000), {
-          message:
+        await assert.rejects(
+          limiter.consume('login', ''),
+          argument(
+            "rate-limit plugin: consume(): `key` must be a non-empty string (the identity a key function returns), got a string ('')",
+          ),
+        )
+        await assert.rejects(
+          limiter.consume('login', 'username:x', 1.5),
+          argument('rate-limit plugin: consume(): `cost` must be a whole number of units (0 or more)'),
+        )
+        await assert.rejects(
+          limiter.block('plain', 'ip:1', 1000),
+          argument(
             "rate-limit plugin: block(): policy 'plain' has no `blockMs` (blocks are checked only for policies that set it)",
-        })
-        await assert.rejects(limiter.block('login', 'username:x', 'forever'), {
-          message:
+          ),
+        )
+        await assert.rejects(
+          limiter.block('login', 'username:x', 'forever'),
+          argument(
             "rate-limit plugin: block(): `ms`: 'forever' is not a duration (milliseconds, or a number and a unit: '500ms', '10s', '1 minute', '2h')",
-        })
-        await assert.rejects(limiter.consume('per-plan', 'ip:1'), {
-          message:
+          ),
+        )
+        await assert.rejects(
+          limiter.consume('per-plan', 'ip:1'),
+          argument(
             "rate-limit plugin: consume(): policy 'per-plan' has a per-request `limit` or `windowMs`: pass the request",
-        })
+          ),
+        )
+        await assert.rejects(limiter.consume('login', ''), TypeError)
         const request = { headers: { 'x-plan': 'pro' } } as unknown as FastifyRequest
         assert.equal((await limiter.consume('per-plan', 'ip:1', 1, request)).limit, 10)
       })
@@ -594,7 +614,11 @@ for (const store of ['redis', 'memory'] as const) {
           assert.throws(
             () =>
               app.get('/b', { config: { rateLimits: { ...base, [option]: () => 'b' } } }, async () => 'ok'),
-            { message: "rate-limit plugin: policy 'x' is defined twice with different settings" },
+            {
+              code: 'FRG_RATE_LIMIT_POLICY_CONFLICT',
+              message:
+                "rate-limit plugin: route GET /b: config.rateLimits: policy 'x' is defined twice with different settings",
+            },
           )
           await app.close()
         }

@@ -53,7 +53,7 @@ const sessionRoutes: FastifyPluginAsyncTypebox<SessionRoutesOptions> = async (
     '/session',
     {
       // Failed logins per username, when the gateway registers the rate-limit plugin (src/app.ts).
-      config: { rateLimits: ['login-ip', 'login'] },
+      config: { rateLimits: app.hasDecorator('rateLimiter') ? ['login-ip', 'login'] : false },
       schema: {
         operationId: 'login',
         tags: ['session'],

@@ -50,7 +50,7 @@ const transferRoutes: FastifyPluginAsyncTypebox<{ outbox?: boolean }> = async (a
       config: {
         session: 'required',
         idempotency: { required: true, onRedisError: 'open' },
-        rateLimits: 'transfers',
+        rateLimits: app.hasDecorator('rateLimiter') ? 'transfers' : false,
       },
       schema: {
         operationId: 'createTransfer',

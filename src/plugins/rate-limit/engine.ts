@@ -3,6 +3,7 @@ import type { FastifyBaseLogger, FastifyRequest } from 'fastify'
 import { type RedisClient, runScript } from '../../lua/index.ts'
 import type { PrincipalFunction } from '../common/principal.ts'
 import { commandTimeoutOf } from '../common/redis.ts'
+import { RateLimitArgumentError, RateLimitError } from './errors.ts'
 import { identityTag, MAX_KEY_INPUT } from './keys.ts'
 import { MemoryStore } from './memory.ts'
 import type { RateLimitMetrics } from './metrics.ts'
@@ -153,27 +154,13 @@ const UNAVAILABLE_REPLIES = new Set([
 
 /**
  * Connection failures and timeouts (any error that is not a Redis reply) and the replies above
- * mean Redis is down. Any other reply (a script error, a key of another type) is about this call.
+ * mean Redis is down. Any other reply (a script error, a key of another type) is about the keys
+ * of this call: their policies follow their onRedisError, and Redis stays in use for the others.
  */
 function redisUnavailable(err: unknown): boolean {
   if (!(err instanceof Error) || err.name !== 'ReplyError') return true
   const space = err.message.indexOf(' ')
   return UNAVAILABLE_REPLIES.has(space < 0 ? err.message : err.message.slice(0, space))
-}
-
-/**
- * A policy could not be applied to one request: one of its functions threw or returned what
- * cannot be counted, or Redis refused the script call. The route's bug, answered 500 for that
- * request only; never taken for a Redis outage.
- */
-export class RateLimitError extends Error {
-  readonly policies: string[]
-
-  constructor(policies: string[], message: string, cause?: unknown) {
-    super(`rate limit: policy '${policies.join("', '")}': ${message}`, { cause })
-    this.name = 'RateLimitError'
-    this.policies = policies
-  }
 }
 
 type Arg = string | number
@@ -194,6 +181,8 @@ export class RateLimitEngine {
   private redisDownUntil = 0
   private readonly tags = new Map<string, string>()
   private lastUnavailableLog = 0
+  /** Policies whose script call Redis refused, logged once each (every later refusal is counted). */
+  private readonly scriptErrorsLogged = new Set<string>()
   /** Replaced once the app is ready: the metrics plugin's registry and the resolved principal. */
   metrics: RateLimitMetrics
   principal: PrincipalFunction = () => null
@@ -209,8 +198,12 @@ export class RateLimitEngine {
     this.ownTimeout = redis !== null && !commandTimeoutOf(redis)
   }
 
+  /**
+   * The algorithm is part of the key: one name reused for another algorithm (a new deploy, another
+   * app on the same prefix) gets keys of its own instead of the other script's data.
+   */
   keyOf(tag: string, policy: Policy): string {
-    return `${this.options.keyPrefix}{${tag}}:${policy.name}`
+    return `${this.options.keyPrefix}{${tag}}:${policy.name}:${policy.algorithm}`
   }
 
   /** The counter key: a per-request window is part of it (one counter per window length). */
@@ -396,11 +389,8 @@ export class RateLimitEngine {
       reply = await (this.ownTimeout ? withTimeout(call, this.options.timeoutMs) : call)
     } catch (err) {
       if (!redisUnavailable(err)) {
-        throw new RateLimitError(
-          group.policies.map((p) => p.name),
-          `Redis refused the script call: ${(err as Error).message}`,
-          err,
-        )
+        this.noteScriptError(group, keys, err as Error)
+        return this.degraded(group, op, outcome)
       }
       this.redisDownUntil = Date.now() + this.options.retryRedisAfterMs
       this.noteUnavailable((err as Error).message, err)
@@ -477,6 +467,25 @@ export class RateLimitEngine {
     this.options.log.warn(
       { err, reason },
       'rate limit: Redis unavailable, policies decide by their onRedisError (open, closed or local)',
+    )
+  }
+
+  /**
+   * Redis refused a policy's script (WRONGTYPE: a key of another type where the policy keeps its
+   * counter; or any other script error): no request can fix it, so it is logged once per policy,
+   * with the keys and what to do, at error level; every refusal is counted in
+   * rate_limit_redis_unavailable_total and by the decision's degraded outcome.
+   */
+  private noteScriptError(group: Group, keys: readonly string[], err: Error): void {
+    this.metrics.unavailable()
+    const names = group.policies.map((p) => p.name)
+    if (names.every((name) => this.scriptErrorsLogged.has(name))) return
+    for (const name of names) this.scriptErrorsLogged.add(name)
+    const modes = group.policies.map((p) => `'${p.name}': ${p.onRedisError}`).join(', ')
+    this.options.log.error(
+      { err, policy: names.join(', '), keys },
+      `rate limit: Redis refused the script of policy '${names.join("', '")}' on ${keys.join(', ')} (${err.message}); until fixed it is decided by its onRedisError (${modes}). ` +
+        `A key of another type under the key prefix '${this.options.keyPrefix}' means something else writes there: give this plugin a keyPrefix of its own, or delete those keys (they expire with their TTL)`,
     )
   }
 
@@ -592,7 +601,7 @@ export class RateLimitEngine {
   ): Resolved | undefined {
     if (!policy.dynamic) return undefined
     if (!request)
-      throw new Error(
+      throw new RateLimitArgumentError(
         `rate-limit plugin: ${caller}: policy '${policy.name}' has a per-request \`limit\` or \`windowMs\`: pass the request`,
       )
     let resolved: Resolved | string

@@ -10,21 +10,24 @@ import fp from 'fastify-plugin'
 import { observePluginRedis, whenMetricsReady } from '../common/metrics.ts'
 import { checkPrincipalOption, type PrincipalFunction, resolvePrincipal } from '../common/principal.ts'
 import { HttpProblem, sendProblem } from '../common/problem.ts'
-import { awaitRedisAtBoot, pluginRedis, type RedisClient } from '../common/redis.ts'
+import { bootPluginRedis, describeValue, type RedisClient } from '../common/redis.ts'
+import { pluginRegistered, routeCovered } from '../common/route-coverage.ts'
 import { type Duration, durationOption, parseDuration } from './duration.ts'
+import { type Decision, type Outcome, RateLimitEngine, type RateLimitResult, type Refund } from './engine.ts'
 import {
-  type Decision,
-  type Outcome,
-  RateLimitEngine,
+  RateLimitArgumentError,
   RateLimitError,
-  type RateLimitResult,
-  type Refund,
-} from './engine.ts'
+  RateLimitNoPolicyError,
+  RateLimitPolicyConflictError,
+  RateLimitUnknownPolicyError,
+} from './errors.ts'
 import { DEFAULT_IPV6_SUBNET } from './keys.ts'
 import { createMetrics } from './metrics.ts'
+import { PLUGIN_KEYS, pluginCheck, routeConfigCheck } from './options.ts'
 import {
   type AllowList,
   allowListPredicate,
+  checkDefaults,
   type ErrorResponseBuilder,
   type ExceededHandler,
   normalizePolicy,
@@ -36,6 +39,13 @@ import {
 
 export type { Duration } from './duration.ts'
 export type { Decision, RateLimitResult } from './engine.ts'
+export {
+  RateLimitArgumentError,
+  RateLimitError,
+  RateLimitNoPolicyError,
+  RateLimitPolicyConflictError,
+  RateLimitUnknownPolicyError,
+} from './errors.ts'
 export { clientAddress, type KeyFunction, keyBy } from './keys.ts'
 export type {
   Algorithm,
@@ -60,9 +70,11 @@ export interface RateLimitPluginOptions {
   memoryMaxKeys?: number
   /** Any ioredis Redis or Cluster; defaults to the redis plugin's `app.redis`. Never closed by this plugin. */
   redis?: RedisClient
+  /** How long registration waits for the client to be ready (shared by every plugin on it); 0: do not wait. Default 5000. */
+  connectTimeoutMs?: number
   /** Who the caller is, for `keyBy.customer`; default: this suite's session plugin if registered, else nobody. */
   principal?: PrincipalFunction
-  /** Prepended to every key (default `rl:`); keys are `<prefix>{<identity hash>}:<policy name>`. */
+  /** Prepended to every key (default `rl:`); keys are `<prefix>{<identity hash>}:<policy name>:<algorithm>`. */
   keyPrefix?: string
   /** Applied to every route registered after the plugin (unless the route says `rateLimits: false`). */
   policies?: RateLimitPolicy[]
@@ -118,13 +130,15 @@ declare module 'fastify' {
 
 const nonNegativeInt = (v: unknown) => Number.isSafeInteger(v) && (v as number) >= 0
 
-const fail = (message: string): never => {
-  throw new Error(`rate-limit plugin: ${message}`)
-}
+const { fail } = pluginCheck
 
 function checkOptions(o: RateLimitPluginOptions): void {
+  if (typeof o !== 'object' || o === null) fail(`options must be an object, got ${describeValue(o)}`)
+  pluginCheck.known(o, PLUGIN_KEYS)
   if (o.store !== undefined && o.store !== 'redis' && o.store !== 'memory')
-    fail("`store` must be 'redis' or 'memory'")
+    fail(
+      `\`store\` must be 'redis' or 'memory'${typeof o.store === 'string' ? '' : ' (@fastify/rate-limit\'s custom store classes have no equivalent here; see "Migrating from @fastify/rate-limit" in docs/rate-limit.md)'}`,
+    )
   if (o.memoryMaxKeys !== undefined && !(Number.isSafeInteger(o.memoryMaxKeys) && o.memoryMaxKeys >= 100))
     fail('`memoryMaxKeys` must be an integer of at least 100')
   if (
@@ -141,6 +155,9 @@ function checkOptions(o: RateLimitPluginOptions): void {
   for (const list of ['policies', 'namedPolicies'] as const) {
     if (o[list] !== undefined && !Array.isArray(o[list])) fail(`\`${list}\` must be an array of policies`)
   }
+  checkDefaults(o.defaults)
+  if (o.connectTimeoutMs !== undefined && !nonNegativeInt(o.connectTimeoutMs))
+    fail('`connectTimeoutMs` must be a non-negative whole number of milliseconds (0: do not wait)')
   if (o.legacyHeaders !== undefined && typeof o.legacyHeaders !== 'boolean')
     fail('`legacyHeaders` must be a boolean')
   if (o.overLimitCacheKeys !== undefined && !nonNegativeInt(o.overLimitCacheKeys))
@@ -201,8 +218,8 @@ function rejection(outcome: Outcome): HttpProblem {
 
 /**
  * A request the limiter could not check because of the route's own setup (a policy function threw
- * or returned what cannot be counted, Redis refused the script): 500 for this request only, logged
- * with the policy, and never taken for a Redis outage that would change every other route.
+ * or returned what cannot be counted): 500 for this request only, logged with the policy, and never
+ * taken for a Redis outage that would change every other route.
  */
 function notChecked(request: FastifyRequest, err: unknown): HttpProblem {
   const policies = err instanceof RateLimitError ? err.policies : []
@@ -219,9 +236,15 @@ function notChecked(request: FastifyRequest, err: unknown): HttpProblem {
 
 async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOptions) {
   checkOptions(options)
+  pluginRegistered(app, 'rateLimits')
   const memory = options.store === 'memory'
-  const redis = memory ? null : pluginRedis(app, 'rate-limit', options.redis)
-  if (redis) await awaitRedisAtBoot(app, redis, 'rate-limit')
+  const redis = memory
+    ? null
+    : await bootPluginRedis(app, 'rate-limit', {
+        redis: options.redis,
+        connectTimeoutMs: options.connectTimeoutMs,
+        eviction: 'warn',
+      })
   const defaults = options.defaults ?? {}
   const context: PolicyContext = {
     ipv6Subnet: options.ipv6Subnet ?? DEFAULT_IPV6_SUBNET,
@@ -229,19 +252,22 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
     errorResponse: options.errorResponse ?? null,
   }
   const known = new Map<string, { signature: string; policy: Policy }>()
-  const define = (raw: RateLimitPolicy): Policy => {
-    const policy = normalizePolicy(raw, defaults, context)
+  const define = (raw: RateLimitPolicy, where = ''): Policy => {
+    const policy = normalizePolicy(raw, defaults, context, where)
     const sig = signature(raw, defaults)
     const seen = known.get(policy.name)
     if (seen && seen.signature !== sig) {
-      throw new Error(`rate-limit plugin: policy '${policy.name}' is defined twice with different settings`)
+      throw new RateLimitPolicyConflictError(
+        `rate-limit plugin: ${where}policy '${policy.name}' is defined twice with different settings`,
+        policy.name,
+      )
     }
     if (!seen) known.set(policy.name, { signature: sig, policy })
     return seen?.policy ?? policy
   }
-  const global = (options.policies ?? []).map(define)
+  const global = (options.policies ?? []).map((raw) => define(raw))
   const named = new Map((options.namedPolicies ?? []).map((raw) => [raw.name, define(raw)]))
-  const allow = allowListPredicate(options.allowList)
+  const allow = allowListPredicate(options.allowList, fail)
   const legacy = options.legacyHeaders ?? false
   const engine = new RateLimitEngine(
     redis,
@@ -256,8 +282,20 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
     },
     createMetrics(undefined),
   )
+  /** Routes that got at least one policy of this plugin; none and no policy at all: it limits nothing. */
+  let limitedRoutes = 0
+  /** Routes carrying @fastify/rate-limit's `config.rateLimit`, refused unless that plugin is registered. */
+  const foreignConfigs: Array<{ where: string; value: unknown }> = []
   app.addHook('onReady', async () => {
     engine.principal = resolvePrincipal(app, options.principal)
+    // Its decorator is `rateLimit`: with it registered too, `config.rateLimit` is its to read.
+    if (!app.hasDecorator('rateLimit'))
+      for (const { where, value } of foreignConfigs)
+        routeConfigCheck.known({ rateLimit: value }, ['rateLimits'], where)
+    if (global.length === 0 && named.size === 0 && limitedRoutes === 0)
+      throw new RateLimitNoPolicyError(
+        "rate-limit plugin: no policy: the plugin is registered without `policies` or `namedPolicies` and no route it sees has `config.rateLimits`, so it limits nothing. Add `policies` (every route after the plugin), `namedPolicies` (routes name them, or app.rateLimiter uses them), or a policy in a route's `config.rateLimits`",
+      )
   })
   app.addHook('onClose', async () => engine.close())
   whenMetricsReady(app, (metrics) => {
@@ -336,23 +374,39 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
     return payload
   }
 
-  const resolve = (route: RouteOptions, entry: string | RateLimitPolicy): Policy => {
-    if (typeof entry !== 'string') return define(entry)
-    const policy = named.get(entry)
+  const routeName = (route: RouteOptions) => `route ${[route.method].flat().join(',')} ${route.url}`
+  const resolve = (route: RouteOptions, entry: unknown): Policy => {
+    const where = `${routeName(route)}: config.rateLimits: `
+    if (typeof entry === 'object' && entry !== null && !Array.isArray(entry))
+      return define(entry as RateLimitPolicy, where)
+    if (typeof entry !== 'string')
+      fail(
+        `${where}each entry must be a policy or the name of one of \`namedPolicies\`, got ${describeValue(entry)} (false, alone, turns every policy off)`,
+      )
+    const policy = named.get(entry as string)
     if (!policy)
-      throw new Error(`rate-limit plugin: route ${route.method} ${route.url} names unknown policy '${entry}'`)
+      throw new RateLimitUnknownPolicyError(
+        `rate-limit plugin: ${routeName(route)} names unknown policy '${entry}'${namedList()}`,
+        entry as string,
+      )
     return policy
   }
+  const namedList = () =>
+    named.size ? ` (namedPolicies: ${[...named.keys()].join(', ')})` : ' (the plugin has no namedPolicies)'
 
   const policyNamed = (name: string, caller: string): Policy => {
     const found = typeof name === 'string' ? known.get(name) : undefined
-    if (!found) throw new Error(`rate-limit plugin: ${caller}: unknown policy '${String(name)}'`)
+    if (!found)
+      throw new RateLimitUnknownPolicyError(
+        `rate-limit plugin: ${caller}: unknown policy '${String(name)}'${known.size ? ` (policies: ${[...known.keys()].join(', ')})` : ''}`,
+        String(name),
+      )
     return found.policy
   }
   const checkKey = (key: unknown, caller: string): string => {
     if (typeof key !== 'string' || key.length === 0)
-      throw new TypeError(
-        `rate-limit plugin: ${caller}: \`key\` must be a non-empty string (the identity a key function returns)`,
+      throw new RateLimitArgumentError(
+        `rate-limit plugin: ${caller}: \`key\` must be a non-empty string (the identity a key function returns), got ${describeValue(key)}`,
       )
     return key
   }
@@ -367,7 +421,7 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
       const policy = policyNamed(name, 'consume()')
       checkKey(key, 'consume()')
       if (!Number.isSafeInteger(cost) || cost < 0)
-        throw new TypeError(
+        throw new RateLimitArgumentError(
           'rate-limit plugin: consume(): `cost` must be a whole number of units (0 or more)',
         )
       return engine.consume(policy, key, cost, request)
@@ -380,24 +434,29 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
       const policy = policyNamed(name, 'block()')
       checkKey(key, 'block()')
       if (policy.blockMs === 0)
-        throw new Error(
+        throw new RateLimitArgumentError(
           `rate-limit plugin: block(): policy '${policy.name}' has no \`blockMs\` (blocks are checked only for policies that set it)`,
         )
       const duration = durationOption('ms', ms, 1, (message) => {
-        throw new TypeError(`rate-limit plugin: block(): ${message}`)
+        throw new RateLimitArgumentError(`rate-limit plugin: block(): ${message}`)
       })
       await engine.block(policy, key, duration)
     },
   })
 
   app.addHook('onRoute', (route) => {
+    const routeConfig = route.config as Record<string, unknown> | undefined
+    if (routeConfig?.rateLimit !== undefined)
+      foreignConfigs.push({ where: `${routeName(route)}: config`, value: routeConfig.rateLimit })
     const config = route.config?.rateLimits
+    if (config !== undefined) routeCovered(app, 'rateLimits', route)
     if (config === false) return
     const policies = [
       ...global,
       ...(config === undefined ? [] : [config].flat().map((e) => resolve(route, e))),
     ]
     if (policies.length === 0) return
+    limitedRoutes++
     const add = <T>(existing: T | T[] | undefined, hook: T): T[] =>
       [...(existing ? [existing].flat() : []), hook] as T[]
     const early = policies.filter((p) => p.hook === 'onRequest')

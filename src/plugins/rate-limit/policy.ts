@@ -1,7 +1,9 @@
 import type { FastifyReply, FastifyRequest } from 'fastify'
+import { describeValue } from '../common/redis.ts'
 import { type Duration, durationOption, parseDuration } from './duration.ts'
 import type { Decision } from './engine.ts'
 import { DEFAULT_IPV6_SUBNET, ipKey, type KeyFunction, keyBy, needsPreHandler } from './keys.ts'
+import { DEFAULTS_KEYS, POLICY_KEYS, policyCheck } from './options.ts'
 
 export type Algorithm = 'fixed-window' | 'sliding-log' | 'sliding-counter' | 'token-bucket' | 'gcra'
 /** What a policy does while Redis cannot answer: allow, answer 503, or limit in this process. */
@@ -124,27 +126,45 @@ const SCRIPTS: Record<Algorithm, string> = {
 const NAME = /^[A-Za-z0-9_.-]{1,64}$/
 const positiveInt = (v: unknown): v is number => Number.isSafeInteger(v) && (v as number) > 0
 
-export function allowListPredicate(list: AllowList | undefined): ((r: FastifyRequest) => boolean) | null {
+export function allowListPredicate(
+  list: AllowList | undefined,
+  fail: (message: string) => never,
+): ((r: FastifyRequest) => boolean) | null {
   if (list === undefined) return null
   if (typeof list === 'function') return list
-  if (!Array.isArray(list) || list.some((ip) => typeof ip !== 'string')) {
-    throw new Error('rate-limit plugin: `allowList` must be an array of IP strings or a function')
-  }
+  if (!Array.isArray(list) || list.some((ip) => typeof ip !== 'string'))
+    fail('`allowList` must be an array of IP strings or a function')
   const ips = new Set(list)
   return (request) => ips.has(request.ip)
 }
 
-/** Checks one policy; throws with a message naming the policy and the option. */
+/** Checks the plugin's `defaults` (a policy's options but its name) once, at registration. */
+export function checkDefaults(defaults: unknown): void {
+  if (defaults === undefined) return
+  if (typeof defaults !== 'object' || defaults === null || Array.isArray(defaults))
+    policyCheck.fail(`\`defaults\` must be an object of policy options, got ${describeValue(defaults)}`)
+  policyCheck.known(defaults, DEFAULTS_KEYS, 'defaults')
+}
+
+/**
+ * Checks one policy; throws an InvalidOptionError naming the policy and the option, or an
+ * UnknownOptionError for a key no policy has. `where` says where it was written (a route's config).
+ */
 export function normalizePolicy(
   raw: RateLimitPolicy,
   defaults: Partial<RateLimitPolicy> = {},
   context: PolicyContext = NO_CONTEXT,
+  where = '',
 ): Policy {
+  if (typeof raw !== 'object' || raw === null || Array.isArray(raw))
+    policyCheck.fail(
+      `${where}a policy must be an object (name, algorithm, limit, ...), got ${describeValue(raw)}`,
+    )
   const p = { ...defaults, ...raw }
   const name = typeof p.name === 'string' && NAME.test(p.name) ? p.name : undefined
-  const fail = (message: string): never => {
-    throw new Error(`rate-limit plugin: policy '${name ?? String(p.name)}': ${message}`)
-  }
+  policyCheck.known(raw, POLICY_KEYS, `${where}policy '${name ?? String(p.name)}'`)
+  const fail = (message: string): never =>
+    policyCheck.fail(`${where}policy '${name ?? String(p.name)}': ${message}`)
   if (!name) fail('`name` must be 1-64 characters of A-Z a-z 0-9 _ . -')
   if (!(p.algorithm in SCRIPTS)) {
     fail('`algorithm` must be one of fixed-window, sliding-log, sliding-counter, token-bucket, gcra')
@@ -222,7 +242,7 @@ export function normalizePolicy(
     onRedisError,
     localShare,
     maxDelayMs,
-    allow: allowListPredicate(p.allowList),
+    allow: allowListPredicate(p.allowList, fail),
     blockMs,
     onExceeded: p.onExceeded ?? context.onExceeded,
     errorResponse: p.errorResponse ?? context.errorResponse,
