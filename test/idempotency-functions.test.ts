@@ -6,6 +6,7 @@ import { Registry } from 'prom-client'
 import { startRedisServer } from '../src/embedded/redis-server.ts'
 import {
   IdempotencyError,
+  IdempotencyFingerprintTooLargeError,
   IdempotencyInFlightError,
   IdempotencyKeyInvalidError,
   IdempotencyKeyMismatchError,
@@ -84,66 +85,69 @@ function charger(
 describe('makeIdempotent options', () => {
   const fn = async () => 1
   const base = { redis: {} as RedisClient, keyOf: () => 'k' }
-  const cases: Array<[() => unknown, string]> = [
-    [() => makeIdempotent('x' as unknown as () => 1, base), 'makeIdempotent: `fn` must be a function'],
+  const cases: Array<[() => unknown, string | RegExp]> = [
+    [
+      () => makeIdempotent('x' as unknown as () => 1, base),
+      "makeIdempotent: `fn` must be a function, got a string ('x')",
+    ],
     [
       () => makeIdempotent(fn, undefined as unknown as MakeIdempotentOptions<[]>),
-      'makeIdempotent: `options` must be an object with `redis` and `keyOf`',
+      'makeIdempotent: `options` must be an object with `redis` and `keyOf`, got undefined',
     ],
     [
       () => makeIdempotent(fn, { keyOf: () => 'k' } as unknown as MakeIdempotentOptions<[]>),
-      'makeIdempotent: `redis` must be an ioredis client (Redis or Cluster)',
+      'makeIdempotent: `redis` must be an ioredis client (new Redis() or new Cluster()), got undefined',
     ],
     [
       () => makeIdempotent(fn, { redis: shared } as unknown as MakeIdempotentOptions<[]>),
-      'makeIdempotent: `keyOf` must be a function of the arguments',
+      'makeIdempotent: `keyOf` must be a function of the arguments, got undefined',
     ],
     [
       () => makeIdempotent(fn, { redis: shared, keyOf: () => 'k', fingerprintOf: 'args' as never }),
-      'makeIdempotent: `fingerprintOf` must be a function of the arguments',
+      "makeIdempotent: `fingerprintOf` must be a function of the arguments, got a string ('args')",
     ],
     [
       () => makeIdempotent(fn, { redis: shared, keyOf: () => 'k', name: 'n'.repeat(201) }),
-      'makeIdempotent: `name` must be a string of at most 200 characters',
+      /^makeIdempotent: `name` must be a string of at most 200 characters, got a string \('n{60}…'\)$/,
     ],
     [
       () => makeIdempotent(fn, { redis: shared, keyOf: () => 'k', required: 'yes' as never }),
-      'makeIdempotent: `required` must be a boolean',
+      "makeIdempotent: `required` must be a boolean, got a string ('yes')",
     ],
     [
       () => makeIdempotent(fn, { redis: shared, keyOf: () => 'k', leaseMs: 50 }),
-      'makeIdempotent: `leaseMs` must be an integer from 100 to 60000',
+      'makeIdempotent: `leaseMs` must be an integer from 100 to 60000, got 50',
     ],
     [
       () => makeIdempotent(fn, { redis: shared, keyOf: () => 'k', leaseMs: 1000, retentionMs: 1000 }),
-      'makeIdempotent: `retentionMs` must be an integer larger than `leaseMs`',
+      'makeIdempotent: `retentionMs` must be an integer larger than `leaseMs` (1000), got 1000',
     ],
     [
       () => makeIdempotent(fn, { redis: shared, keyOf: () => 'k', onRedisError: 'maybe' as 'open' }),
-      "makeIdempotent: `onRedisError` must be 'closed' or 'open'",
+      "makeIdempotent: `onRedisError` must be 'closed' or 'open', got a string ('maybe')",
     ],
     [
       () => makeIdempotent(fn, { redis: shared, keyOf: () => 'k', keyPrefix: 1 as unknown as string }),
-      'makeIdempotent: `keyPrefix` must be a string',
+      'makeIdempotent: `keyPrefix` must be a string, got 1',
     ],
     [
       () => makeIdempotent(fn, { redis: shared, keyOf: () => 'k', waitMs: -1 }),
-      'makeIdempotent: `waitMs` must be an integer from 0 to 3600000',
+      'makeIdempotent: `waitMs` must be an integer from 0 to 3600000, got -1',
     ],
     [
       () => makeIdempotent(fn, { redis: shared, keyOf: () => 'k', maxResultBytes: 0 }),
-      'makeIdempotent: `maxResultBytes` must be an integer from 1 to 16777216',
+      'makeIdempotent: `maxResultBytes` must be an integer from 1 to 16777216, got 0',
     ],
     [
       () => makeIdempotent(fn, { redis: shared, keyOf: () => 'k', logger: { warn() {} } as never }),
-      'makeIdempotent: `logger` must have `warn` and `error` methods',
+      'makeIdempotent: `logger` must have `warn` and `error` methods, got an object (Object)',
     ],
     [
       () => makeIdempotent(fn, { redis: shared, keyOf: () => 'k', registry: {} as Registry }),
-      'makeIdempotent: `registry` must be a prom-client Registry',
+      'makeIdempotent: `registry` must be a prom-client Registry, got an object (Object)',
     ],
   ]
-  for (const [make, message] of cases) test(message, () => assert.throws(make, { message }))
+  for (const [make, message] of cases) test(String(message), () => assert.throws(make, { message }))
 
   test('exported from the package root and the idempotency subpath', () => {
     assert.equal(subpath.makeIdempotent, makeIdempotent)
@@ -186,7 +190,7 @@ describe('makeIdempotent: one run per key', () => {
       assert.equal(outcome.status, 'rejected')
       const err = (outcome as PromiseRejectedResult).reason
       assert.ok(err instanceof IdempotencyInFlightError)
-      assert.equal(err.code, 'IDEMPOTENCY_IN_FLIGHT')
+      assert.equal(err.code, 'FRG_IDEMPOTENCY_IN_FLIGHT')
       assert.equal(err.key, 'order-in-flight')
       assert.ok(err.retryAfterMs > 0 && err.retryAfterMs <= 10_000)
     }
@@ -294,7 +298,7 @@ describe('makeIdempotent: keys and fingerprints', () => {
     await charge(done)
     await assert.rejects(charge({ ...done, amount: 101 }), (err: IdempotencyKeyMismatchError) => {
       assert.ok(err instanceof IdempotencyKeyMismatchError)
-      assert.equal(err.code, 'IDEMPOTENCY_KEY_MISMATCH')
+      assert.equal(err.code, 'FRG_IDEMPOTENCY_KEY_MISMATCH')
       assert.equal(err.key, 'order-m1')
       return true
     })
@@ -337,7 +341,7 @@ describe('makeIdempotent: keys and fingerprints', () => {
     for (const missing of [null, undefined]) {
       await assert.rejects(strict(missing), (err: IdempotencyKeyInvalidError) => {
         assert.ok(err instanceof IdempotencyKeyInvalidError)
-        assert.equal(err.code, 'IDEMPOTENCY_KEY_INVALID')
+        assert.equal(err.code, 'FRG_IDEMPOTENCY_KEY_INVALID')
         assert.equal(err.message, 'keyOf returned no key for this call')
         return true
       })
@@ -359,7 +363,7 @@ describe('makeIdempotent: keys and fingerprints', () => {
     assert.equal(await strict('clé avec espaces ✓'), 3)
   })
 
-  test('cyclic arguments without fingerprintOf throw a TypeError before running', async () => {
+  test('cyclic arguments without fingerprintOf throw a coded TypeError before running', async () => {
     let runs = 0
     const handle = makeIdempotent(async (_job: object) => ++runs, {
       redis: shared,
@@ -368,7 +372,12 @@ describe('makeIdempotent: keys and fingerprints', () => {
     })
     const job: Record<string, unknown> = { id: 'job-1' }
     job.self = job
-    await assert.rejects(handle(job), { name: 'TypeError', message: /over 1048576 characters of JSON/ })
+    await assert.rejects(handle(job), (err: IdempotencyFingerprintTooLargeError) => {
+      assert.ok(err instanceof IdempotencyFingerprintTooLargeError && err instanceof TypeError)
+      assert.equal(err.code, 'FRG_IDEMPOTENCY_FINGERPRINT_TOO_LARGE')
+      assert.match(err.message, /over 1048576 characters of JSON/)
+      return true
+    })
     assert.equal(runs, 0)
   })
 
@@ -434,7 +443,7 @@ describe('makeIdempotent: failures and results', () => {
     assert.equal((await big(atCap + 1)).run, 2)
     await assert.rejects(big(atCap + 1), (err: IdempotencyResultNotKeptError) => {
       assert.ok(err instanceof IdempotencyResultNotKeptError)
-      assert.equal(err.code, 'IDEMPOTENCY_RESULT_NOT_KEPT')
+      assert.equal(err.code, 'FRG_IDEMPOTENCY_RESULT_NOT_KEPT')
       return true
     })
     assert.equal(runs, 2)
@@ -480,7 +489,7 @@ describe('makeIdempotent: failures and results', () => {
       await server.stop()
       await assert.rejects(closed('down'), (err: IdempotencyStoreUnavailableError) => {
         assert.ok(err instanceof IdempotencyStoreUnavailableError)
-        assert.equal(err.code, 'IDEMPOTENCY_STORE_UNAVAILABLE')
+        assert.equal(err.code, 'FRG_IDEMPOTENCY_STORE_UNAVAILABLE')
         assert.ok(err.cause instanceof Error)
         return true
       })

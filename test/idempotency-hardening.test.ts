@@ -289,7 +289,10 @@ describe('anonymous callers', () => {
         app.post('/x', { config: { idempotency: { anonymous: 'yes' as unknown as boolean } } }, async () => 1)
         await app.ready()
       },
-      { message: 'idempotency plugin: POST /x: config.idempotency.anonymous must be a boolean' },
+      {
+        message:
+          "idempotency plugin: route POST /x: `config.idempotency.anonymous` must be a boolean, got a string ('yes')",
+      },
     )
     await app.close()
   })

@@ -19,7 +19,7 @@ export const PROBLEM_JSON = 'application/problem+json'
 export const SESSION_SCHEME = 'session'
 
 /** Request header: the syntax the idempotency plugin accepts (src/plugins/idempotency/key.ts). */
-export const IDEMPOTENCY_KEY_PATTERN = '^(?:[!#-~][!-~]{0,254}|"(?:[!#-\\[\\]-~]|\\\\["\\\\]){1,255}")$'
+export const IDEMPOTENCY_KEY_PATTERN = '^(?:[!#-~][!-~]{0,254}|"(?:[ !#-\\[\\]-~]|\\\\["\\\\]){1,255}")$'
 
 const IdempotencyKey = Type.String({
   minLength: 1,
@@ -27,9 +27,9 @@ const IdempotencyKey = Type.String({
   pattern: IDEMPOTENCY_KEY_PATTERN,
   description:
     'A key the client makes up for this request (a UUID is a good choice), sent again unchanged when ' +
-    'retrying it. 1 to 255 visible ASCII characters (0x21-0x7E), sent bare (`7f3c1e2a-demo`) or as an ' +
-    'RFC 8941 structured-field string (`"7f3c1e2a-demo"`, with `\\"` and `\\\\` escapes): both spellings ' +
-    'are the same key. Scoped to the customer and the route; kept 24 hours. Missing: 400 ' +
+    'retrying it. 1 to 255 characters, sent bare (visible ASCII 0x21-0x7E: `7f3c1e2a-demo`) or as an ' +
+    'RFC 8941 structured-field string (printable ASCII with spaces: `"order 42"`, with `\\"` and `\\\\` ' +
+    'escapes): `7f3c1e2a-demo` and `"7f3c1e2a-demo"` are the same key. Scoped to the customer and the route; kept 24 hours. Missing: 400 ' +
     '`/problems/idempotency-key-missing`; malformed (or sent twice): 400 `/problems/idempotency-key-invalid`. ' +
     'Same key and body after completion: the first response again with `Idempotent-Replayed: true`; ' +
     'while the first is still running: 409; another body: 422.',

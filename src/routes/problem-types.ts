@@ -54,7 +54,7 @@ export const PROBLEM_TYPES = [
     slug: 'idempotency-key-invalid',
     status: 400,
     title: 'Invalid idempotency key',
-    when: 'an `Idempotency-Key` that is not 1 to 255 visible ASCII characters, bare or as a structured-field string (empty, too long, spaces, non-ASCII, sent twice, parameters)',
+    when: 'an `Idempotency-Key` that is not 1 to 255 characters, bare (visible ASCII) or as a structured-field string (printable ASCII, spaces allowed inside the quotes): empty, too long, a bare space, non-ASCII, sent twice, parameters',
     source: 'idempotency',
   },
   {

@@ -10,7 +10,7 @@ import { Counter } from 'prom-client'
 import { adoptMetric, observePluginRedis, whenMetricsReady } from '../common/metrics.ts'
 import { type PrincipalFunction, resolvePrincipal } from '../common/principal.ts'
 import { HttpProblem, PROBLEM_CONTENT_TYPE, sendProblem } from '../common/problem.ts'
-import { awaitRedisAtBoot, pluginRedis } from '../common/redis.ts'
+import { bootPluginRedis } from '../common/redis.ts'
 import { pluginRegistered, routeCovered } from '../common/route-coverage.ts'
 import { parseIdempotencyKey, requestFingerprint } from './key.ts'
 import {
@@ -39,6 +39,7 @@ import { type IdempotencyLogger, IdempotencyStore, ownerToken, type StoredRespon
 export {
   IdempotencyError,
   type IdempotencyErrorCode,
+  IdempotencyFingerprintTooLargeError,
   IdempotencyInFlightError,
   IdempotencyKeyInvalidError,
   IdempotencyKeyMismatchError,
@@ -101,8 +102,12 @@ function payloadBytes(payload: unknown): Buffer | null {
 async function idempotencyPlugin(app: FastifyInstance, rawOptions: IdempotencyPluginOptions) {
   const options = resolveOptions(rawOptions)
   pluginRegistered(app, 'idempotency')
-  const redis = pluginRedis(app, 'idempotency', rawOptions.redis)
-  await awaitRedisAtBoot(app, redis, 'idempotency')
+  const redis = await bootPluginRedis(app, 'idempotency', {
+    redis: rawOptions.redis,
+    connectTimeoutMs: options.connectTimeoutMs,
+    eviction: options.allowEviction ? 'allow' : 'refuse',
+    fix: '; or, for routes with a guard of their own that can take an evicted record, pass `allowEviction: true` to the idempotency plugin',
+  })
   const store = new IdempotencyStore(redis, options)
   const headerField = options.headerName.toLowerCase()
   let principal: PrincipalFunction = () => null

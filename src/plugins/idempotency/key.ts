@@ -1,26 +1,44 @@
 import { createHash } from 'node:crypto'
 
-const VISIBLE_ASCII = /^[\x21-\x7e]{1,255}$/
+/** The longest key, in characters once decoded. */
+export const MAX_REQUEST_KEY_LENGTH = 255
+/** The longest field value that can hold such a key: a quoted string with every character escaped. */
+const MAX_FIELD_LENGTH = 2 * MAX_REQUEST_KEY_LENGTH + 2
+/** A bare key: visible ASCII, not starting with DQUOTE (that is the start of a string). */
+const BARE_KEY = /^[\x21\x23-\x7e][\x21-\x7e]*$/
 
 /**
- * The key as sent bare (`abc`) or as an RFC 8941 structured-field string (`"abc"`), decoded so
- * both spellings name the same key; null when it is not 1 to 255 visible ASCII characters, or is
- * a malformed string (unterminated, bad escape, parameters, several values).
+ * An RFC 8941 sf-string as a whole field value, decoded (§4.2.5): DQUOTE, printable ASCII
+ * (%x20-7E) in which `\` escapes only `"` or `\`, DQUOTE. null for anything else: an unterminated
+ * string, another escape, a character outside %x20-7E, anything after the closing quote
+ * (parameters, a second value). `""` decodes to the empty string.
  */
-export function parseIdempotencyKey(raw: unknown): string | null {
-  if (typeof raw !== 'string') return null
-  if (!raw.startsWith('"')) return VISIBLE_ASCII.test(raw) ? raw : null
+export function parseSfString(field: string): string | null {
+  if (field[0] !== '"') return null
   let value = ''
-  for (let i = 1; i < raw.length; i++) {
-    const c = raw[i]!
-    if (c === '"') return i === raw.length - 1 && VISIBLE_ASCII.test(value) ? value : null
-    if (c === '\\') {
-      const escaped = raw[++i]
+  for (let i = 1; i < field.length; i++) {
+    const c = field.charCodeAt(i)
+    if (c === 0x22) return i === field.length - 1 ? value : null
+    if (c === 0x5c) {
+      const escaped = field[++i]
       if (escaped !== '"' && escaped !== '\\') return null
       value += escaped
-    } else value += c
+    } else if (c >= 0x20 && c <= 0x7e) value += field[i]
+    else return null
   }
   return null
+}
+
+/**
+ * The key as sent: an RFC 8941 sf-string (`"order 42"`, decoded, so spaces are allowed inside the
+ * quotes) or bare visible ASCII (`order-42`), both spellings naming the same key. null when it is
+ * neither, or when it decodes to nothing or to more than MAX_REQUEST_KEY_LENGTH characters: the empty
+ * string is a valid sf-string but a useless key.
+ */
+export function parseIdempotencyKey(raw: unknown): string | null {
+  if (typeof raw !== 'string' || raw.length > MAX_FIELD_LENGTH) return null
+  const key = raw.startsWith('"') ? parseSfString(raw) : BARE_KEY.test(raw) ? raw : null
+  return key !== null && key.length >= 1 && key.length <= MAX_REQUEST_KEY_LENGTH ? key : null
 }
 
 /** An array or object being written: its items or fields (keys sorted), and the next to write. */

@@ -1,9 +1,13 @@
 import { setTimeout as sleep } from 'node:timers/promises'
+import type { FastifyInstance } from 'fastify'
 import { Counter, type Registry } from 'prom-client'
 import type { RedisClient } from '../../lua/index.ts'
+import { RedisClientError } from '../common/errors.ts'
 import { adoptMetric } from '../common/metrics.ts'
-import { connectRedis } from '../common/redis.ts'
+import { optionChecker, optionKeys } from '../common/options.ts'
+import { checkRedisServer, connectRedis, describeValue, isRedisClient } from '../common/redis.ts'
 import {
+  IdempotencyFingerprintTooLargeError,
   IdempotencyInFlightError,
   IdempotencyKeyInvalidError,
   IdempotencyKeyMismatchError,
@@ -11,12 +15,27 @@ import {
   IdempotencyStoreUnavailableError,
 } from './errors.ts'
 import { FingerprintTooLargeError, valueFingerprint } from './key.ts'
-import { failWith, type IdempotencyFailureMode, resolveByteCap, resolveStoreOptions } from './options.ts'
+import {
+  IDEMPOTENCY_HINTS,
+  type IdempotencyFailureMode,
+  resolveAllowEviction,
+  resolveByteCap,
+  resolveStoreOptions,
+  shown,
+} from './options.ts'
 import { type IdempotencyLogger, IdempotencyStore, ownerToken, type StoredResponse } from './store.ts'
 
 export interface MakeIdempotentOptions<A extends unknown[]> {
-  /** Any ioredis Redis or Cluster, without eviction (noeviction or volatile-*). Never closed here. */
+  /**
+   * Any ioredis Redis or Cluster. Never closed here. A Redis that may evict (any maxmemory-policy but noeviction)
+   * is refused at the first call unless `allowEviction`.
+   */
   redis: RedisClient
+  /**
+   * Run on a Redis whose maxmemory-policy may evict (anything but noeviction): an evicted record lets a retry run `fn`
+   * again, so only for functions with a guard of their own. Default false.
+   */
+  allowEviction?: boolean
   /**
    * The key of a call (a message id, a job id, `invoice:${id}`): a string of 1 to 1024 characters,
    * hashed into the record's name. null or undefined: the call has no key (see `required`).
@@ -63,6 +82,26 @@ export interface MakeIdempotentOptions<A extends unknown[]> {
 /** The wrapped function: the same arguments, the result (or a replay of it) as a promise. */
 export type IdempotentFunction<A extends unknown[], T> = (...args: A) => Promise<T>
 
+const OPTIONS = optionKeys<MakeIdempotentOptions<unknown[]>>({
+  redis: true,
+  allowEviction: true,
+  keyOf: true,
+  fingerprintOf: true,
+  name: true,
+  required: true,
+  waitMs: true,
+  maxResultBytes: true,
+  leaseMs: true,
+  retentionMs: true,
+  onRedisError: true,
+  keyPrefix: true,
+  logger: true,
+  registry: true,
+})
+
+const EVICTION_FIX =
+  '; or, for a function with a guard of its own that can take an evicted record, pass `allowEviction: true` to makeIdempotent'
+
 const MAX_KEY_LENGTH = 1024
 const MAX_NAME_LENGTH = 200
 const MAX_WAIT_MS = 3_600_000
@@ -104,33 +143,38 @@ export function makeIdempotent<A extends unknown[], T>(
   fn: (...args: A) => T | PromiseLike<T>,
   options: MakeIdempotentOptions<A>,
 ): IdempotentFunction<A, T> {
-  const fail = failWith('makeIdempotent')
-  if (typeof fn !== 'function') fail('`fn` must be a function')
+  const check = optionChecker('makeIdempotent', IDEMPOTENCY_HINTS)
+  const fail = check.fail
+  if (typeof fn !== 'function') fail(`\`fn\` must be a function, got ${shown(fn)}`)
   if (typeof options !== 'object' || options === null)
-    fail('`options` must be an object with `redis` and `keyOf`')
+    fail(`\`options\` must be an object with \`redis\` and \`keyOf\`, got ${shown(options)}`)
+  check.known(options, OPTIONS)
   const { redis, keyOf, fingerprintOf, logger = nowhere, registry } = options
-  if (!redis || typeof (redis as { sendCommand?: unknown }).sendCommand !== 'function')
-    fail('`redis` must be an ioredis client (Redis or Cluster)')
-  if (typeof keyOf !== 'function') fail('`keyOf` must be a function of the arguments')
+  if (!isRedisClient(redis))
+    throw new RedisClientError(
+      `makeIdempotent: \`redis\` must be an ioredis client (new Redis() or new Cluster()), got ${describeValue(redis)}`,
+    )
+  if (typeof keyOf !== 'function') fail(`\`keyOf\` must be a function of the arguments, got ${shown(keyOf)}`)
   if (fingerprintOf !== undefined && typeof fingerprintOf !== 'function')
-    fail('`fingerprintOf` must be a function of the arguments')
+    fail(`\`fingerprintOf\` must be a function of the arguments, got ${shown(fingerprintOf)}`)
   const name = options.name ?? ''
   if (typeof name !== 'string' || name.length > MAX_NAME_LENGTH)
-    fail(`\`name\` must be a string of at most ${MAX_NAME_LENGTH} characters`)
+    fail(`\`name\` must be a string of at most ${MAX_NAME_LENGTH} characters, got ${shown(name)}`)
   const required = options.required ?? true
-  if (typeof required !== 'boolean') fail('`required` must be a boolean')
-  const stored = resolveStoreOptions(options, fail)
+  if (typeof required !== 'boolean') fail(`\`required\` must be a boolean, got ${shown(required)}`)
+  const stored = resolveStoreOptions(options, check)
   const waitMs = options.waitMs ?? 2 * stored.leaseMs
   if (!Number.isSafeInteger(waitMs) || waitMs < 0 || waitMs > MAX_WAIT_MS)
-    fail(`\`waitMs\` must be an integer from 0 to ${MAX_WAIT_MS}`)
-  const maxResultBytes = resolveByteCap(options.maxResultBytes, 'maxResultBytes', fail)
+    fail(`\`waitMs\` must be an integer from 0 to ${MAX_WAIT_MS}, got ${shown(waitMs)}`)
+  const maxResultBytes = resolveByteCap(options.maxResultBytes, 'maxResultBytes', check)
   if (typeof logger?.warn !== 'function' || typeof logger.error !== 'function')
-    fail('`logger` must have `warn` and `error` methods')
+    fail(`\`logger\` must have \`warn\` and \`error\` methods, got ${shown(logger)}`)
   if (
     registry !== undefined &&
     (typeof registry?.getSingleMetric !== 'function' || typeof registry.registerMetric !== 'function')
   )
-    fail('`registry` must be a prom-client Registry')
+    fail(`\`registry\` must be a prom-client Registry, got ${shown(registry)}`)
+  const allowEviction = resolveAllowEviction(options.allowEviction, check)
 
   const store = new IdempotencyStore(redis, stored)
   // Route scopes start with `principal:` or `ip:`: a function's records never meet a route's.
@@ -161,6 +205,23 @@ export function makeIdempotent<A extends unknown[], T>(
       connecting = null
     })
     return connecting
+  }
+  // The server is checked as the plugin checks it at boot (its version, its eviction policy), by
+  // the first call that finds the client ready; a refusal rejects that call and every later one
+  // before `fn` runs. checkRedisServer needs an app only to log about a client not ready yet,
+  // which is never the case here, so the logger stands in for it.
+  const logAs = { log: logger } as unknown as FastifyInstance
+  let serverChecked: Promise<void> | null = null
+  const serverCheck = (): Promise<void> | null => {
+    if (serverChecked === null && redis.status === 'ready')
+      serverChecked = checkRedisServer(
+        logAs,
+        redis,
+        'idempotency',
+        allowEviction ? 'allow' : 'refuse',
+        EVICTION_FIX,
+      )
+    return serverChecked
   }
   const count = (outcome: string) => calls.inc({ name, outcome })
   const tally = (result: string) => results.inc({ name, result })
@@ -235,7 +296,7 @@ export function makeIdempotent<A extends unknown[], T>(
       fingerprint = valueFingerprint(fingerprintOf ? fingerprintOf(...args) : args, MAX_FINGERPRINT_CHARS)
     } catch (err) {
       if (!(err instanceof FingerprintTooLargeError)) throw err
-      throw new TypeError(
+      throw new IdempotencyFingerprintTooLargeError(
         `makeIdempotent: the fingerprinted value is over ${MAX_FINGERPRINT_CHARS} characters of JSON (or cyclic); pass a \`fingerprintOf\` returning less`,
       )
     }
@@ -243,6 +304,8 @@ export function makeIdempotent<A extends unknown[], T>(
     const token = ownerToken()
     const pending = connection()
     if (pending) await pending
+    const checking = serverCheck()
+    if (checking) await checking
     const deadline = Date.now() + waitMs
     let poll = FIRST_POLL_MS
     for (;;) {

@@ -1,6 +1,7 @@
 import type { FastifyReply, FastifyRequest } from 'fastify'
+import { type OptionChecker, optionChecker, optionKeys } from '../common/options.ts'
 import type { PrincipalFunction } from '../common/principal.ts'
-import type { RedisClient } from '../common/redis.ts'
+import { DEFAULT_CONNECT_TIMEOUT_MS, describeValue, type RedisClient } from '../common/redis.ts'
 
 /** When Redis cannot be asked: 'closed' answers 503; 'open' runs the handler on its own guard. */
 export type IdempotencyFailureMode = 'closed' | 'open'
@@ -37,9 +38,16 @@ export type IdempotencyReplayHook = (
 export interface IdempotencyPluginOptions {
   /**
    * Any ioredis Redis or Cluster; defaults to the redis plugin's `app.redis`. Never closed by this
-   * plugin. Use a Redis without eviction (noeviction or volatile-*).
+   * plugin. A Redis that may evict (any maxmemory-policy but noeviction) is refused unless `allowEviction`.
    */
   redis?: RedisClient
+  /**
+   * Boot on a Redis whose maxmemory-policy may evict (anything but noeviction): an evicted record lets a retry run the
+   * handler again, so only for routes with a guard of their own. Default false.
+   */
+  allowEviction?: boolean
+  /** How long registration waits for Redis to be ready (0: not at all). Default 5000. */
+  connectTimeoutMs?: number
   /**
    * Who the caller is; default: this suite's session plugin if registered, else nobody. With one of
    * them, a key from a caller without a principal is refused (401) unless the route is `anonymous`.
@@ -126,16 +134,52 @@ export const DEFAULT_REPLAY_HEADERS = [
 const HEADER_NAME = /^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$/
 const FAILURE_MODES = ['closed', 'open']
 
-type Fail = (message: string) => never
+const PLUGIN_OPTIONS = optionKeys<IdempotencyPluginOptions>({
+  redis: true,
+  allowEviction: true,
+  connectTimeoutMs: true,
+  principal: true,
+  headerName: true,
+  keyFrom: true,
+  onReplay: true,
+  required: true,
+  scope: true,
+  retentionMs: true,
+  leaseMs: true,
+  maxResponseBytes: true,
+  replayHeaders: true,
+  onRedisError: true,
+  keyPrefix: true,
+})
 
-/** A thrower whose messages start with `label` ("idempotency plugin", "makeIdempotent"). */
-export const failWith =
-  (label: string): Fail =>
-  (message) => {
-    throw new Error(`${label}: ${message}`)
-  }
+const ROUTE_OPTIONS = optionKeys<IdempotencyRouteConfig>({
+  required: true,
+  onRedisError: true,
+  anonymous: true,
+  keyFrom: true,
+  onReplay: true,
+})
 
-const fail = failWith('idempotency plugin')
+/** Names other idempotency libraries use, with what to write here instead. */
+export const IDEMPOTENCY_HINTS = {
+  ttl: '`retentionMs` is how long a result is kept (milliseconds)',
+  expiresAfterSeconds: '`retentionMs` is how long a result is kept (milliseconds)',
+  header: '`headerName` is the request header carrying the key',
+  idempotencyKeyHeader: '`headerName` is the request header carrying the key',
+  persistenceStore: 'The store is always Redis: pass `redis` (an ioredis client)',
+  store: 'The store is always Redis: pass `redis` (an ioredis client)',
+  throwOnNoIdempotencyKey: '`required` (default true) refuses a call or request without a key',
+  eventKeyJmesPath:
+    '`keyOf(...args)` returns the key of a call; a request has the header or `keyFrom(request)`',
+  payloadValidationJmesPath:
+    "`fingerprintOf(...args)` is what a call's key is bound to; a request's key is bound to the whole request",
+}
+
+const pluginCheck: OptionChecker = optionChecker('idempotency plugin', IDEMPOTENCY_HINTS)
+
+/** A value as a message shows it: a number or a boolean as written, anything else by its type. */
+export const shown = (value: unknown) =>
+  typeof value === 'number' || typeof value === 'boolean' ? String(value) : describeValue(value)
 
 const isInteger = (value: unknown, min: number, max: number) =>
   Number.isSafeInteger(value) && (value as number) >= min && (value as number) <= max
@@ -146,49 +190,72 @@ export function defaultScope(request: FastifyRequest, who: string | null | undef
 }
 
 /** The lease, the retention, the failure mode and the key prefix, with their defaults. */
-export function resolveStoreOptions(options: StoreOptions, fail: Fail): Required<StoreOptions> {
+export function resolveStoreOptions(options: StoreOptions, check: OptionChecker): Required<StoreOptions> {
   const leaseMs = options.leaseMs ?? 10_000
-  if (!isInteger(leaseMs, 100, 60_000)) fail('`leaseMs` must be an integer from 100 to 60000')
+  if (!isInteger(leaseMs, 100, 60_000))
+    check.fail(`\`leaseMs\` must be an integer from 100 to 60000, got ${shown(leaseMs)}`)
   const retentionMs = options.retentionMs ?? 24 * 3_600_000
   if (!isInteger(retentionMs, leaseMs + 1, Number.MAX_SAFE_INTEGER))
-    fail('`retentionMs` must be an integer larger than `leaseMs`')
+    check.fail(
+      `\`retentionMs\` must be an integer larger than \`leaseMs\` (${leaseMs}), got ${shown(retentionMs)}`,
+    )
   const onRedisError = options.onRedisError ?? 'closed'
-  if (!FAILURE_MODES.includes(onRedisError)) fail("`onRedisError` must be 'closed' or 'open'")
+  if (!FAILURE_MODES.includes(onRedisError))
+    check.fail(`\`onRedisError\` must be 'closed' or 'open', got ${shown(onRedisError)}`)
   const keyPrefix = options.keyPrefix ?? 'idem:'
-  if (typeof keyPrefix !== 'string') fail('`keyPrefix` must be a string')
+  if (typeof keyPrefix !== 'string') check.fail(`\`keyPrefix\` must be a string, got ${shown(keyPrefix)}`)
   return { leaseMs, retentionMs, onRedisError, keyPrefix }
 }
 
 /** A size cap in bytes (`maxResponseBytes`, `maxResultBytes`): 64 KiB by default, at most 16 MiB. */
-export function resolveByteCap(value: number | undefined, name: string, fail: Fail): number {
+export function resolveByteCap(value: number | undefined, name: string, check: OptionChecker): number {
   const bytes = value ?? 64 * 1024
-  if (!isInteger(bytes, 1, 16 * 1024 * 1024)) fail(`\`${name}\` must be an integer from 1 to 16777216`)
+  if (!isInteger(bytes, 1, 16 * 1024 * 1024))
+    check.fail(`\`${name}\` must be an integer from 1 to 16777216, got ${shown(bytes)}`)
   return bytes
 }
 
+/** `allowEviction`, false unless it is true. */
+export function resolveAllowEviction(value: unknown, check: OptionChecker): boolean {
+  if (value !== undefined && typeof value !== 'boolean')
+    check.fail(`\`allowEviction\` must be a boolean, got ${shown(value)}`)
+  return value === true
+}
+
 export function resolveOptions(options: IdempotencyPluginOptions): ResolvedOptions {
+  if (typeof options !== 'object' || options === null)
+    pluginCheck.fail(`options must be an object, got ${describeValue(options)}`)
+  pluginCheck.known(options, PLUGIN_OPTIONS)
   const headerName = options.headerName ?? 'Idempotency-Key'
   if (typeof headerName !== 'string' || !HEADER_NAME.test(headerName))
-    fail('`headerName` must be a valid HTTP header name of 1-64 characters')
-  const { leaseMs, retentionMs, onRedisError, keyPrefix } = resolveStoreOptions(options, fail)
-  const maxResponseBytes = resolveByteCap(options.maxResponseBytes, 'maxResponseBytes', fail)
+    pluginCheck.fail(
+      `\`headerName\` must be a valid HTTP header name of 1-64 characters, got ${shown(headerName)}`,
+    )
+  const { leaseMs, retentionMs, onRedisError, keyPrefix } = resolveStoreOptions(options, pluginCheck)
+  const maxResponseBytes = resolveByteCap(options.maxResponseBytes, 'maxResponseBytes', pluginCheck)
   const replayHeaders = options.replayHeaders ?? DEFAULT_REPLAY_HEADERS
   if (
     !Array.isArray(replayHeaders) ||
     replayHeaders.some((h) => typeof h !== 'string' || !HEADER_NAME.test(h))
   )
-    fail('`replayHeaders` must be an array of header names')
+    pluginCheck.fail(`\`replayHeaders\` must be an array of header names, got ${shown(replayHeaders)}`)
   if (replayHeaders.some((h) => h.toLowerCase() === 'set-cookie'))
-    fail('`replayHeaders` must not include Set-Cookie: a cookie belongs to one response')
-  if (options.scope !== undefined && typeof options.scope !== 'function') fail('`scope` must be a function')
-  if (options.principal !== undefined && typeof options.principal !== 'function')
-    fail('`principal` must be a function of the request')
-  if (options.required !== undefined && typeof options.required !== 'boolean')
-    fail('`required` must be a boolean')
-  if (options.keyFrom !== undefined && typeof options.keyFrom !== 'function')
-    fail('`keyFrom` must be a function of the request')
+    pluginCheck.fail('`replayHeaders` must not include Set-Cookie: a cookie belongs to one response')
+  for (const name of ['scope', 'principal', 'keyFrom'] as const) {
+    if (options[name] !== undefined && typeof options[name] !== 'function')
+      pluginCheck.fail(`\`${name}\` must be a function of the request, got ${shown(options[name])}`)
+  }
   if (options.onReplay !== undefined && typeof options.onReplay !== 'function')
-    fail('`onReplay` must be a function of the request and the reply')
+    pluginCheck.fail(
+      `\`onReplay\` must be a function of the request and the reply, got ${shown(options.onReplay)}`,
+    )
+  if (options.required !== undefined && typeof options.required !== 'boolean')
+    pluginCheck.fail(`\`required\` must be a boolean, got ${shown(options.required)}`)
+  const connectTimeoutMs = options.connectTimeoutMs ?? DEFAULT_CONNECT_TIMEOUT_MS
+  if (!isInteger(connectTimeoutMs, 0, Number.MAX_SAFE_INTEGER))
+    pluginCheck.fail(
+      `\`connectTimeoutMs\` must be a whole number of milliseconds, 0 or more, got ${shown(connectTimeoutMs)}`,
+    )
   return {
     headerName,
     required: options.required ?? true,
@@ -201,6 +268,8 @@ export function resolveOptions(options: IdempotencyPluginOptions): ResolvedOptio
     keyPrefix,
     keyFrom: options.keyFrom ?? null,
     onReplay: options.onReplay ?? null,
+    connectTimeoutMs,
+    allowEviction: resolveAllowEviction(options.allowEviction, pluginCheck),
   }
 }
 
@@ -219,19 +288,27 @@ export function resolveRouteConfig(
       keyFrom: defaults.keyFrom,
       onReplay: defaults.onReplay,
     }
-  const routeConfig = config as IdempotencyRouteConfig
+  const where = `route ${route}: \`config.idempotency`
   if (typeof config !== 'object' || config === null)
-    fail(`${route}: config.idempotency must be a boolean or an object`)
-  if (routeConfig.required !== undefined && typeof routeConfig.required !== 'boolean')
-    fail(`${route}: config.idempotency.required must be a boolean`)
+    pluginCheck.fail(`${where}\` must be true, false or an object, got ${shown(config)}`)
+  pluginCheck.known(config, ROUTE_OPTIONS, `route ${route}: config.idempotency`)
+  const routeConfig = config as IdempotencyRouteConfig
+  for (const name of ['required', 'anonymous'] as const) {
+    if (routeConfig[name] !== undefined && typeof routeConfig[name] !== 'boolean')
+      pluginCheck.fail(`${where}.${name}\` must be a boolean, got ${shown(routeConfig[name])}`)
+  }
   if (routeConfig.onRedisError !== undefined && !FAILURE_MODES.includes(routeConfig.onRedisError))
-    fail(`${route}: config.idempotency.onRedisError must be 'closed' or 'open'`)
-  if (routeConfig.anonymous !== undefined && typeof routeConfig.anonymous !== 'boolean')
-    fail(`${route}: config.idempotency.anonymous must be a boolean`)
+    pluginCheck.fail(
+      `${where}.onRedisError\` must be 'closed' or 'open', got ${shown(routeConfig.onRedisError)}`,
+    )
   if (routeConfig.keyFrom !== undefined && typeof routeConfig.keyFrom !== 'function')
-    fail(`${route}: config.idempotency.keyFrom must be a function of the request`)
+    pluginCheck.fail(
+      `${where}.keyFrom\` must be a function of the request, got ${shown(routeConfig.keyFrom)}`,
+    )
   if (routeConfig.onReplay !== undefined && typeof routeConfig.onReplay !== 'function')
-    fail(`${route}: config.idempotency.onReplay must be a function of the request and the reply`)
+    pluginCheck.fail(
+      `${where}.onReplay\` must be a function of the request and the reply, got ${shown(routeConfig.onReplay)}`,
+    )
   return {
     required: routeConfig.required ?? defaults.required,
     onRedisError: routeConfig.onRedisError ?? defaults.onRedisError,

@@ -1,4 +1,5 @@
 import { HttpProblem } from '../common/problem.ts'
+import { MAX_REQUEST_KEY_LENGTH } from './key.ts'
 
 // Each outcome has its own problem type, so clients can tell "retry later" from "never retry".
 
@@ -19,7 +20,7 @@ export const keyInvalid = (header: string | null) =>
     400,
     'idempotency-key-invalid',
     'Invalid idempotency key',
-    `${header ?? 'The idempotency key'} must be 1 to 255 visible ASCII characters, bare or as a structured-field string.`,
+    `${header ?? 'The idempotency key'} must be a key of 1 to ${MAX_REQUEST_KEY_LENGTH} characters: an RFC 8941 string ("order 42": printable ASCII, \\" and \\\\ escaped) or bare visible ASCII (order-42). An empty string is not a key.`,
   )
 
 export const principalRequired = () =>
