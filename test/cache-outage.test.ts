@@ -6,6 +6,7 @@ import Fastify, { type FastifyInstance } from 'fastify'
 import { Redis } from 'ioredis'
 import { freePort, type RedisServerProcess, startRedisServer } from '../src/embedded/redis-server.ts'
 import cachePlugin from '../src/plugins/cache/index.ts'
+import { RedisServerError } from '../src/plugins/common/errors.ts'
 import metrics from '../src/plugins/metrics/index.ts'
 import { createRedisClient, type RedisClient } from '../src/plugins/redis/index.ts'
 import {
@@ -202,12 +203,22 @@ test('refuses to share a Redis that evicts any key with sessions and idempotency
     const app = Fastify()
     const shared = createRedisClient({ url: server.url })
     clients.push(shared)
-    await assert.rejects(async () => {
-      await app.register(cachePlugin, { redis: shared, sharedWithDurableData: true })
-      await app.ready()
-    }, new Error(
-      'cache plugin: this Redis also holds sessions, idempotency records and rate limits, and its maxmemory-policy allkeys-lru may evict them; give the cache a Redis of its own (its redis option) or use noeviction or volatile-*',
-    ))
+    await assert.rejects(
+      async () => {
+        await app.register(cachePlugin, { redis: shared, sharedWithDurableData: true })
+        await app.ready()
+      },
+      (err: Error & { code?: string }) => {
+        assert.ok(err instanceof RedisServerError)
+        assert.equal(err.code, 'FRG_REDIS_EVICTION_POLICY')
+        assert.match(err.message, /^cache plugin: Redis at .* has maxmemory-policy allkeys-lru/)
+        assert.match(
+          err.message,
+          /this Redis also holds sessions, idempotency records and rate limits, which that policy may evict: give the cache a Redis of its own \(its `redis` option\)/,
+        )
+        return true
+      },
+    )
     await app.close()
     // The same instance as a dedicated cache is what it is for.
     const dedicated = Fastify()

@@ -49,23 +49,29 @@ function loader<T>(value: () => T, delayMs = 0) {
 
 describe('options', () => {
   const cases: Array<[CachePluginOptions, string]> = [
-    [{ ttlMs: 0 }, 'cache plugin: `ttlMs` must be an integer of at least 1'],
-    [{ jitter: 1.5 }, 'cache plugin: `jitter` must be between 0 and 1'],
-    [{ leaseWaitMs: 5000, leaseTtlMs: 1000 }, 'cache plugin: `leaseWaitMs` must not exceed `leaseTtlMs`'],
+    [{ ttlMs: 0 }, 'cache plugin: `ttlMs` must be an integer of at least 1, got 0'],
+    [{ jitter: 1.5 }, 'cache plugin: `jitter` must be between 0 and 1, got 1.5'],
+    [
+      { leaseWaitMs: 5000, leaseTtlMs: 1000 },
+      'cache plugin: `leaseWaitMs` (5000) must not exceed `leaseTtlMs` (1000)',
+    ],
     [
       { keyPrefix: 'a{b}:' },
-      'cache plugin: `keyPrefix` must not contain braces (they would change the hash tag)',
+      "cache plugin: `keyPrefix` must not contain braces (they would change the hash tag), got 'a{b}:'",
     ],
-    [{ maxConcurrentLoads: 0 }, 'cache plugin: `maxConcurrentLoads` must be an integer of at least 1'],
-    [{ earlyRefreshBeta: -1 }, 'cache plugin: `earlyRefreshBeta` must be between 0 and 10'],
+    [{ maxConcurrentLoads: 0 }, 'cache plugin: `maxConcurrentLoads` must be an integer of at least 1, got 0'],
+    [{ earlyRefreshBeta: -1 }, 'cache plugin: `earlyRefreshBeta` must be between 0 and 10, got -1'],
   ]
   for (const [options, message] of cases) {
     test(`rejects ${JSON.stringify(options)}`, async () => {
       const app = Fastify()
-      await assert.rejects(async () => {
-        await app.register(cachePlugin, { enabled: false, ...options })
-        await app.ready()
-      }, new Error(message))
+      await assert.rejects(
+        async () => {
+          await app.register(cachePlugin, { enabled: false, ...options })
+          await app.ready()
+        },
+        { name: 'InvalidOptionError', code: 'FRG_INVALID_OPTION', message },
+      )
       await app.close()
     })
   }
@@ -80,7 +86,15 @@ describe('options', () => {
       'Account:1',
       'a b:1',
     ]) {
-      assert.throws(() => app.cache.getOrLoad(key, async () => 1), TypeError, key)
+      assert.throws(
+        () => app.cache.getOrLoad(key, async () => 1),
+        (err: Error & { code?: string }) =>
+          err instanceof TypeError &&
+          err.code === 'FRG_CACHE_KEY_INVALID' &&
+          err.message.includes(`(${key.length} characters)`) &&
+          err.message.includes('a key is <namespace>:<id>'),
+        key,
+      )
     }
   })
 })

@@ -421,21 +421,30 @@ describe('the prefetch option', () => {
   })
 
   test('route options are checked; a disabled cache answers prefetching routes from the loader', async () => {
-    for (const [config, message] of [
+    for (const [config, name, message] of [
       [
         { prefetch: 'item:1' },
-        '`config.cache.prefetch` must be a function of the request returning a key or undefined',
+        'InvalidOptionError',
+        "config.cache.prefetch must be a function of the request returning a key or undefined, got a string ('item:1')",
       ],
-      [{ prefetsh: itemKey }, "unknown `config.cache` option 'prefetsh'"],
-      ['item:1', '`config.cache` must be an object'],
+      [
+        { prefetsh: itemKey },
+        'UnknownOptionError',
+        'config.cache: unknown option `prefetsh`. Did you mean `prefetch`? Valid options: prefetch.',
+      ],
+      [
+        'item:1',
+        'InvalidOptionError',
+        "config.cache must be an object ({ prefetch? }), got a string ('item:1')",
+      ],
     ] as const) {
       for (const enabled of [true, false]) {
         const app = Fastify()
         await app.register(cachePlugin, { enabled, redis })
-        assert.throws(
-          () => app.get('/x/:id', { config: { cache: config as never } }, async () => 1),
-          new Error(`cache plugin: route GET /x/:id: ${message}`),
-        )
+        assert.throws(() => app.get('/x/:id', { config: { cache: config as never } }, async () => 1), {
+          name,
+          message: `cache plugin: route GET /x/:id: ${message}`,
+        })
         await app.close()
       }
     }

@@ -110,17 +110,23 @@ function recordCommands(client: RedisClient) {
 describe('arguments', () => {
   test('tags must be a short list of namespace or namespace:id strings', async () => {
     const app = await cacheApp()
+    const rule =
+      "a tag is <namespace> or <namespace>:<id>, the namespace 1 to 32 characters of a-z, 0-9 and '-', starting with a letter, the id 1 to 64 characters of A-Z, a-z, 0-9, '_', '.' and '-' (no braces, no spaces)"
     const cases: Array<[unknown, string]> = [
-      [['Products'], "Invalid cache tag 'Products'"],
-      [['a{b}'], "Invalid cache tag 'a{b}'"],
-      [['user:'], "Invalid cache tag 'user:'"],
-      [['a b'], "Invalid cache tag 'a b'"],
-      [[42], "Invalid cache tag '42'"],
-      ['products', 'cache: `tags` must be an array of at most 16 tags'],
-      [Array.from({ length: 17 }, (_, i) => `t${i}`), 'cache: `tags` must be an array of at most 16 tags'],
+      [['Products'], `cache: invalid tag 'Products' (8 characters): ${rule}`],
+      [['a{b}'], `cache: invalid tag 'a{b}' (4 characters): ${rule}`],
+      [['user:'], `cache: invalid tag 'user:' (5 characters): ${rule}`],
+      [['a b'], `cache: invalid tag 'a b' (3 characters): ${rule}`],
+      [[42], `cache: invalid tag a number: ${rule}`],
+      ['products', "cache: `tags` must be an array of at most 16 tags, got a string ('products')"],
+      [
+        Array.from({ length: 17 }, (_, i) => `t${i}`),
+        'cache: `tags` must be an array of at most 16 tags, got 17 tags',
+      ],
     ]
     for (const [tags, message] of cases) {
-      const expected = new TypeError(message)
+      const expected = { name: 'CacheTagInvalidError', code: 'FRG_CACHE_TAG_INVALID', message }
+      assert.throws(() => app.cache.getOrLoad('item:1', async () => 1, { tags: tags as string[] }), TypeError)
       assert.throws(() => app.cache.getOrLoad('item:1', async () => 1, { tags: tags as string[] }), expected)
       assert.throws(() => app.cache.set('item:1', 1, { tags: tags as string[] }), expected)
       await assert.rejects(app.cache.invalidateTags(tags as string[]), expected)
@@ -135,14 +141,17 @@ describe('arguments', () => {
       assert.throws(() => app.cache.set(key, 1), TypeError, key)
       assert.throws(() => app.cache.delete(key), TypeError, key)
     }
-    assert.throws(
-      () => app.cache.set('item:1', undefined),
-      new TypeError('cache: `set` needs a value (null caches "not found")'),
-    )
-    assert.throws(
-      () => app.cache.set('item:1', 1, { ttlMs: 0 }),
-      new TypeError('cache: `ttlMs` must be an integer of at least 1'),
-    )
+    assert.throws(() => app.cache.set('item:1', undefined), {
+      name: 'CacheValueNotJsonError',
+      code: 'FRG_CACHE_VALUE_NOT_JSON',
+      message:
+        'cache: the value for \'item:1\' cannot be stored: it is undefined (return or set null to cache "not found")',
+    })
+    assert.throws(() => app.cache.set('item:1', 1, { ttlMs: 0 }), {
+      name: 'InvalidOptionError',
+      code: 'FRG_INVALID_OPTION',
+      message: 'cache: `ttlMs` must be an integer of at least 1, got 0',
+    })
   })
 })
 

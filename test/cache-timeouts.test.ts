@@ -2,7 +2,7 @@ import assert from 'node:assert/strict'
 import { after, before, describe, test } from 'node:test'
 import { setTimeout as sleep } from 'node:timers/promises'
 import Fastify, { type FastifyInstance } from 'fastify'
-import { CacheLoadTimeoutError } from '../src/index.ts'
+import { CacheLoadTimeoutError, InvalidOptionError } from '../src/index.ts'
 import cachePlugin, { type CachePluginOptions } from '../src/plugins/cache/index.ts'
 import metrics from '../src/plugins/metrics/index.ts'
 import { connectRedis, createRedisClient, type RedisClient } from '../src/plugins/redis/index.ts'
@@ -88,9 +88,12 @@ async function staleEntry(options: CachePluginOptions, key: string, value: strin
 
 describe('options', () => {
   const cases: Array<[CachePluginOptions, string]> = [
-    [{ softTimeoutMs: -1 }, 'cache plugin: `softTimeoutMs` must be an integer of at least 0'],
-    [{ hardTimeoutMs: 1.5 }, 'cache plugin: `hardTimeoutMs` must be an integer of at least 0'],
-    [{ onLoadError: 'retry' as 'fail' }, "cache plugin: `onLoadError` must be 'serve-stale' or 'fail'"],
+    [{ softTimeoutMs: -1 }, 'cache plugin: `softTimeoutMs` must be an integer of at least 0, got -1'],
+    [{ hardTimeoutMs: 1.5 }, 'cache plugin: `hardTimeoutMs` must be an integer of at least 0, got 1.5'],
+    [
+      { onLoadError: 'retry' as 'fail' },
+      "cache plugin: `onLoadError` must be 'serve-stale' or 'fail', got a string ('retry')",
+    ],
   ]
   for (const [options, message] of cases) {
     test(`rejects ${JSON.stringify(options)}`, async () => {
@@ -98,7 +101,7 @@ describe('options', () => {
       await assert.rejects(async () => {
         await app.register(cachePlugin, { enabled: false, ...options })
         await app.ready()
-      }, new Error(message))
+      }, new InvalidOptionError(message))
       await app.close()
     })
   }
@@ -107,13 +110,19 @@ describe('options', () => {
     const app = await cacheApp()
     const load = async () => 1
     const calls: Array<[object, string]> = [
-      [{ softTimeoutMs: -5 }, 'cache: `softTimeoutMs` must be an integer of at least 0'],
-      [{ hardTimeoutMs: '100' }, 'cache: `hardTimeoutMs` must be an integer of at least 0'],
-      [{ ttlMs: 0 }, 'cache: `ttlMs` must be an integer of at least 1'],
-      [{ onLoadError: 'ignore' }, "cache: `onLoadError` must be 'serve-stale' or 'fail'"],
+      [{ softTimeoutMs: -5 }, 'cache: `softTimeoutMs` must be an integer of at least 0, got -5'],
+      [
+        { hardTimeoutMs: '100' },
+        "cache: `hardTimeoutMs` must be an integer of at least 0, got a string ('100')",
+      ],
+      [{ ttlMs: 0 }, 'cache: `ttlMs` must be an integer of at least 1, got 0'],
+      [
+        { onLoadError: 'ignore' },
+        "cache: `onLoadError` must be 'serve-stale' or 'fail', got a string ('ignore')",
+      ],
     ]
     for (const [options, message] of calls)
-      assert.throws(() => app.cache.getOrLoad('item:1', load, options), new TypeError(message))
+      assert.throws(() => app.cache.getOrLoad('item:1', load, options), new InvalidOptionError(message))
   })
 })
 
@@ -174,7 +183,7 @@ describe('hardTimeoutMs', () => {
     )
     assert.ok(failed instanceof CacheLoadTimeoutError)
     assert.equal(failed.name, 'CacheLoadTimeoutError')
-    assert.equal(failed.code, 'CACHE_LOAD_TIMEOUT')
+    assert.equal(failed.code, 'FRG_CACHE_LOAD_TIMEOUT')
     assert.equal(failed.key, 'item:1')
     assert.equal(failed.timeoutMs, 50)
     assert.equal(await counter(app, 'cache_hard_timeouts_total', 'item'), 1)

@@ -1,7 +1,18 @@
 import { setTimeout as sleep } from 'node:timers/promises'
 import type { FastifyBaseLogger } from 'fastify'
 import { isCluster, type RedisClient, runScript } from '../../lua/index.ts'
+import { optionChecker, optionKeys } from '../common/options.ts'
 import { randomToken } from '../common/random-token.ts'
+import { describeValue } from '../common/redis.ts'
+import {
+  CacheKeyInvalidError,
+  CacheLoadTimeoutError,
+  CacheTagInvalidError,
+  CacheUnavailableError,
+  CacheValueNotJsonError,
+  tagListError,
+  whyNotJson,
+} from './errors.ts'
 import type { L1Cache } from './l1.ts'
 import type { ConcurrencyLimiter } from './limiter.ts'
 import type { CacheMetrics } from './metrics.ts'
@@ -50,18 +61,6 @@ export interface CacheSetOptions {
   tags?: readonly string[]
 }
 
-/** A read waited `hardTimeoutMs` for a load; the load goes on in the background and still fills. */
-export class CacheLoadTimeoutError extends Error {
-  readonly code = 'CACHE_LOAD_TIMEOUT'
-  constructor(
-    readonly key: string,
-    readonly timeoutMs: number,
-  ) {
-    super(`cache: no value for '${key}' within hardTimeoutMs (${timeoutMs} ms); its load goes on`)
-    this.name = 'CacheLoadTimeoutError'
-  }
-}
-
 /** What routes use; the disabled cache implements it by calling the loader. */
 export interface CacheApi {
   /** false when the plugin was registered with `enabled: false` (every read goes to the loader). */
@@ -99,6 +98,10 @@ export interface CacheSettings {
   softTimeoutMs: number
   hardTimeoutMs: number
   onLoadError: CacheLoadErrorMode
+  /** A value as stored in Redis (default JSON.stringify); called before a fill takes its path. */
+  serialize: (value: unknown) => string
+  /** A stored payload back to a value (default JSON.parse), on every read from Redis. */
+  deserialize: (payload: string) => unknown
 }
 
 /** Told to the other instances: keys, or tags, to drop from their L1 and flights. */
@@ -184,32 +187,70 @@ const NO_OPTIONS: GetOrLoadOptions = Object.freeze({})
 const MAX_TAGS = 16
 
 export function checkKey(key: string): void {
-  if (!CACHE_KEY.test(key)) throw new TypeError(`Invalid cache key '${key.slice(0, 80)}'`)
+  if (typeof key !== 'string' || !CACHE_KEY.test(key)) throw new CacheKeyInvalidError(key)
 }
 
 /** Validated, deduplicated and sorted (a canonical order for the recorded generations); none: undefined. */
 export function checkTags(tags: readonly string[]): string[] | undefined {
-  if (!Array.isArray(tags) || tags.length > MAX_TAGS)
-    throw new TypeError(`cache: \`tags\` must be an array of at most ${MAX_TAGS} tags`)
+  if (!Array.isArray(tags) || tags.length > MAX_TAGS) throw tagListError(tags, MAX_TAGS)
   for (const tag of tags)
-    if (typeof tag !== 'string' || !CACHE_TAG.test(tag))
-      throw new TypeError(`Invalid cache tag '${String(tag).slice(0, 80)}'`)
+    if (typeof tag !== 'string' || !CACHE_TAG.test(tag)) throw new CacheTagInvalidError(tag)
   return tags.length ? [...new Set(tags)].sort() : undefined
 }
 
+/**
+ * Other cache libraries' names for our options (bentocache's mostly), each with ours: a `ttl:`
+ * passed here would otherwise leave every entry on the default lifetime without a word.
+ */
+export const CACHE_OPTION_HINTS = {
+  ttl: "bentocache's `ttl` is `ttlMs` here (milliseconds)",
+  timeout: "bentocache's `timeout` is `softTimeoutMs` here (milliseconds)",
+  hardTimeout: "bentocache's `hardTimeout` is `hardTimeoutMs` here (milliseconds)",
+  grace: "bentocache's `grace` is the plugin option `staleWhileRevalidateMs` here (milliseconds)",
+  lockTimeout: "bentocache's `lockTimeout` is the plugin option `leaseWaitMs` here (milliseconds)",
+  prefix: "bentocache's `prefix` is the plugin option `keyPrefix` here",
+}
+
+const callCheck = optionChecker('cache', CACHE_OPTION_HINTS)
+const GET_OR_LOAD_OPTIONS = optionKeys<GetOrLoadOptions>({
+  ttlMs: true,
+  tags: true,
+  softTimeoutMs: true,
+  hardTimeoutMs: true,
+  onLoadError: true,
+})
+const SET_OPTIONS = optionKeys<CacheSetOptions>({ ttlMs: true, tags: true })
+
+/** A value for a message: a number as written, anything else described. */
+export const shown = (value: unknown) => (typeof value === 'number' ? String(value) : describeValue(value))
+
 function checkInt(name: string, value: number | undefined, min: number): void {
   if (value !== undefined && !(Number.isSafeInteger(value) && value >= min))
-    throw new TypeError(`cache: \`${name}\` must be an integer of at least ${min}`)
+    callCheck.fail(`\`${name}\` must be an integer of at least ${min}, got ${shown(value)}`)
 }
 
 /** Per-call options, checked only when given. */
-function checkCallOptions(options: GetOrLoadOptions): void {
+function checkCallOptions(options: GetOrLoadOptions, known: readonly string[], method: string): void {
+  if (typeof options !== 'object' || options === null || Array.isArray(options))
+    callCheck.fail(`${method} options must be an object, got ${describeValue(options)}`)
+  callCheck.known(options, known, `${method} options`)
   checkInt('ttlMs', options.ttlMs, 1)
   checkInt('softTimeoutMs', options.softTimeoutMs, 0)
   checkInt('hardTimeoutMs', options.hardTimeoutMs, 0)
   const { onLoadError } = options
   if (onLoadError !== undefined && onLoadError !== 'serve-stale' && onLoadError !== 'fail')
-    throw new TypeError("cache: `onLoadError` must be 'serve-stale' or 'fail'")
+    callCheck.fail(`\`onLoadError\` must be 'serve-stale' or 'fail', got ${describeValue(onLoadError)}`)
+}
+
+/**
+ * A `getOrLoad`'s key and options, checked (the disabled cache checks them too, so a mistake shows
+ * with the cache off as with it on); its tags, validated and sorted.
+ */
+export function checkRead(key: string, options: GetOrLoadOptions = NO_OPTIONS): string[] | undefined {
+  checkKey(key)
+  if (options === NO_OPTIONS) return undefined
+  checkCallOptions(options, GET_OR_LOAD_OPTIONS, 'getOrLoad')
+  return options.tags === undefined ? undefined : checkTags(options.tags)
 }
 
 /** The tags of "tag=generation,..." (tags and generations never contain ',' or '='). */
@@ -306,12 +347,7 @@ export class RedisCache implements CacheApi {
     loader: () => Promise<T | null>,
     options: GetOrLoadOptions = NO_OPTIONS,
   ): Promise<T | null> {
-    checkKey(key)
-    let tags: string[] | undefined
-    if (options !== NO_OPTIONS) {
-      checkCallOptions(options)
-      if (options.tags !== undefined) tags = checkTags(options.tags)
-    }
+    const tags = checkRead(key, options)
     const { l1 } = this.parts
     const local = l1?.get(key)
     if (local) {
@@ -400,7 +436,7 @@ export class RedisCache implements CacheApi {
       const [payload, tagged] = peeked
       if (payload !== undefined && tagged === undefined) {
         this.metrics.hits.inc({ name })
-        const value = JSON.parse(payload) as T | null
+        const value = this.settings.deserialize(payload) as T | null
         this.parts.l1?.set(key, value, prefetched.epoch)
         return value
       }
@@ -411,7 +447,7 @@ export class RedisCache implements CacheApi {
       const owner = token()
       let reply: GetReply
       try {
-        if (!this.redisUp()) throw new Error('cache Redis is not connected')
+        if (!this.redisUp()) throw new CacheUnavailableError(this.redis.status)
         const args: Arg[] = [
           owner,
           this.settings.leaseTtlMs,
@@ -432,6 +468,8 @@ export class RedisCache implements CacheApi {
           if (reply[3] !== undefined) reply = await this.checkRecordedTags(key, keys, args, reply)
         }
       } catch (err) {
+        // A script may have taken the lease before a later command of this read failed.
+        if (this.redisUp()) void this.release(key, owner)
         return this.readFailed(key, loader, err, hardAt, hardMs)
       }
       const [state, payload] = reply
@@ -439,13 +477,13 @@ export class RedisCache implements CacheApi {
       if (reply[3] !== undefined) recorded = reply[3]
       if (state === 'fresh' || state === 'early') {
         this.metrics.hits.inc({ name })
-        const value = JSON.parse(payload) as T | null
+        const value = (await this.decode(key, payload, state === 'early' ? owner : '')) as T | null
         this.parts.l1?.set(key, value, epoch, recorded === undefined ? undefined : tagsOf(recorded))
         if (state === 'early') this.refreshInBackground(key, loader, generation, owner, options, recorded)
         return value
       }
       if (state === 'stale' || state === 'refresh') {
-        const stale = JSON.parse(payload) as T | null
+        const stale = (await this.decode(key, payload, state === 'refresh' ? owner : '')) as T | null
         if (state === 'refresh') {
           const softMs = options.softTimeoutMs ?? this.settings.softTimeoutMs
           if (softMs > 0) {
@@ -500,7 +538,12 @@ export class RedisCache implements CacheApi {
     this.metrics.redisErrors.inc({ name })
     this.parts.log.warn({ err, key }, 'cache read failed; loading from the source')
     const at = hardAt || (hardMs > 0 ? Date.now() + hardMs : 0)
-    return this.bounded(this.load(name, loader), key, at, hardMs)
+    // Refused as when Redis is up: whether a value can be cached must not depend on an outage.
+    const loaded = this.load(name, loader).then((value) => {
+      this.encode(key, value)
+      return value
+    })
+    return this.bounded(loaded, key, at, hardMs)
   }
 
   /**
@@ -630,20 +673,63 @@ export class RedisCache implements CacheApi {
     const name = namespace(key)
     const started = performance.now()
     let value: T | null
+    let payload: string
     try {
       value = await this.load(name, loader)
+      payload = this.encode(key, value)
     } catch (err) {
-      if (owner) this.release(key, owner)
+      // Released before the caller hears of it, so the next read of the key loads at once.
+      if (owner) await this.release(key, owner)
       throw err
     }
     const loadMs = Math.max(1, Math.round(performance.now() - started))
-    if (await this.store(key, value, generation, owner, loadMs, options, recorded))
+    if (await this.store(key, value, payload, generation, owner, loadMs, options, recorded))
       this.parts.l1?.set(key, value, epoch, recorded === undefined ? undefined : tagsOf(recorded))
     return value
   }
 
-  private release(key: string, owner: string): void {
-    runScript(this.redis, 'cacheRelease', [this.keys(key)[2]!], [owner]).catch(() => {})
+  /** Gives up this caller's lease, if it still holds it; never rejects (an expired lease is gone anyway). */
+  private release(key: string, owner: string): Promise<void> {
+    return runScript(this.redis, 'cacheRelease', [this.keys(key)[2]!], [owner]).then(
+      () => {},
+      () => {},
+    )
+  }
+
+  /**
+   * The payload stored for `value`. A value the serializer cannot hold (a BigInt, a cycle,
+   * undefined) is refused here, before any fill, rather than logged as a Redis failure and
+   * returned uncached: the caller learns at once that this key never caches.
+   */
+  private encode(key: string, value: unknown): string {
+    let payload: unknown
+    try {
+      payload = this.settings.serialize(value)
+    } catch (err) {
+      const custom = this.settings.serialize !== JSON.stringify
+      throw new CacheValueNotJsonError(
+        key,
+        custom ? `serialize threw: ${(err as Error)?.message ?? String(err)}` : whyNotJson(value, err),
+        { cause: err },
+      )
+    }
+    if (typeof payload === 'string') return payload
+    throw new CacheValueNotJsonError(
+      key,
+      this.settings.serialize === JSON.stringify
+        ? whyNotJson(value, undefined)
+        : `serialize returned ${describeValue(payload)}, expected a string`,
+    )
+  }
+
+  /** A stored payload as a value; a read that took the lease (`owner`) gives it up if that fails. */
+  private async decode(key: string, payload: string, owner: string): Promise<unknown> {
+    try {
+      return this.settings.deserialize(payload)
+    } catch (err) {
+      if (owner) await this.release(key, owner)
+      throw err
+    }
   }
 
   /** Soft and hard TTL of a new entry: jittered, and with the stale window unless it is a "not found". */
@@ -663,6 +749,7 @@ export class RedisCache implements CacheApi {
   private async store(
     key: string,
     value: unknown,
+    payload: string,
     generation: string,
     owner: string,
     loadMs: number,
@@ -678,7 +765,7 @@ export class RedisCache implements CacheApi {
         soft,
         hard,
         loadMs,
-        JSON.stringify(value),
+        payload,
         this.generationTtlMs,
       ]
       if (recorded) {
@@ -688,7 +775,7 @@ export class RedisCache implements CacheApi {
         // records the generations read before the load and every read compares them.
         if (settings.fence && (await this.tagGenerations(tagsOf(recorded), this.tagTtl(hard))) !== recorded) {
           this.metrics.fenceRejections.inc({ name: namespace(key) })
-          if (owner) this.release(key, owner)
+          if (owner) await this.release(key, owner)
           return false
         }
         args.push(recorded)
@@ -699,6 +786,7 @@ export class RedisCache implements CacheApi {
     } catch (err) {
       this.metrics.redisErrors.inc({ name: namespace(key) })
       this.parts.log.warn({ err, key }, 'cache fill failed')
+      if (owner) void this.release(key, owner)
       return false
     }
   }
@@ -724,7 +812,9 @@ export class RedisCache implements CacheApi {
       this.metrics.l1Hits.inc({ name: namespace(key) })
       return Promise.resolve(local.value as T | null)
     }
-    return this.peek(key).then((payload) => (payload === undefined ? undefined : (JSON.parse(payload) as T)))
+    return this.peek(key).then((payload) =>
+      payload === undefined ? undefined : (this.settings.deserialize(payload) as T),
+    )
   }
 
   has(key: string): Promise<boolean> {
@@ -740,7 +830,7 @@ export class RedisCache implements CacheApi {
   private async peek(key: string): Promise<string | undefined> {
     const name = namespace(key)
     try {
-      if (!this.redisUp()) throw new Error('cache Redis is not connected')
+      if (!this.redisUp()) throw new CacheUnavailableError(this.redis.status)
       const [payload, recorded] = peekEntry(await this.redis.get(this.keys(key)[0]!), 0, 1)
       if (
         payload === undefined ||
@@ -760,10 +850,9 @@ export class RedisCache implements CacheApi {
 
   set<T>(key: string, value: T | null, options: CacheSetOptions = NO_OPTIONS): Promise<boolean> {
     checkKey(key)
-    if (value === undefined) throw new TypeError('cache: `set` needs a value (null caches "not found")')
-    checkInt('ttlMs', options.ttlMs, 1)
+    if (options !== NO_OPTIONS) checkCallOptions(options, SET_OPTIONS, 'set')
     const tags = options.tags === undefined ? undefined : checkTags(options.tags)
-    return this.write(key, JSON.stringify(value), value === null, options.ttlMs, tags)
+    return this.write(key, this.encode(key, value), value === null, options.ttlMs, tags)
   }
 
   private async write(
@@ -775,7 +864,7 @@ export class RedisCache implements CacheApi {
   ): Promise<boolean> {
     this.dropLocal([key])
     try {
-      if (!this.redisUp()) throw new Error('cache Redis is not connected')
+      if (!this.redisUp()) throw new CacheUnavailableError(this.redis.status)
       const [soft, hard] = this.lifetimes(notFound ? null : payload, ttlMs)
       const recorded = tags ? await this.tagGenerations(tags, this.tagTtl(hard)) : ''
       await runScript(this.redis, 'cacheSet', this.keys(key), [
@@ -829,6 +918,12 @@ export class RedisCache implements CacheApi {
   }
 
   async invalidate(keys: readonly string[]): Promise<boolean> {
+    // A lone key string would otherwise be checked character by character.
+    if (!Array.isArray(keys))
+      throw new CacheKeyInvalidError(
+        keys,
+        `cache: \`invalidate\` takes an array of keys, got ${describeValue(keys)}; for one key: \`delete(key)\``,
+      )
     for (const key of keys) checkKey(key)
     this.dropLocal(keys)
     try {
@@ -846,7 +941,7 @@ export class RedisCache implements CacheApi {
   }
 
   private async invalidateInRedis(keys: readonly string[]): Promise<void> {
-    if (!this.redisUp()) throw new Error('cache Redis is not connected')
+    if (!this.redisUp()) throw new CacheUnavailableError(this.redis.status)
     // Each entry is a slot of its own on a Cluster; one Redis takes them all in one script call.
     const calls = isCluster(this.redis) ? keys.map((key) => [key]) : chunks(keys, INVALIDATE_CHUNK)
     const generation = token()
@@ -885,7 +980,7 @@ export class RedisCache implements CacheApi {
 
   /** A new random generation per tag: every entry that recorded an older one now reads as a miss. */
   private async invalidateTagsInRedis(tags: readonly string[]): Promise<void> {
-    if (!this.redisUp()) throw new Error('cache Redis is not connected')
+    if (!this.redisUp()) throw new CacheUnavailableError(this.redis.status)
     const generation = token()
     await Promise.all(
       tags.map((tag) => this.redis.set(this.tagKey(tag), generation, 'PX', this.generationTtlMs)),

@@ -8,16 +8,25 @@ import type {
   RouteOptions,
 } from 'fastify'
 import fp from 'fastify-plugin'
-import { isCluster } from '../../lua/index.ts'
 import { observePluginRedis, whenMetricsReady } from '../common/metrics.ts'
-import { awaitRedisAtBoot, pluginRedis, type RedisClient } from '../common/redis.ts'
+import { optionChecker, optionKeys } from '../common/options.ts'
 import {
+  bootPluginRedis,
+  DEFAULT_CONNECT_TIMEOUT_MS,
+  describeValue,
+  type RedisClient,
+} from '../common/redis.ts'
+import { pluginRegistered, routeCovered } from '../common/route-coverage.ts'
+import {
+  CACHE_OPTION_HINTS,
   type CacheApi,
   type CacheLoadErrorMode,
   type CacheSettings,
+  checkRead,
   type GetOrLoadOptions,
   type Prefetch,
   RedisCache,
+  shown,
   withDeadline,
 } from './cache.ts'
 import { L1Cache } from './l1.ts'
@@ -29,12 +38,18 @@ export {
   CACHE_TAG,
   type CacheApi,
   type CacheLoadErrorMode,
-  CacheLoadTimeoutError,
   type CacheSetOptions,
   type GetOrLoadOptions,
   type LoadTimeouts,
   RedisCache,
 } from './cache.ts'
+export {
+  CacheKeyInvalidError,
+  CacheLoadTimeoutError,
+  CacheTagInvalidError,
+  CacheUnavailableError,
+  CacheValueNotJsonError,
+} from './errors.ts'
 
 export interface CachePluginOptions {
   /** false: every read calls its loader and nothing touches Redis (default true). */
@@ -46,9 +61,14 @@ export interface CachePluginOptions {
   redis?: RedisClient
   /**
    * Set when this Redis also holds sessions, idempotency records or rate limits: registration then
-   * fails if the instance evicts any key (maxmemory-policy allkeys-*), since eviction would drop them.
+   * fails if the instance may evict (any maxmemory-policy but noeviction), since eviction would drop them.
    */
   sharedWithDurableData?: boolean
+  /**
+   * How long registration waits for the client to be ready (default 5000 ms; 0: do not wait).
+   * A cache Redis that is not ready does not stop the boot: reads go to their loaders until it is.
+   */
+  connectTimeoutMs?: number
   keyPrefix?: string
   /** Fresh lifetime of an entry (default 60 s); also the bound on staleness after a failed invalidation. */
   ttlMs?: number
@@ -84,7 +104,42 @@ export interface CachePluginOptions {
   onLoadError?: CacheLoadErrorMode
   /** false disables the stale-fill fence. Exists only to demonstrate the race it prevents. */
   fence?: boolean
+  /**
+   * A value as stored (default JSON.stringify). Must return a string; a value it throws on, or
+   * returns anything else for, rejects the read or `set` with CacheValueNotJsonError.
+   */
+  serialize?: (value: unknown) => string
+  /** A stored string back to a value (default JSON.parse), e.g. with a reviver that restores Dates. */
+  deserialize?: (payload: string) => unknown
 }
+
+const PLUGIN_OPTIONS = optionKeys<CachePluginOptions>({
+  enabled: true,
+  redis: true,
+  sharedWithDurableData: true,
+  connectTimeoutMs: true,
+  keyPrefix: true,
+  ttlMs: true,
+  jitter: true,
+  staleWhileRevalidateMs: true,
+  earlyRefreshBeta: true,
+  negativeTtlMs: true,
+  leaseTtlMs: true,
+  leaseWaitMs: true,
+  maxConcurrentLoads: true,
+  l1TtlMs: true,
+  l1MaxEntries: true,
+  softTimeoutMs: true,
+  hardTimeoutMs: true,
+  onLoadError: true,
+  fence: true,
+  serialize: true,
+  deserialize: true,
+})
+
+const ROUTE_OPTIONS = optionKeys<CacheRouteConfig>({ prefetch: true })
+
+const check = optionChecker('cache plugin', CACHE_OPTION_HINTS)
 
 /** A route's `config.cache`. */
 export interface CacheRouteConfig {
@@ -109,20 +164,28 @@ declare module 'fastify' {
 
 type KeyOf = (request: FastifyRequest) => string | undefined
 
-/** A route's prefetch function, its `config.cache` checked when the route is added. */
-function routePrefetch(route: RouteOptions): KeyOf | undefined {
+/** A route's `config.cache`, checked when the route is added; undefined when it has none. */
+function routeCache(route: RouteOptions): CacheRouteConfig | undefined {
   const config = route.config?.cache as unknown
   if (config === undefined) return undefined
-  const fail = (message: string): never => {
-    throw new Error(`cache plugin: route ${route.method} ${route.url}: ${message}`)
-  }
-  if (typeof config !== 'object' || config === null) fail('`config.cache` must be an object')
-  const { prefetch, ...rest } = config as CacheRouteConfig
-  const unknown = Object.keys(rest)
-  if (unknown.length) fail(`unknown \`config.cache\` option '${unknown[0]}'`)
+  const where = `route ${route.method} ${route.url}: config.cache`
+  if (typeof config !== 'object' || config === null || Array.isArray(config))
+    check.fail(`${where} must be an object ({ prefetch? }), got ${describeValue(config)}`)
+  check.known(config as object, ROUTE_OPTIONS, where)
+  const { prefetch } = config as CacheRouteConfig
   if (prefetch !== undefined && typeof prefetch !== 'function')
-    fail('`config.cache.prefetch` must be a function of the request returning a key or undefined')
-  return prefetch
+    check.fail(
+      `${where}.prefetch must be a function of the request returning a key or undefined, got ${describeValue(prefetch)}`,
+    )
+  return config as CacheRouteConfig
+}
+
+/** Covers (for the ready-time check) every route with a `config.cache`, and returns its prefetch. */
+function coverRoute(app: FastifyInstance, route: RouteOptions): KeyOf | undefined {
+  const config = routeCache(route)
+  if (!config) return undefined
+  routeCovered(app, 'cache', route)
+  return config.prefetch
 }
 
 /**
@@ -147,7 +210,7 @@ function addPrefetching(app: FastifyInstance, cache: RedisCache): void {
       done()
     }
   app.addHook('onRoute', (route) => {
-    const keyOf = routePrefetch(route)
+    const keyOf = coverRoute(app, route)
     if (!keyOf) return
     route.onRequest = [startPrefetch(keyOf), ...(route.onRequest ? [route.onRequest].flat() : [])]
     const handler = route.handler as (this: FastifyInstance, ...args: unknown[]) => unknown
@@ -164,6 +227,7 @@ function disabledCache(defaultHardTimeoutMs: number, log: FastifyBaseLogger): Ca
   return {
     enabled: false,
     getOrLoad<T>(key: string, loader: () => Promise<T | null>, options?: GetOrLoadOptions) {
+      checkRead(key, options)
       const hardMs = options?.hardTimeoutMs ?? defaultHardTimeoutMs
       if (!(hardMs > 0)) return loader()
       return withDeadline(loader(), Date.now() + hardMs, key, hardMs, (err) =>
@@ -179,32 +243,52 @@ function disabledCache(defaultHardTimeoutMs: number, log: FastifyBaseLogger): Ca
   }
 }
 
-type Checked = CacheSettings & { maxConcurrentLoads: number; l1TtlMs: number; l1MaxEntries: number }
+type Checked = CacheSettings & {
+  maxConcurrentLoads: number
+  l1TtlMs: number
+  l1MaxEntries: number
+  connectTimeoutMs: number
+}
 
 function validate(options: CachePluginOptions): Checked {
-  const fail = (message: string): never => {
-    throw new Error(`cache plugin: ${message}`)
-  }
+  if (typeof options !== 'object' || options === null)
+    check.fail(`options must be an object, got ${describeValue(options)}`)
+  check.known(options, PLUGIN_OPTIONS)
   const int = (name: keyof CachePluginOptions, fallback: number, min: number) => {
-    const value = options[name] ?? fallback
+    const value = options[name] === undefined ? fallback : options[name]
     if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < min)
-      fail(`\`${name}\` must be an integer of at least ${min}`)
+      check.fail(`\`${name}\` must be an integer of at least ${min}, got ${shown(value)}`)
     return value as number
   }
   const fraction = (name: keyof CachePluginOptions, fallback: number, max: number) => {
-    const value = options[name] ?? fallback
+    const value = options[name] === undefined ? fallback : options[name]
     if (typeof value !== 'number' || !(value >= 0 && value <= max))
-      fail(`\`${name}\` must be between 0 and ${max}`)
+      check.fail(`\`${name}\` must be between 0 and ${max}, got ${shown(value)}`)
     return value as number
   }
-  const keyPrefix = options.keyPrefix ?? 'cache:'
-  if (/[{}]/.test(keyPrefix)) fail('`keyPrefix` must not contain braces (they would change the hash tag)')
+  const flag = (name: keyof CachePluginOptions, fallback: boolean) => {
+    const value = options[name] === undefined ? fallback : options[name]
+    if (typeof value !== 'boolean') check.fail(`\`${name}\` must be true or false, got ${shown(value)}`)
+    return value as boolean
+  }
+  const fn = <F>(name: keyof CachePluginOptions, fallback: F): F => {
+    const value = options[name] === undefined ? fallback : options[name]
+    if (typeof value !== 'function') check.fail(`\`${name}\` must be a function, got ${shown(value)}`)
+    return value as F
+  }
+  const keyPrefix = options.keyPrefix === undefined ? 'cache:' : options.keyPrefix
+  if (typeof keyPrefix !== 'string') check.fail(`\`keyPrefix\` must be a string, got ${shown(keyPrefix)}`)
+  if (/[{}]/.test(keyPrefix))
+    check.fail(`\`keyPrefix\` must not contain braces (they would change the hash tag), got '${keyPrefix}'`)
   const leaseTtlMs = int('leaseTtlMs', 5000, 10)
   const leaseWaitMs = int('leaseWaitMs', 2000, 0)
-  if (leaseWaitMs > leaseTtlMs) fail('`leaseWaitMs` must not exceed `leaseTtlMs`')
-  const onLoadError = options.onLoadError ?? 'serve-stale'
+  if (leaseWaitMs > leaseTtlMs)
+    check.fail(`\`leaseWaitMs\` (${leaseWaitMs}) must not exceed \`leaseTtlMs\` (${leaseTtlMs})`)
+  const onLoadError = options.onLoadError === undefined ? 'serve-stale' : options.onLoadError
   if (onLoadError !== 'serve-stale' && onLoadError !== 'fail')
-    fail("`onLoadError` must be 'serve-stale' or 'fail'")
+    check.fail(`\`onLoadError\` must be 'serve-stale' or 'fail', got ${shown(onLoadError)}`)
+  flag('enabled', true)
+  flag('sharedWithDurableData', false)
   return {
     keyPrefix,
     ttlMs: int('ttlMs', 60_000, 1),
@@ -214,50 +298,42 @@ function validate(options: CachePluginOptions): Checked {
     negativeTtlMs: int('negativeTtlMs', 5000, 1),
     leaseTtlMs,
     leaseWaitMs,
-    fence: options.fence ?? true,
+    fence: flag('fence', true),
     softTimeoutMs: int('softTimeoutMs', 0, 0),
     hardTimeoutMs: int('hardTimeoutMs', 0, 0),
     onLoadError,
+    serialize: fn('serialize', JSON.stringify as (value: unknown) => string),
+    deserialize: fn('deserialize', JSON.parse as (payload: string) => unknown),
     maxConcurrentLoads: int('maxConcurrentLoads', 8, 1),
     l1TtlMs: int('l1TtlMs', 0, 0),
     l1MaxEntries: int('l1MaxEntries', 10_000, 1),
+    connectTimeoutMs: int('connectTimeoutMs', DEFAULT_CONNECT_TIMEOUT_MS, 0),
   }
 }
 
-/** The instance's eviction policy, or undefined when CONFIG is not allowed (managed Redis). */
-async function evictionPolicy(client: RedisClient): Promise<string | undefined> {
-  try {
-    const node = isCluster(client) ? client.nodes('master')[0] : client
-    const reply = (await node?.config('GET', 'maxmemory-policy')) as string[] | undefined
-    return reply?.[1]
-  } catch {
-    return undefined
-  }
-}
+const SHARED_FIX =
+  '. With `sharedWithDurableData` this Redis also holds sessions, idempotency records and rate limits, which that policy may evict: give the cache a Redis of its own (its `redis` option)'
 
 async function cachePlugin(app: FastifyInstance, options: CachePluginOptions) {
   const settings = validate(options)
+  pluginRegistered(app, 'cache')
   if (options.enabled === false) {
     app.decorate('cache', disabledCache(settings.hardTimeoutMs, app.log.child({ plugin: 'cache' })))
     // Nothing to prefetch: every read calls its loader. Routes' options are still checked.
-    app.addHook('onRoute', (route) => void routePrefetch(route))
+    app.addHook('onRoute', (route) => void coverRoute(app, route))
     return
   }
-  const redis = pluginRedis(app, 'cache', options.redis)
+  // A cache that cannot connect at boot is not fatal: reads go to the source until it answers.
+  // Evicting cache entries is fine on a Redis of the cache's own; not where durable data lives.
+  const redis = await bootPluginRedis(app, 'cache', {
+    redis: options.redis,
+    connectTimeoutMs: settings.connectTimeoutMs,
+    eviction: options.sharedWithDurableData ? 'refuse' : 'allow',
+    fix: SHARED_FIX,
+  })
   // ioredis types `duplicate` per client class; both return a client of the same kind.
   const subscriber = settings.l1TtlMs > 0 ? (redis.duplicate as () => RedisClient)() : undefined
   if (subscriber) app.addHook('onClose', async () => subscriber.disconnect())
-  // A cache that cannot connect at boot is not fatal: reads go to the source until it answers.
-  await awaitRedisAtBoot(app, redis, 'cache')
-  if (options.sharedWithDurableData) {
-    const policy = await evictionPolicy(redis)
-    if (policy?.startsWith('allkeys')) {
-      subscriber?.disconnect()
-      throw new Error(
-        `cache plugin: this Redis also holds sessions, idempotency records and rate limits, and its maxmemory-policy ${policy} may evict them; give the cache a Redis of its own (its redis option) or use noeviction or volatile-*`,
-      )
-    }
-  }
 
   // Invalidations published while the subscriber is away are lost: the L1 is bypassed then.
   let subscribed = false
