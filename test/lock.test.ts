@@ -3,6 +3,7 @@ import { once } from 'node:events'
 import { after, before, test } from 'node:test'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { Redis } from 'ioredis'
+import { GatewayError, InvalidOptionError, RedisClientError } from '../src/plugins/common/errors.ts'
 import { createLock, type LockHandle, LockLostError, LockNotAcquiredError } from '../src/primitives/lock.ts'
 import { startTcpProxy, TEST_REDIS_URL, uniquePrefix } from './helpers.ts'
 
@@ -234,9 +235,81 @@ test('options are checked', async () => {
   await assert.rejects(lock.acquire('x', 0), TypeError)
   await assert.rejects(
     lock.withLock('x', async () => 1, { ttlMs: 100, renewEveryMs: 100 }),
-    /renewEveryMs/,
+    {
+      code: 'FRG_INVALID_OPTION',
+      message: /renewEveryMs/,
+    },
   )
-  assert.throws(() => createLock({} as Redis), TypeError)
+  assert.throws(() => createLock({} as Redis), RedisClientError)
+})
+
+test('withLock without waitMs: LockNotAcquiredError carries the time the holder has left, and a code', async () => {
+  const lock = createLock(redis, { keyPrefix: uniquePrefix('lock') })
+  const held = await lock.acquire('payroll', 60_000)
+  assert.ok(held, 'held')
+  const err = await lock
+    .withLock('payroll', async () => 'ran', { ttlMs: 1000 })
+    .then(
+      () => assert.fail('acquired a held lock'),
+      (caught: unknown) => caught,
+    )
+  assert.ok(
+    err instanceof LockNotAcquiredError && err instanceof GatewayError,
+    'err instanceof LockNotAcquiredError && err instanceof GatewayError',
+  )
+  assert.equal(err.code, 'FRG_LOCK_NOT_ACQUIRED')
+  const holder = await lock.holder('payroll')
+  assert.ok(holder, 'holder')
+  // The holder's PTTL at the attempt: positive, at most its TTL, and not less than what it has now.
+  assert.ok(err.retryAfterMs > 0 && err.retryAfterMs <= 60_000, String(err.retryAfterMs))
+  assert.ok(err.retryAfterMs >= holder.expiresInMs, `${err.retryAfterMs} >= ${holder.expiresInMs}`)
+  assert.match(err.message, /lock 'payroll' is held by another owner for \d+ ms more/)
+  await lock.release(held)
+})
+
+test('LockLostError has a code', async () => {
+  const keyPrefix = uniquePrefix('lock')
+  const lock = createLock(redis, { keyPrefix })
+  const reason = await lock.withLock(
+    'lost',
+    async (signal) => {
+      await redis.del(`${keyPrefix}{lost}`)
+      if (!signal.aborted) await once(signal, 'abort')
+      return signal.reason as unknown
+    },
+    { ttlMs: 300, renewEveryMs: 20 },
+  )
+  assert.ok(
+    reason instanceof LockLostError && reason instanceof GatewayError,
+    'reason instanceof LockLostError && reason instanceof GatewayError',
+  )
+  assert.equal(reason.code, 'FRG_LOCK_LOST')
+})
+
+test('lock options are strict: an unknown key or a wrong value is refused', async () => {
+  const lock = createLock(redis, { keyPrefix: uniquePrefix('lock') })
+  assert.throws(() => createLock(redis, { keyprefix: 'x:' } as never), {
+    code: 'FRG_UNKNOWN_OPTION',
+    message: /lock: unknown option `keyprefix`\. Did you mean `keyPrefix`\?/,
+  })
+  assert.throws(() => createLock(redis, { keyPrefix: 7 } as never), InvalidOptionError)
+  await assert.rejects(
+    lock.withLock('x', async () => 1, { ttlMs: 1000, wait: 500 } as never),
+    {
+      code: 'FRG_UNKNOWN_OPTION',
+      message: /withLock: unknown option `wait`\. Valid options: ttlMs, renewEveryMs, waitMs\./,
+    },
+  )
+  await assert.rejects(
+    lock.withLock('x', async () => 1, { ttlMs: 1000, waitMs: -1 }),
+    InvalidOptionError,
+  )
+  await assert.rejects(
+    lock.withLock('x', async () => 1, undefined as never),
+    InvalidOptionError,
+  )
+  await assert.rejects(lock.acquire('', 1000), { code: 'FRG_INVALID_ARGUMENT', name: 'TypeError' })
+  assert.equal(await lock.holder('x'), null, 'nothing was taken')
 })
 
 /** Simulates the holder's TTL running out: the lock key expires now (PEXPIRE 1, then gone). */

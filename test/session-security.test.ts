@@ -273,14 +273,17 @@ describe('expiry', () => {
 describe('plugin options', () => {
   test('bad options fail registration with a precise message', async () => {
     const cases: Array<[Record<string, unknown>, string]> = [
-      [{ secrets: [] }, 'session plugin: `secrets` must be a non-empty array'],
+      [
+        { secrets: [] },
+        'session plugin: `secrets` must be a non-empty array of strings, got an object (Array)',
+      ],
       [
         { secrets: ['short'] },
         'session plugin: every secret in `secrets` must be a string of at least 32 characters',
       ],
       [
         { secrets: [TEST_SECRET], idleTimeoutMs: 0 },
-        'session plugin: `idleTimeoutMs` must be a positive integer',
+        'session plugin: `idleTimeoutMs` must be a positive integer, got 0',
       ],
       [
         { secrets: [TEST_SECRET], idleTimeoutMs: 1000, absoluteTimeoutMs: 10 },
@@ -300,7 +303,7 @@ describe('plugin options', () => {
       ],
       [
         { secrets: [TEST_SECRET] },
-        'session plugin: pass `redis` (an ioredis client) or register the redis plugin first',
+        'session plugin: no Redis client: pass `redis` (an ioredis client) or register the redis plugin before this one',
       ],
     ]
     for (const [options, message] of cases) {
@@ -310,7 +313,8 @@ describe('plugin options', () => {
           await app.register(sessionPlugin, options as never)
           await app.ready()
         },
-        { message },
+        // Every option error has a code: a wrong value, or no Redis client.
+        { message, code: /^FRG_(INVALID_OPTION|REDIS_CLIENT_INVALID)$/ },
       )
       await app.close()
     }

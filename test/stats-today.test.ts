@@ -198,5 +198,7 @@ test('ShardedCounter: items without an id are all counted, on random shards; cou
   await counter.add({ id: 'big3', counts: { big: max } })
   assert.equal((await counter.read()).counts.big, max)
   await assert.rejects(counter.add({ counts: { views: 0.5 } }), TypeError)
-  assert.throws(() => createShardedCounter(t.redis, { key: (s) => `x${s}`, shards: 0 }), TypeError)
+  assert.throws(() => createShardedCounter(t.redis, { key: (s) => `x${s}`, shards: 0 }), {
+    code: 'FRG_INVALID_OPTION',
+  })
 })

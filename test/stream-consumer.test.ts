@@ -410,7 +410,7 @@ test('appendEachOnce: entries of several streams in one script call, each once, 
     )
     await assert.rejects(
       appendEachOnce(client, { markerTtlMs: 1000, entries: [{ marker: `${prefix}x`, fields: { a: '1' } }] }),
-      TypeError,
+      { code: 'FRG_INVALID_OPTION', message: /an entry has no stream/ },
     )
   } finally {
     client.disconnect()

@@ -1,5 +1,7 @@
 import { randomBytes } from 'node:crypto'
 import { type RedisClient, runScript } from '../lua/index.ts'
+import { type OptionChecker, optionChecker, optionKeys } from '../plugins/common/options.ts'
+import { checkedOptions, checkRedisClient, InvalidArgumentError, shown } from './checks.ts'
 
 // A delayed job queue on Redis. Each instance schedules into its own sorted set (no two movers ever
 // race over one set, so no lock is needed), moves what is due into one shared ready list, and
@@ -107,37 +109,66 @@ export interface DelayedQueue {
 
 const MAX_ROUNDS = 100
 
-function positiveInt(value: unknown, option: string, max = Number.MAX_SAFE_INTEGER): number {
-  if (!Number.isInteger(value) || (value as number) < 1 || (value as number) > max)
-    throw new TypeError(`delayed queue: \`${option}\` must be an integer from 1 to ${max}`)
+const QUEUE_OPTIONS = optionKeys<DelayedQueueOptions>({
+  name: true,
+  instanceId: true,
+  keyPrefix: true,
+  visibilityTimeoutMs: true,
+  heartbeatTtlMs: true,
+  moveIntervalMs: true,
+  watchdogIntervalMs: true,
+  adoptIntervalMs: true,
+  batch: true,
+  onError: true,
+})
+const CONSUME_OPTIONS = optionKeys<ConsumeOptions>({ concurrency: true, pollMs: true, retryDelayMs: true })
+
+function positiveInt(
+  check: OptionChecker,
+  value: unknown,
+  option: string,
+  min = 1,
+  max = Number.MAX_SAFE_INTEGER,
+) {
+  if (!Number.isInteger(value) || (value as number) < min || (value as number) > max)
+    check.fail(`\`${option}\` must be an integer from ${min} to ${max}, got ${shown(value)}`)
   return value as number
 }
 
-function nonEmpty(value: unknown, option: string): string {
+function nonEmpty(check: OptionChecker, value: unknown, option: string): string {
   if (typeof value !== 'string' || value.length === 0)
-    throw new TypeError(`delayed queue: \`${option}\` must be a non-empty string`)
+    check.fail(`\`${option}\` must be a non-empty string, got ${shown(value)}`)
+  return value
+}
+
+function functionOrUndefined<T>(check: OptionChecker, value: T | undefined, option: string, of: string) {
+  if (value !== undefined && typeof value !== 'function')
+    check.fail(`\`${option}\` must be a function of ${of}, got ${shown(value)}`)
   return value
 }
 
 const defaultRetryDelay = (attempt: number) => Math.min(60_000, 1000 * 2 ** Math.min(attempt - 1, 16))
 
 export function createDelayedQueue(redis: RedisClient, options: DelayedQueueOptions): DelayedQueue {
-  if (!redis || typeof (redis as { sendCommand?: unknown }).sendCommand !== 'function')
-    throw new TypeError('delayed queue: pass an ioredis client')
-  const name = nonEmpty(options?.name, 'name')
-  const instanceId = nonEmpty(options.instanceId ?? randomBytes(8).toString('hex'), 'instanceId')
+  checkRedisClient('delayed queue', redis)
+  const check = optionChecker('delayed queue')
+  checkedOptions(check, options, QUEUE_OPTIONS)
+  const name = nonEmpty(check, options.name, 'name')
+  const instanceId = nonEmpty(check, options.instanceId ?? randomBytes(8).toString('hex'), 'instanceId')
   const keyPrefix = options.keyPrefix ?? 'dq:'
-  const visibilityTimeoutMs = positiveInt(options.visibilityTimeoutMs ?? 30_000, 'visibilityTimeoutMs')
-  const heartbeatTtlMs = positiveInt(options.heartbeatTtlMs ?? 15_000, 'heartbeatTtlMs')
-  if (heartbeatTtlMs < 3) throw new TypeError('delayed queue: `heartbeatTtlMs` must be at least 3')
-  const moveIntervalMs = positiveInt(options.moveIntervalMs ?? 1000, 'moveIntervalMs')
+  if (typeof keyPrefix !== 'string') check.fail(`\`keyPrefix\` must be a string, got ${shown(keyPrefix)}`)
+  const visibilityTimeoutMs = positiveInt(check, options.visibilityTimeoutMs ?? 30_000, 'visibilityTimeoutMs')
+  const heartbeatTtlMs = positiveInt(check, options.heartbeatTtlMs ?? 15_000, 'heartbeatTtlMs', 3)
+  const moveIntervalMs = positiveInt(check, options.moveIntervalMs ?? 1000, 'moveIntervalMs')
   const watchdogIntervalMs = positiveInt(
+    check,
     options.watchdogIntervalMs ?? Math.max(1, Math.min(5000, Math.floor(visibilityTimeoutMs / 2))),
     'watchdogIntervalMs',
   )
-  const adoptIntervalMs = positiveInt(options.adoptIntervalMs ?? heartbeatTtlMs, 'adoptIntervalMs')
-  const batch = positiveInt(options.batch ?? 100, 'batch', 1000)
-  const report = options.onError ?? (() => {})
+  const adoptIntervalMs = positiveInt(check, options.adoptIntervalMs ?? heartbeatTtlMs, 'adoptIntervalMs')
+  const batch = positiveInt(check, options.batch ?? 100, 'batch', 1, 1000)
+  const report =
+    functionOrUndefined(check, options.onError, 'onError', 'the error and the task') ?? (() => {})
   // A throwing onError must not break the timers or the consumers.
   const onError = (error: unknown, task: DelayedQueueTask) => {
     try {
@@ -156,10 +187,13 @@ export function createDelayedQueue(redis: RedisClient, options: DelayedQueueOpti
   }
 
   async function schedule(id: string, dueAt: number | Date): Promise<boolean> {
-    nonEmpty(id, 'id')
+    if (typeof id !== 'string' || id.length === 0)
+      throw new InvalidArgumentError(`delayed queue: \`id\` must be a non-empty string, got ${shown(id)}`)
     const due = dueAt instanceof Date ? dueAt.getTime() : dueAt
     if (typeof due !== 'number' || !Number.isFinite(due))
-      throw new TypeError('delayed queue: `dueAt` must be epoch ms or a Date')
+      throw new InvalidArgumentError(
+        `delayed queue: \`dueAt\` must be epoch ms or a Date, got ${shown(dueAt)}`,
+      )
     const added = await runScript<number>(
       redis,
       'delayedQueueSchedule',
@@ -194,7 +228,9 @@ export function createDelayedQueue(redis: RedisClient, options: DelayedQueueOpti
 
   async function nack(id: string, delayMs = 0): Promise<boolean> {
     if (!Number.isFinite(delayMs) || delayMs < 0)
-      throw new TypeError('delayed queue: `delayMs` must be a non-negative number')
+      throw new InvalidArgumentError(
+        `delayed queue: \`delayMs\` must be a non-negative number, got ${shown(delayMs)}`,
+      )
     const done = await runScript<number>(
       redis,
       'delayedQueueNack',
@@ -331,9 +367,21 @@ export function createDelayedQueue(redis: RedisClient, options: DelayedQueueOpti
   }
 
   function consume(handler: (id: string) => unknown, consumeOptions: ConsumeOptions = {}): Consumer {
-    const concurrency = positiveInt(consumeOptions.concurrency ?? 1, 'concurrency')
-    const pollMs = positiveInt(consumeOptions.pollMs ?? 100, 'pollMs')
-    const retryDelayMs = consumeOptions.retryDelayMs ?? defaultRetryDelay
+    if (typeof handler !== 'function')
+      throw new InvalidArgumentError(
+        `delayed queue: \`handler\` must be a function of the id, got ${shown(handler)}`,
+      )
+    const consumeCheck = optionChecker('delayed queue consume')
+    checkedOptions(consumeCheck, consumeOptions, CONSUME_OPTIONS)
+    const concurrency = positiveInt(consumeCheck, consumeOptions.concurrency ?? 1, 'concurrency')
+    const pollMs = positiveInt(consumeCheck, consumeOptions.pollMs ?? 100, 'pollMs')
+    const retryDelayMs =
+      functionOrUndefined(
+        consumeCheck,
+        consumeOptions.retryDelayMs,
+        'retryDelayMs',
+        'the attempt, the id and the error',
+      ) ?? defaultRetryDelay
     // Failed attempts per id in this process (an id that fails here again backs off longer).
     const attempts = new Map<string, number>()
     let halted = false

@@ -1,4 +1,6 @@
 import { type RedisClient, runScript } from '../lua/index.ts'
+import { optionChecker, optionKeys } from '../plugins/common/options.ts'
+import { checkedOptions, checkRedisClient, InvalidArgumentError, shown } from './checks.ts'
 
 // Leaderboards on Redis sorted sets, fed by at-least-once events: each event's amount is added to
 // its member's score at most once (its id is remembered in a set next to the board, in the same
@@ -45,36 +47,49 @@ export interface Leaderboard {
   keys(name: string): { board: string; ids: string }
 }
 
+const LEADERBOARD_OPTIONS = optionKeys<LeaderboardOptions>({ keyPrefix: true })
+const ADD_OPTIONS = optionKeys<LeaderboardAddOptions>({ expireAtMs: true })
+const ITEM_KEYS = optionKeys<LeaderboardItem>({ id: true, member: true, amount: true })
+
 function checkName(name: unknown): asserts name is string {
   if (typeof name !== 'string' || name.length === 0)
-    throw new TypeError('leaderboard: `name` must be a non-empty string')
+    throw new InvalidArgumentError(`leaderboard: \`name\` must be a non-empty string, got ${shown(name)}`)
 }
 
 /** Scores are stored negated (src/lua/leaderboard-add.lua); `-0` never occurs, amounts are positive. */
 const scoreOf = (stored: string) => -Number(stored)
 
-export function createLeaderboard(
-  redis: RedisClient,
-  { keyPrefix = 'lb:' }: LeaderboardOptions = {},
-): Leaderboard {
-  if (!redis || typeof (redis as { sendCommand?: unknown }).sendCommand !== 'function')
-    throw new TypeError('leaderboard: pass an ioredis client')
+export function createLeaderboard(redis: RedisClient, options: LeaderboardOptions = {}): Leaderboard {
+  checkRedisClient('leaderboard', redis)
+  const check = optionChecker('leaderboard')
+  const { keyPrefix = 'lb:' } = checkedOptions(check, options, LEADERBOARD_OPTIONS)
+  if (typeof keyPrefix !== 'string') check.fail(`\`keyPrefix\` must be a string, got ${shown(keyPrefix)}`)
   // One hash tag for both keys of a board, so the script runs on one Cluster slot.
   const keys = (name: string) => ({ board: `${keyPrefix}{${name}}`, ids: `${keyPrefix}{${name}}:ids` })
 
   async function add(
     name: string,
     items: readonly LeaderboardItem[],
-    { expireAtMs }: LeaderboardAddOptions = {},
+    addOptions: LeaderboardAddOptions = {},
   ): Promise<number> {
     checkName(name)
+    const { expireAtMs = 0 } = checkedOptions(check, addOptions, ADD_OPTIONS, 'add')
+    // 0: never (the script's "no expiry"); a past time would delete the board at once.
+    if (!Number.isSafeInteger(expireAtMs) || expireAtMs < 0)
+      check.fail(`add: \`expireAtMs\` must be epoch ms (an integer), got ${shown(expireAtMs)}`)
+    if (!Array.isArray(items))
+      throw new InvalidArgumentError(`leaderboard: \`items\` must be an array, got ${shown(items)}`)
     if (items.length === 0) return 0
-    const args: Array<string | number> = [expireAtMs ?? 0]
-    for (const { id, member, amount } of items) {
+    const args: Array<string | number> = [expireAtMs]
+    for (const item of items) {
+      checkedOptions(check, item, ITEM_KEYS, 'add: item')
+      const { id, member, amount } = item
       if (typeof id !== 'string' || id === '' || typeof member !== 'string' || member === '')
-        throw new TypeError('leaderboard: every item needs a non-empty `id` and `member`')
+        throw new InvalidArgumentError('leaderboard: every item needs a non-empty `id` and `member`')
       if (!Number.isSafeInteger(amount) || amount < 1)
-        throw new TypeError(`leaderboard: the amount of '${id}' must be a positive safe integer`)
+        throw new InvalidArgumentError(
+          `leaderboard: the amount of '${id}' must be a positive safe integer, got ${shown(amount)}`,
+        )
       args.push(id, member, amount)
     }
     const { board, ids } = keys(name)
@@ -83,7 +98,10 @@ export function createLeaderboard(
 
   async function top(name: string, limit: number): Promise<LeaderboardEntry[]> {
     checkName(name)
-    if (!Number.isInteger(limit) || limit < 1) throw new TypeError('leaderboard: `limit` must be >= 1')
+    if (!Number.isInteger(limit) || limit < 1)
+      throw new InvalidArgumentError(
+        `leaderboard: \`limit\` must be an integer of 1 or more, got ${shown(limit)}`,
+      )
     const flat = await redis.zrange(keys(name).board, '0', String(limit - 1), 'WITHSCORES')
     const entries: LeaderboardEntry[] = []
     for (let i = 0; i + 1 < flat.length; i += 2)
@@ -93,6 +111,8 @@ export function createLeaderboard(
 
   async function entry(name: string, member: string): Promise<LeaderboardEntry | null> {
     checkName(name)
+    if (typeof member !== 'string')
+      throw new InvalidArgumentError(`leaderboard: \`member\` must be a string, got ${shown(member)}`)
     const { board } = keys(name)
     // MULTI: the rank and the score of one moment (one key, so one Cluster slot).
     const replies = (await redis.multi().zrank(board, member).zscore(board, member).exec()) ?? []

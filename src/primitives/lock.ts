@@ -1,5 +1,8 @@
 import { type RedisClient, runScript } from '../lua/index.ts'
+import { GatewayError } from '../plugins/common/errors.ts'
+import { optionChecker, optionKeys } from '../plugins/common/options.ts'
 import { randomToken } from '../plugins/common/random-token.ts'
+import { checkedOptions, checkRedisClient, InvalidArgumentError, shown } from './checks.ts'
 
 // A distributed lock on one Redis (or one Cluster slot): SET NX PX to take it, compare-and-delete to
 // release it, compare-and-PEXPIRE to extend it, each one Lua script, plus a fencing token that only
@@ -70,43 +73,62 @@ export interface Lock {
 }
 
 /** `withLock` could not take the lock within `waitMs`. */
-export class LockNotAcquiredError extends Error {
-  override readonly name = 'LockNotAcquiredError'
+export class LockNotAcquiredError extends GatewayError {
   readonly lockName: string
-  /** Milliseconds the current holder still had at the last attempt (-1 if unknown). */
+  /** Milliseconds the holder's lock still had to live at the last attempt (its PTTL), 0 or more. */
   readonly retryAfterMs: number
   constructor(lockName: string, retryAfterMs: number) {
-    super(`lock '${lockName}' is held by another owner`)
+    super('FRG_LOCK_NOT_ACQUIRED', `lock '${lockName}' is held by another owner for ${retryAfterMs} ms more`)
     this.lockName = lockName
     this.retryAfterMs = retryAfterMs
   }
 }
 
 /** The reason of `withLock`'s signal when the lock was lost while `fn` ran. */
-export class LockLostError extends Error {
-  override readonly name = 'LockLostError'
+export class LockLostError extends GatewayError {
   readonly lockName: string
   constructor(lockName: string, message: string, options?: { cause?: unknown }) {
-    super(`lock '${lockName}': ${message}`, options)
+    super('FRG_LOCK_LOST', `lock '${lockName}': ${message}`, options)
     this.lockName = lockName
   }
 }
 
+const LOCK_OPTIONS = optionKeys<LockOptions>({ keyPrefix: true })
+const WITH_LOCK_OPTIONS = optionKeys<WithLockOptions>({ ttlMs: true, renewEveryMs: true, waitMs: true })
+
 function checkName(name: unknown): asserts name is string {
   if (typeof name !== 'string' || name.length === 0)
-    throw new TypeError('lock: `name` must be a non-empty string')
+    throw new InvalidArgumentError(`lock: \`name\` must be a non-empty string, got ${shown(name)}`)
 }
 
-function checkMs(value: unknown, option: string): asserts value is number {
+function checkTtl(value: unknown): asserts value is number {
   if (!Number.isInteger(value) || (value as number) < 1)
-    throw new TypeError(`lock: \`${option}\` must be a positive integer (ms)`)
+    throw new InvalidArgumentError(`lock: \`ttlMs\` must be a positive integer (ms), got ${shown(value)}`)
+}
+
+/** withLock's options, defaults applied. */
+function withLockOptions(options: WithLockOptions) {
+  const check = optionChecker('withLock')
+  const { ttlMs, waitMs = 0 } = checkedOptions(check, options, WITH_LOCK_OPTIONS)
+  if (!Number.isInteger(ttlMs) || ttlMs < 1)
+    check.fail(`\`ttlMs\` must be a positive integer (ms), got ${shown(ttlMs)}`)
+  const renewEveryMs = options.renewEveryMs ?? Math.max(1, Math.floor(ttlMs / 3))
+  if (!Number.isInteger(renewEveryMs) || renewEveryMs < 1 || renewEveryMs >= ttlMs)
+    check.fail(
+      `\`renewEveryMs\` must be a positive integer (ms) below \`ttlMs\` (${ttlMs}), got ${shown(renewEveryMs)}`,
+    )
+  if (!Number.isInteger(waitMs) || waitMs < 0)
+    check.fail(`\`waitMs\` must be a non-negative integer (ms), got ${shown(waitMs)}`)
+  return { ttlMs, renewEveryMs, waitMs }
 }
 
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms))
 
-export function createLock(redis: RedisClient, { keyPrefix = 'lock:' }: LockOptions = {}): Lock {
-  if (!redis || typeof (redis as { sendCommand?: unknown }).sendCommand !== 'function')
-    throw new TypeError('lock: pass an ioredis client')
+export function createLock(redis: RedisClient, options: LockOptions = {}): Lock {
+  checkRedisClient('lock', redis)
+  const check = optionChecker('lock')
+  const { keyPrefix = 'lock:' } = checkedOptions(check, options, LOCK_OPTIONS)
+  if (typeof keyPrefix !== 'string') check.fail(`\`keyPrefix\` must be a string, got ${shown(keyPrefix)}`)
   // One hash tag for both keys of a name, so the script runs on one Cluster slot.
   const keys = (name: string) => [`${keyPrefix}{${name}}`, `${keyPrefix}{${name}}:fence`]
 
@@ -121,13 +143,13 @@ export function createLock(redis: RedisClient, { keyPrefix = 'lock:' }: LockOpti
 
   async function acquire(name: string, ttlMs: number): Promise<LockHandle | null> {
     checkName(name)
-    checkMs(ttlMs, 'ttlMs')
+    checkTtl(ttlMs)
     const result = await attempt(name, ttlMs)
     return typeof result === 'number' ? null : result
   }
 
   async function extend(handle: LockHandle, ttlMs: number): Promise<boolean> {
-    checkMs(ttlMs, 'ttlMs')
+    checkTtl(ttlMs)
     const sent = Date.now()
     const ok = await runScript<number>(redis, 'lockExtend', keys(handle.name).slice(0, 1), [
       handle.owner,
@@ -156,7 +178,7 @@ export function createLock(redis: RedisClient, { keyPrefix = 'lock:' }: LockOpti
       const result = await attempt(name, ttlMs)
       if (typeof result !== 'number') return result
       const left = deadline - Date.now()
-      if (left <= 0) throw new LockNotAcquiredError(name, result)
+      if (left <= 0) throw new LockNotAcquiredError(name, Math.max(0, result))
       // Poll with a growing, jittered pause (the holder may release before its TTL ends).
       const wait = Math.min(left, Math.ceil(pause * (0.5 + Math.random())), result > 0 ? result : pause)
       await sleep(Math.max(1, wait))
@@ -170,16 +192,12 @@ export function createLock(redis: RedisClient, { keyPrefix = 'lock:' }: LockOpti
     options: WithLockOptions,
   ): Promise<T> {
     checkName(name)
-    const { ttlMs, waitMs = 0 } = options ?? ({} as WithLockOptions)
-    checkMs(ttlMs, 'ttlMs')
-    const renewEveryMs = options.renewEveryMs ?? Math.max(1, Math.floor(ttlMs / 3))
-    checkMs(renewEveryMs, 'renewEveryMs')
-    if (renewEveryMs >= ttlMs) throw new TypeError('lock: `renewEveryMs` must be below `ttlMs`')
-    if (!Number.isInteger(waitMs) || waitMs < 0)
-      throw new TypeError('lock: `waitMs` must be a non-negative integer (ms)')
-
-    const handle = waitMs > 0 ? await acquireWithin(name, ttlMs, waitMs) : await acquire(name, ttlMs)
-    if (!handle) throw new LockNotAcquiredError(name, -1)
+    if (typeof fn !== 'function')
+      throw new InvalidArgumentError(
+        `lock: \`fn\` must be a function of the signal and the handle, got ${shown(fn)}`,
+      )
+    const { ttlMs, renewEveryMs, waitMs } = withLockOptions(options)
+    const handle = await acquireWithin(name, ttlMs, waitMs)
 
     const controller = new AbortController()
     let done = false

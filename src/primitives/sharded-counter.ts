@@ -1,4 +1,6 @@
 import { isCluster, type RedisClient, runScript } from '../lua/index.ts'
+import { type OptionChecker, optionChecker, optionKeys } from '../plugins/common/options.ts'
+import { checkedOptions, checkRedisClient, InvalidArgumentError, shown } from './checks.ts'
 
 // A counter split over N keys, so that no single key takes every write: one key lives on one Redis
 // (one CPU; one master of a Cluster), N shards with their own hash tags spread over the masters.
@@ -68,24 +70,31 @@ function fnv1a(value: string): number {
   return hash >>> 0
 }
 
-function checkItem(item: ShardedCounterItem): void {
+const COUNTER_OPTIONS = optionKeys<ShardedCounterOptions>({ key: true, shards: true, ttlMs: true })
+const ITEM_KEYS = optionKeys<ShardedCounterItem>({ counts: true, member: true, id: true })
+
+function checkItem(check: OptionChecker, item: ShardedCounterItem): void {
+  // A misspelt key (`count:`) would count nothing, in silence.
+  checkedOptions(check, item, ITEM_KEYS, 'add: item')
   for (const [field, amount] of Object.entries(item.counts ?? {})) {
     if (field === '' || !Number.isSafeInteger(amount))
-      throw new TypeError(`sharded counter: count '${field}' must be named and a safe integer`)
+      throw new InvalidArgumentError(
+        `sharded counter: count '${field}' must be named and a safe integer, got ${shown(amount)}`,
+      )
   }
   if (item.member === '' || item.id === '')
-    throw new TypeError('sharded counter: `member` and `id` must be non-empty when given')
+    throw new InvalidArgumentError('sharded counter: `member` and `id` must be non-empty when given')
 }
 
 export function createShardedCounter(redis: RedisClient, options: ShardedCounterOptions): ShardedCounter {
-  if (!redis || typeof (redis as { sendCommand?: unknown }).sendCommand !== 'function')
-    throw new TypeError('sharded counter: pass an ioredis client')
-  const { key, shards = 16, ttlMs = 0 } = options
-  if (typeof key !== 'function') throw new TypeError('sharded counter: `key` must be a function of the shard')
+  checkRedisClient('sharded counter', redis)
+  const check = optionChecker('sharded counter')
+  const { key, shards = 16, ttlMs = 0 } = checkedOptions(check, options, COUNTER_OPTIONS)
+  if (typeof key !== 'function') check.fail(`\`key\` must be a function of the shard, got ${shown(key)}`)
   if (!Number.isInteger(shards) || shards < 1 || shards > 1024)
-    throw new TypeError('sharded counter: `shards` must be an integer from 1 to 1024')
+    check.fail(`\`shards\` must be an integer from 1 to 1024, got ${shown(shards)}`)
   if (!Number.isInteger(ttlMs) || ttlMs < 0)
-    throw new TypeError('sharded counter: `ttlMs` must be a non-negative integer')
+    check.fail(`\`ttlMs\` must be a non-negative integer, got ${shown(ttlMs)}`)
 
   const keys = (shard: number) => {
     const counts = key(shard)
@@ -97,7 +106,7 @@ export function createShardedCounter(redis: RedisClient, options: ShardedCounter
     const items: readonly ShardedCounterItem[] = Array.isArray(input) ? input : [input as ShardedCounterItem]
     const byShard = new Map<number, Array<string | number>>()
     for (const item of items) {
-      checkItem(item)
+      checkItem(check, item)
       const by = item.member ?? item.id
       const shard = by === undefined ? Math.floor(Math.random() * shards) : shardOf(by)
       const args = byShard.get(shard) ?? [ttlMs]

@@ -1,5 +1,7 @@
 import type { Redis } from 'ioredis'
 import { isCluster, type RedisClient, runScript } from '../lua/index.ts'
+import { type OptionChecker, optionChecker, optionKeys } from '../plugins/common/options.ts'
+import { checkedOptions, checkRedisClient, shown } from './checks.ts'
 
 /** One stream entry as a handler gets it. */
 export interface StreamEntry {
@@ -119,6 +121,57 @@ function toFields(list: Fields): Record<string, string> {
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms).unref())
 
+const CONSUMER_OPTIONS = optionKeys<StreamConsumerOptions>({
+  stream: true,
+  group: true,
+  consumer: true,
+  handler: true,
+  handleBatch: true,
+  visibilityTimeoutMs: true,
+  maxDeliveries: true,
+  deadLetterStream: true,
+  batch: true,
+  blockMs: true,
+  batchWaitMs: true,
+  startId: true,
+  claimIntervalMs: true,
+  onError: true,
+})
+
+function checkString(check: OptionChecker, value: unknown, option: string): void {
+  if (typeof value !== 'string' || value.length === 0)
+    check.fail(`\`${option}\` must be a non-empty string, got ${shown(value)}`)
+}
+
+function checkInteger(check: OptionChecker, value: unknown, option: string, min: number): void {
+  if (!Number.isSafeInteger(value) || (value as number) < min)
+    check.fail(`\`${option}\` must be an integer of ${min} or more, got ${shown(value)}`)
+}
+
+/** The consumer's options, checked (unknown keys too) before anything connects. */
+function checkConsumerOptions(options: StreamConsumerOptions): void {
+  const check = optionChecker('createStreamConsumer')
+  checkedOptions(check, options, CONSUMER_OPTIONS)
+  for (const option of ['stream', 'group', 'consumer'] as const) checkString(check, options[option], option)
+  if (!options.handler === !options.handleBatch)
+    check.fail('give `handler` (one entry at a time) or `handleBatch` (a read at a time), not both')
+  for (const option of ['handler', 'handleBatch', 'onError'] as const)
+    if (options[option] !== undefined && typeof options[option] !== 'function')
+      check.fail(`\`${option}\` must be a function, got ${shown(options[option])}`)
+  for (const option of ['deadLetterStream', 'startId'] as const)
+    if (options[option] !== undefined) checkString(check, options[option], option)
+  const minimum = {
+    visibilityTimeoutMs: 1,
+    maxDeliveries: 1,
+    batch: 1,
+    blockMs: 1,
+    batchWaitMs: 0,
+    claimIntervalMs: 1,
+  }
+  for (const [option, min] of Object.entries(minimum) as Array<[keyof typeof minimum, number]>)
+    if (options[option] !== undefined) checkInteger(check, options[option], option, min)
+}
+
 /**
  * A consumer of one stream in one consumer group: XREADGROUP (blocking, on its own connection),
  * XACK after the handler succeeds, XAUTOCLAIM of entries idle longer than the visibility timeout
@@ -126,6 +179,8 @@ const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms).u
  * `maxDeliveries` times. Several groups may read one stream, each at its own pace.
  */
 export function createStreamConsumer(redis: RedisClient, options: StreamConsumerOptions): StreamConsumer {
+  checkRedisClient('createStreamConsumer', redis)
+  checkConsumerOptions(options)
   const {
     stream,
     group,
@@ -141,8 +196,6 @@ export function createStreamConsumer(redis: RedisClient, options: StreamConsumer
     startId = '0',
     onError: onErrorOption = () => {},
   } = options
-  if (!handler === !handleBatch)
-    throw new TypeError('createStreamConsumer needs handler or handleBatch, not both')
   /** Reports to `onError`; a callback that throws must not end the loop. */
   const onError = (err: unknown, entry?: StreamEntry) => {
     try {
@@ -400,6 +453,27 @@ export interface AppendEachOnceOptions {
 export type AppendOnceOptions = Omit<AppendEachOnceOptions, 'entries' | 'stream'> &
   AppendOnceEntry & { stream: string }
 
+const APPEND_EACH_ONCE_OPTIONS = optionKeys<AppendEachOnceOptions>({
+  stream: true,
+  markerTtlMs: true,
+  maxLen: true,
+  channel: true,
+  entries: true,
+})
+const APPEND_ONCE_ENTRY_KEYS = optionKeys<AppendOnceEntry>({
+  marker: true,
+  fields: true,
+  message: true,
+  stream: true,
+  channel: true,
+})
+
+/** MAXLEN ~ takes a whole number; 0 (the scripts' "no cap") is the default. */
+function checkMaxLen(check: OptionChecker, maxLen: unknown): void {
+  if (maxLen !== undefined && (!Number.isSafeInteger(maxLen) || (maxLen as number) < 0))
+    check.fail(`\`maxLen\` must be a whole number, 0 or more, got ${shown(maxLen)}`)
+}
+
 /**
  * Entries per script call. Redis serves nobody else while a script runs (about 10 µs an entry), so a
  * large batch goes as several calls, sent together.
@@ -418,14 +492,24 @@ export async function appendEachOnce(
   redis: RedisClient,
   options: AppendEachOnceOptions,
 ): Promise<Array<{ id: string; appended: boolean }>> {
+  const check: OptionChecker = optionChecker('appendEachOnce')
+  checkedOptions(check, options, APPEND_EACH_ONCE_OPTIONS)
   // Checked here: in the script, a refused SET PX would come after its XADD, leaving an entry
   // without a marker that every retry appends again.
   if (!Number.isSafeInteger(options.markerTtlMs) || options.markerTtlMs <= 0)
-    throw new TypeError('appendEachOnce: markerTtlMs must be a whole number of milliseconds above 0')
-  const entries = options.entries.map((entry) => {
+    check.fail(
+      `\`markerTtlMs\` must be a whole number of milliseconds above 0, got ${shown(options.markerTtlMs)}`,
+    )
+  checkMaxLen(check, options.maxLen)
+  if (!Array.isArray(options.entries))
+    check.fail(`\`entries\` must be an array, got ${shown(options.entries)}`)
+  const entries = options.entries.map((entry: AppendOnceEntry) => {
+    checkedOptions(check, entry, APPEND_ONCE_ENTRY_KEYS, 'entries[]')
     const stream = entry.stream ?? options.stream
-    if (!stream)
-      throw new TypeError('appendEachOnce: an entry has no stream (give options.stream or entry.stream)')
+    if (!stream) check.fail('an entry has no stream (give options.stream or entry.stream)')
+    const marker: unknown = entry.marker
+    if (typeof marker !== 'string' || marker === '')
+      check.fail(`an entry's \`marker\` must be a non-empty string, got ${shown(marker)}`)
     return { ...entry, stream, channel: entry.channel ?? options.channel ?? '' }
   })
   // Entries by call, in order: calls to one node run in the order sent, so a stream's entries keep
@@ -475,6 +559,12 @@ export interface AppendJsonEntriesOptions {
   entries: string
 }
 
+const APPEND_JSON_OPTIONS = optionKeys<AppendJsonEntriesOptions>({
+  stream: true,
+  maxLen: true,
+  entries: true,
+})
+
 /**
  * Appends a batch of entries, given as one JSON array, to one stream in order, in one script call:
  * the caller's process neither parses nor rebuilds an entry. Resolves with the new ids, in order.
@@ -486,6 +576,13 @@ export async function appendJsonEntries(
   redis: RedisClient,
   options: AppendJsonEntriesOptions,
 ): Promise<string[]> {
+  const check = optionChecker('appendJsonEntries')
+  checkedOptions(check, options, APPEND_JSON_OPTIONS)
+  if (typeof options.stream !== 'string' || options.stream === '')
+    check.fail(`\`stream\` must be a non-empty string, got ${shown(options.stream)}`)
+  checkMaxLen(check, options.maxLen)
+  if (typeof options.entries !== 'string')
+    check.fail(`\`entries\` must be a JSON array as a string, got ${shown(options.entries)}`)
   const ids = await runScript<string[] | null>(
     redis,
     'streamAppendJson',
@@ -502,6 +599,8 @@ export async function appendOnce(
   options: AppendOnceOptions,
 ): Promise<{ id: string; appended: boolean }> {
   const { marker, fields, message, ...stream } = options
+  // The options of one entry and of the call together: checked by appendEachOnce (the call's under
+  // their own names, the entry's in `entries[]`).
   const [result] = await appendEachOnce(redis, { ...stream, entries: [{ marker, fields, message }] })
   return result!
 }

@@ -1,4 +1,6 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify'
+import { optionChecker } from './options.ts'
+import { describeValue } from './redis.ts'
 
 /** Who the caller is (a customer id, a user name); null or undefined for an anonymous request. */
 export type PrincipalFunction = (request: FastifyRequest) => string | null | undefined
@@ -25,7 +27,10 @@ export function resolvePrincipal(
   return app.hasDecorator('sessionPrincipal') ? app.sessionPrincipal : nobody
 }
 
+/** Throws an InvalidOptionError unless `option` is a function of the request (or not given). */
 export function checkPrincipalOption(plugin: string, option: unknown): void {
   if (option !== undefined && typeof option !== 'function')
-    throw new Error(`${plugin} plugin: \`principal\` must be a function of the request`)
+    optionChecker(`${plugin} plugin`).fail(
+      `\`principal\` must be a function of the request returning who the caller is, got ${describeValue(option)}`,
+    )
 }

@@ -3,55 +3,31 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import fp from 'fastify-plugin'
 import { observePluginRedis, whenMetricsReady } from '../common/metrics.ts'
 import '../common/principal.ts'
-import { HttpProblem, sendProblem } from '../common/problem.ts'
-import { awaitRedisAtBoot, pluginRedis, type RedisClient } from '../common/redis.ts'
+import { optionChecker } from '../common/options.ts'
+import { sendProblem } from '../common/problem.ts'
+import { bootPluginRedis, describeValue } from '../common/redis.ts'
+import { contextCovered, pluginRegistered, routeCovered } from '../common/route-coverage.ts'
+import { type SessionPluginOptions, validateOptions } from './options.ts'
+import { requireSession, unauthenticated } from './require-session.ts'
 import { detachSession, MAX_FIELD_BYTES, MAX_SESSION_BYTES, Session, type SessionValue } from './session.ts'
 import { type SessionRecord, SessionStore, sessionStoreUnavailable } from './store.ts'
 
-export { MAX_FIELD_BYTES, MAX_SESSION_BYTES, Session, type SessionRecord, SessionStore, type SessionValue }
-
-export interface SessionPluginOptions {
-  /** Signing secrets, each at least 32 characters; the first signs, all verify (rotation). */
-  secrets: string[]
-  /** Any ioredis Redis or Cluster; defaults to the redis plugin's `app.redis`. Never closed by this plugin. */
-  redis?: RedisClient
-  /**
-   * Cookie name. With `secure: true` it gets the `__Host-` prefix (`Path=/`, no `Domain`), or
-   * `__Secure-` when `domain` or another `path` is set; no prefix otherwise. Default `sid`.
-   */
-  cookieName?: string
-  /**
-   * Sends the cookie with Secure (turn on behind HTTPS and in production). `'auto'`: Secure when
-   * the request came over HTTPS (`request.protocol === 'https'`), and the name has no prefix. Default false.
-   */
-  secure?: boolean | 'auto'
-  /** Default `'lax'`. `'none'` needs `secure` (true or 'auto'; under 'auto' a plain HTTP response gets Lax). */
-  sameSite?: 'lax' | 'strict' | 'none'
-  /** The cookie's Domain attribute (sent to subdomains too). Default none: this host only. */
-  domain?: string
-  /** The cookie's Path attribute. Default `/`. */
-  path?: string
-  /** The Partitioned attribute (CHIPS), for a session inside a third-party frame; needs `secure`. Default false. */
-  partitioned?: boolean
-  /**
-   * True: a request without a session gets an anonymous one (no principal), stored in Redis and
-   * sent as a cookie as soon as something is set on it; an untouched one is never stored. Default
-   * false: `request.session` is null until login.
-   */
-  saveUninitialized?: boolean
-  /** Idle expiry, slid on every request that presents the session. Default 30 minutes. */
-  idleTimeoutMs?: number
-  /** Lifetime from login regardless of activity. Default 8 hours. */
-  absoluteTimeoutMs?: number
-  /**
-   * A request slides the idle expiry only when this instance last did so for that session at least
-   * this long ago, so most requests write nothing to Redis; a session then expires between
-   * `idleTimeoutMs - touchAfterMs` and `idleTimeoutMs` after its last request. 0 slides it on every
-   * request. Default `idleTimeoutMs / 20` (90 s of the default 30 minutes).
-   */
-  touchAfterMs?: number
-  /** Prepended to every session and index key. Default `sess:`. */
-  keyPrefix?: string
+export {
+  SessionFieldNameError,
+  SessionNotRegisteredError,
+  SessionPrincipalError,
+  SessionTooLargeError,
+  SessionValueError,
+} from './errors.ts'
+export {
+  MAX_FIELD_BYTES,
+  MAX_SESSION_BYTES,
+  requireSession,
+  Session,
+  type SessionPluginOptions,
+  type SessionRecord,
+  SessionStore,
+  type SessionValue,
 }
 
 /** `Session` under another name: inside the augmentation below, `Session` is fastify's own interface. */
@@ -64,7 +40,8 @@ declare module 'fastify' {
   interface FastifyRequest {
     /**
      * The session presented by a valid signed cookie, loaded and touched; with `saveUninitialized`,
-     * an anonymous one when none was presented; else null. Set from preParsing on.
+     * an anonymous one when none was presented; else null. Set from preParsing on. On a route with
+     * `config: { session: 'required' }`, `requireSession(request)` returns it typed as present.
      */
     session: RequestSession | null
     /** True when the session could not be loaded because Redis failed. */
@@ -80,87 +57,12 @@ declare module 'fastify' {
     destroySession(): Promise<void>
   }
   interface FastifyContextConfig {
-    /** 'required': 401 without a signed-in session (an anonymous one does not count), 503 when sessions cannot be checked. */
+    /**
+     * 'required': 401 without a signed-in session (an anonymous one does not count), 503 when
+     * sessions cannot be checked; read it with `requireSession(request)`. Any other value fails at
+     * registration.
+     */
     session?: 'required' | 'optional'
-  }
-}
-
-interface ValidOptions {
-  secrets: string[]
-  cookieName: string
-  secure: boolean | 'auto'
-  sameSite: 'lax' | 'strict' | 'none'
-  domain: string | undefined
-  path: string
-  partitioned: boolean
-  saveUninitialized: boolean
-  idleTimeoutMs: number
-  absoluteTimeoutMs: number
-  touchAfterMs: number | undefined
-  keyPrefix: string
-}
-
-const DOMAIN =
-  /^\.?(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$/
-/** Printable ASCII but space and `;` (RFC 6265 path-value), at most 1024 characters. */
-const COOKIE_PATH = /^\/[\x21-\x3A\x3C-\x7E]{0,1023}$/
-
-function validate(options: SessionPluginOptions): ValidOptions {
-  if (typeof options !== 'object' || options === null) throw new Error('session plugin: options are required')
-  const fail = (message: string) => {
-    throw new Error(`session plugin: ${message}`)
-  }
-  if (!Array.isArray(options.secrets) || options.secrets.length === 0)
-    fail('`secrets` must be a non-empty array')
-  if (options.secrets.some((s) => typeof s !== 'string' || s.length < 32)) {
-    fail('every secret in `secrets` must be a string of at least 32 characters')
-  }
-  const idleTimeoutMs = options.idleTimeoutMs ?? 30 * 60_000
-  const absoluteTimeoutMs = options.absoluteTimeoutMs ?? 8 * 3_600_000
-  if (!Number.isSafeInteger(idleTimeoutMs) || idleTimeoutMs <= 0)
-    fail('`idleTimeoutMs` must be a positive integer')
-  if (!Number.isSafeInteger(absoluteTimeoutMs) || absoluteTimeoutMs < idleTimeoutMs) {
-    fail('`absoluteTimeoutMs` must be an integer no smaller than `idleTimeoutMs`')
-  }
-  // Its default lives in the store (SessionStore is usable on its own).
-  const touchAfterMs = options.touchAfterMs
-  if (
-    touchAfterMs !== undefined &&
-    (!Number.isSafeInteger(touchAfterMs) || touchAfterMs < 0 || touchAfterMs >= idleTimeoutMs)
-  )
-    fail('`touchAfterMs` must be an integer from 0 to below `idleTimeoutMs`')
-  const secure = options.secure ?? false
-  if (secure !== true && secure !== false && secure !== 'auto') fail("`secure` must be true, false or 'auto'")
-  const sameSite = options.sameSite ?? 'lax'
-  if (sameSite !== 'lax' && sameSite !== 'strict' && sameSite !== 'none')
-    fail("`sameSite` must be 'lax', 'strict' or 'none'")
-  if (sameSite === 'none' && secure === false) fail("`sameSite: 'none'` requires `secure` (true or 'auto')")
-  const partitioned = options.partitioned ?? false
-  if (typeof partitioned !== 'boolean') fail('`partitioned` must be a boolean')
-  if (partitioned && secure === false) fail("`partitioned` requires `secure` (true or 'auto')")
-  const domain = options.domain
-  if (domain !== undefined && (typeof domain !== 'string' || !DOMAIN.test(domain)))
-    fail('`domain` must be a host name such as example.com')
-  const path = options.path ?? '/'
-  if (typeof path !== 'string' || !COOKIE_PATH.test(path))
-    fail('`path` must start with / and hold no spaces, semicolons or control characters')
-  const saveUninitialized = options.saveUninitialized ?? false
-  if (typeof saveUninitialized !== 'boolean') fail('`saveUninitialized` must be a boolean')
-  const cookieName = options.cookieName ?? 'sid'
-  if (!/^[A-Za-z0-9_-]{1,32}$/.test(cookieName)) fail('`cookieName` must be 1-32 letters, digits, _ or -')
-  return {
-    secrets: options.secrets,
-    secure,
-    sameSite,
-    domain,
-    path,
-    partitioned,
-    saveUninitialized,
-    cookieName,
-    idleTimeoutMs,
-    absoluteTimeoutMs,
-    touchAfterMs,
-    keyPrefix: options.keyPrefix ?? 'sess:',
   }
 }
 
@@ -183,10 +85,30 @@ export function sessionCookieName(options: {
 /** Verified cookies remembered per process (about 100 bytes each). */
 const VERIFIED_COOKIES = 10_000
 
+const routeConfig = optionChecker('session plugin')
+
 async function sessionPlugin(app: FastifyInstance, rawOptions: SessionPluginOptions) {
-  const options = validate(rawOptions)
-  const redis = pluginRedis(app, 'session', rawOptions.redis)
-  await awaitRedisAtBoot(app, redis, 'session')
+  const options = validateOptions(rawOptions)
+  pluginRegistered(app, 'session')
+  // The hooks below are instance hooks: they run for every route of this context, declared before
+  // the plugin or after it. Routes of other contexts that ask for a session are taken one by one.
+  contextCovered(app, 'session')
+  app.addHook('onRoute', (route) => {
+    const wanted = (route.config as { session?: unknown } | undefined)?.session
+    if (wanted === undefined) return
+    if (wanted !== 'required' && wanted !== 'optional')
+      routeConfig.fail(
+        `route ${[route.method].flat().join(',')} ${route.url}: \`config.session\` must be 'required' or 'optional', got ${describeValue(wanted)}`,
+      )
+    routeCovered(app, 'session', route)
+  })
+  // Sessions are cache-like (an evicted one means logging in again), so an evicting Redis is worth
+  // a warning, not a refusal.
+  const redis = await bootPluginRedis(app, 'session', {
+    redis: rawOptions.redis,
+    connectTimeoutMs: options.connectTimeoutMs,
+    eviction: 'warn',
+  })
   const store = new SessionStore(redis, options)
   const signer = fastifyCookie.signerFactory(options.secrets)
   const cookieName = sessionCookieName(options)
@@ -308,11 +230,11 @@ async function sessionPlugin(app: FastifyInstance, rawOptions: SessionPluginOpti
   app.addHook('preParsing', async (request: FastifyRequest, reply: FastifyReply) => {
     await loading.get(request)
     if (saveUninitialized && request.session === null) request.session = anonymousSession(request, reply)
-    if (request.routeOptions.config.session !== 'required' || request.session?.principal) return
-    const problem = request.sessionUnavailable
-      ? sessionStoreUnavailable()
-      : new HttpProblem(401, 'unauthenticated', 'Authentication required', 'Log in first.')
-    sendProblem(reply, problem)
+    // Anything but 'optional' is taken as 'required': a value the onRoute check did not see (a route
+    // declared before the plugin) must not let a caller in unchecked.
+    const wanted = request.routeOptions.config.session
+    if (wanted === undefined || wanted === 'optional' || request.session?.principal) return
+    sendProblem(reply, request.sessionUnavailable ? sessionStoreUnavailable() : unauthenticated())
     return reply
   })
 

@@ -1,3 +1,5 @@
+import { SessionFieldNameError, SessionTooLargeError, SessionValueError } from './errors.ts'
+
 /** A value a session field holds: anything JSON represents exactly. */
 export type SessionValue = null | boolean | number | string | SessionValue[] | { [key: string]: SessionValue }
 
@@ -18,9 +20,14 @@ export function isReservedField(name: string): boolean {
 
 export function checkFieldName(name: unknown): asserts name is string {
   if (typeof name !== 'string' || !FIELD_NAME.test(name)) {
-    throw new TypeError(`Invalid session field name '${String(name)}': 1-64 of A-Z a-z 0-9 _ . : -`)
+    throw new SessionFieldNameError(
+      `Invalid session field name ${typeof name === 'string' ? `'${name}'` : `(a ${typeof name})`}: 1-64 of A-Z a-z 0-9 _ . : -, not starting with . : or -`,
+    )
   }
-  if (isReservedField(name)) throw new TypeError(`Session field name '${name}' is reserved`)
+  if (isReservedField(name))
+    throw new SessionFieldNameError(
+      `Session field name '${name}' is reserved (the store's own fields and names starting with __)`,
+    )
 }
 
 /**
@@ -68,9 +75,9 @@ export function encodeField(name: string, value: unknown): string {
 }
 
 const tooBig = (name: string) =>
-  new RangeError(`Session field '${name}' exceeds ${MAX_FIELD_BYTES} bytes as JSON`)
+  new SessionTooLargeError(`Session field '${name}' exceeds ${MAX_FIELD_BYTES} bytes as JSON`)
 const notJson = (name: string, what: string) =>
-  new TypeError(`Session field '${name}' is not JSON-serialisable: it holds ${what}`)
+  new SessionValueError(`Session field '${name}' is not JSON-serialisable: it holds ${what}`)
 
 /** A stored value back to what was set; a value that is not JSON is returned as the string it is. */
 export function decodeField(raw: string): SessionValue {
@@ -185,8 +192,9 @@ export class Session implements SessionRecord {
   }
 
   /**
-   * Sets a field to a JSON value (`undefined` deletes it). Throws a TypeError for a reserved or
-   * malformed name or a value JSON cannot represent, a RangeError past the size limits.
+   * Sets a field to a JSON value (`undefined` deletes it). Throws a SessionFieldNameError (a
+   * TypeError) for a reserved or malformed name, a SessionValueError (a TypeError) for a value JSON
+   * cannot represent, a SessionTooLargeError (a RangeError) past the size limits.
    */
   set(name: string, value: SessionValue | undefined): this {
     if (value === undefined) {
@@ -200,7 +208,7 @@ export class Session implements SessionRecord {
     const bytes = this.#size() - (previous === undefined ? 0 : fieldBytes(name, previous))
     const after = bytes + fieldBytes(name, encoded)
     if (after > MAX_SESSION_BYTES) {
-      throw new RangeError(`Session fields would exceed ${MAX_SESSION_BYTES} bytes with '${name}'`)
+      throw new SessionTooLargeError(`Session fields would exceed ${MAX_SESSION_BYTES} bytes with '${name}'`)
     }
     this.#bytes = after
     this.#raw ??= new Map()

@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto'
 import { type RedisClient, runScript } from '../../lua/index.ts'
 import { HttpProblem } from '../common/problem.ts'
+import { SessionPrincipalError, SessionTooLargeError } from './errors.ts'
 import {
   type AnonymousSessionHooks,
   checkFieldName,
@@ -50,7 +51,8 @@ function encodeFields(data: Record<string, SessionValue>): Array<[string, string
     bytes += fieldBytes(name, encoded)
     fields.push([name, encoded])
   }
-  if (bytes > MAX_SESSION_BYTES) throw new RangeError(`Session fields exceed ${MAX_SESSION_BYTES} bytes`)
+  if (bytes > MAX_SESSION_BYTES)
+    throw new SessionTooLargeError(`Session fields exceed ${MAX_SESSION_BYTES} bytes`)
   return fields
 }
 
@@ -191,7 +193,9 @@ export class SessionStore implements SessionSaver {
    */
   async create(principal: string, data: Record<string, SessionValue> = {}): Promise<Session> {
     if (typeof principal !== 'string' || principal.length === 0 || principal.length > 128)
-      throw new TypeError('Session principal must be 1-128 chars')
+      throw new SessionPrincipalError(
+        `Session principal must be a string of 1-128 characters, got ${typeof principal === 'string' ? `one of ${principal.length}` : `a ${principal === null ? 'null' : typeof principal}`}`,
+      )
     return this.#create(principal, encodeFields(data))
   }
 
@@ -284,7 +288,7 @@ export class SessionStore implements SessionSaver {
       await guarded(() => runScript<number>(this.redis, 'sessionSet', [this.sessionKey(id)], args)),
     )
     if (reply === -1) return null
-    if (reply === -2) throw new RangeError(`Session fields would exceed ${MAX_SESSION_BYTES} bytes`)
+    if (reply === -2) throw new SessionTooLargeError(`Session fields would exceed ${MAX_SESSION_BYTES} bytes`)
     return reply
   }
 

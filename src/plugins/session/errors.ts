@@ -1,0 +1,32 @@
+import { GatewayError } from '../common/errors.ts'
+
+// What the session API throws to its caller for a wrong argument. They extend TypeError and
+// RangeError, as they always were (a caller's `instanceof TypeError` and `err.name` still hold), and
+// carry a stable `code` and a class of their own.
+
+/** A field name that is malformed (1-64 of `A-Z a-z 0-9 _ . : -`) or reserved for the store. */
+export class SessionFieldNameError extends TypeError {
+  readonly code = 'FRG_SESSION_FIELD_NAME_INVALID'
+}
+
+/** A field value JSON would not give back unchanged (undefined, a Date, a Map, NaN, a bigint, ...). */
+export class SessionValueError extends TypeError {
+  readonly code = 'FRG_SESSION_VALUE_NOT_JSON'
+}
+
+/** A field over MAX_FIELD_BYTES, or the session's fields together over MAX_SESSION_BYTES. */
+export class SessionTooLargeError extends RangeError {
+  readonly code = 'FRG_SESSION_TOO_LARGE'
+}
+
+/** A login's principal that is not a string of 1-128 characters. */
+export class SessionPrincipalError extends TypeError {
+  readonly code = 'FRG_SESSION_PRINCIPAL_INVALID'
+}
+
+/** `requireSession` was called on a request the session plugin never saw (not registered, or not in this context). */
+export class SessionNotRegisteredError extends GatewayError {
+  constructor(message: string) {
+    super('FRG_SESSION_NOT_REGISTERED', message)
+  }
+}
