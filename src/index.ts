@@ -2,11 +2,15 @@
 // Each plugin is also the default export of its own subpath (`fastify-redis-gateway/rate-limit`, ...).
 export {
   type CacheApi,
+  CacheKeyInvalidError,
   type CacheLoadErrorMode,
   CacheLoadTimeoutError,
   type CachePluginOptions,
   type CacheRouteConfig,
   type CacheSetOptions,
+  CacheTagInvalidError,
+  CacheUnavailableError,
+  CacheValueNotJsonError,
   default as cache,
   type GetOrLoadOptions,
 } from './plugins/cache/index.ts'
@@ -26,6 +30,7 @@ export {
   IdempotencyError,
   type IdempotencyErrorCode,
   type IdempotencyFailureMode,
+  IdempotencyFingerprintTooLargeError,
   IdempotencyInFlightError,
   IdempotencyKeyInvalidError,
   IdempotencyKeyMismatchError,
@@ -55,10 +60,15 @@ export {
   type KeyFunction,
   keyBy,
   type PrincipalFunction,
+  RateLimitArgumentError,
   type RateLimitDecorator,
+  RateLimitError,
+  RateLimitNoPolicyError,
   type RateLimitPluginOptions,
   type RateLimitPolicy,
+  RateLimitPolicyConflictError,
   type RateLimitResult,
+  RateLimitUnknownPolicyError,
   type RouteRateLimit,
 } from './plugins/rate-limit/index.ts'
 export {
@@ -72,12 +82,20 @@ export {
 } from './plugins/redis/index.ts'
 export {
   default as session,
+  requireSession,
   type Session,
+  SessionFieldNameError,
+  SessionNotRegisteredError,
   type SessionPluginOptions,
+  SessionPrincipalError,
   type SessionRecord,
+  SessionTooLargeError,
   type SessionValue,
+  SessionValueError,
   sessionCookieName,
 } from './plugins/session/index.ts'
+// What a primitive's call throws for a positional argument it cannot use (a TypeError with a code).
+export { InvalidArgumentError } from './primitives/checks.ts'
 // Primitives for use outside Fastify: a lock with fencing tokens and a delayed job queue (each also
 // the named exports of its subpath, `fastify-redis-gateway/lock` and `fastify-redis-gateway/delayed-queue`).
 export {

@@ -43,7 +43,13 @@ test('an unreachable Redis fails the boot with a message naming it', async () =>
       await app.register(redisPlugin, { url: `redis://127.0.0.1:${port}`, connectTimeoutMs: 300 })
       await app.ready()
     },
-    { message: new RegExp(`^Redis is unreachable at redis://127\\.0\\.0\\.1:${port}: `) },
+    (err: Error & { code?: string; address?: string; cause?: Error }) => {
+      assert.equal(err.code, 'FRG_REDIS_UNREACHABLE')
+      assert.equal(err.address, `127.0.0.1:${port}`)
+      assert.match(err.message, new RegExp(`Redis at 127\\.0\\.0\\.1:${port} is unreachable: .*ECONNREFUSED`))
+      assert.match(String(err.cause?.message), /ECONNREFUSED/, 'the underlying cause is kept')
+      return true
+    },
   )
 })
 

@@ -32,7 +32,7 @@ install_into() { # folder, ioredis version
 run_apps() { # folder, node major
   local node=(npx -y -p "node@$2" node)
   echo "-- Node $("${node[@]}" --version) in $(basename "$1")"
-  for app in rate-limit idempotency session cache metrics redis primitives; do
+  for app in rate-limit idempotency session cache metrics redis primitives mistakes; do
     (cd "$1" && "${node[@]}" "apps/$app.mjs")
   done
 }

@@ -64,39 +64,46 @@ export function redisAddress(client: RedisClient): string {
 }
 
 /**
- * Resolves once the client is ready: connects a lazy client, else waits for its connection. Rejects
- * with the connection's last error when the connection ends for good.
+ * Keeps the last connection error a client reports. ioredis rejects a failed connect with a
+ * generic message ("Connection is closed.", "None of startup nodes is available"); the socket's
+ * or the node's own error says why (ECONNREFUSED, "cluster support disabled").
+ */
+function lastConnectionError(client: RedisClient): { get(): Error | undefined; stop(): void } {
+  let last: Error | undefined
+  const onError = (err: Error & { lastNodeError?: Error }) => {
+    last = err.lastNodeError ?? err
+  }
+  client.on('error', onError)
+  client.on('node error', onError)
+  return {
+    get: () => last,
+    stop() {
+      client.off('error', onError)
+      client.off('node error', onError)
+    },
+  }
+}
+
+/**
+ * Resolves once the client is ready: connects a lazy client, else waits for its connection. A
+ * failure names the connection's last error, which is also its `cause`.
  */
 export async function connectRedis(client: RedisClient): Promise<void> {
   if (client.status === 'ready') return
-  let lastError: Error | undefined
-  const onError = (err: Error) => {
-    lastError = err
-  }
-  client.on('error', onError)
+  const lastError = lastConnectionError(client)
   try {
     if (client.status === 'wait') await client.connect()
     else
       await new Promise<void>((resolve, reject) => {
         client.once('ready', resolve)
-        client.once('end', () =>
-          reject(
-            new Error(
-              `Redis connection ended before it was ready${lastError ? `: ${lastError.message}` : ''}`,
-              {
-                cause: lastError,
-              },
-            ),
-          ),
-        )
+        client.once('end', () => reject(new Error('Redis connection ended before it was ready')))
       })
   } catch (err) {
-    // ioredis reports a refused connection as "Connection is closed."; the socket's error says why.
-    if (lastError && err !== lastError)
-      throw new Error(`${(err as Error).message} (${lastError.message})`, { cause: lastError })
+    const cause = lastError.get()
+    if (cause && cause !== err) throw new Error(`${(err as Error).message} (${cause.message})`, { cause })
     throw err
   } finally {
-    client.off('error', onError)
+    lastError.stop()
   }
 }
 
@@ -139,11 +146,7 @@ async function waitForReady(
     connecting.catch(() => {})
     return false
   }
-  let lastError: Error | undefined
-  const onError = (err: Error) => {
-    lastError = err
-  }
-  client.on('error', onError)
+  const lastError = lastConnectionError(client)
   let timer: NodeJS.Timeout | undefined
   const timeout = new Promise<never>((_, reject) => {
     timer = setTimeout(() => reject(new Error(`not ready within ${timeoutMs} ms`)), timeoutMs)
@@ -153,16 +156,19 @@ async function waitForReady(
     return true
   } catch (err) {
     connecting.catch(() => {})
-    const cause = lastError ?? (err as Error)
+    const cause = lastError.get() ?? (err as Error)
     const address = redisAddress(client)
+    const reason = (err as Error).message.includes(cause.message)
+      ? (err as Error).message
+      : `${(err as Error).message}; last error: ${cause.message}`
     app.log.warn(
       { err: cause, address, status: client.status },
-      `${plugin} plugin: Redis at ${address} is not ready at boot (${(err as Error).message}; last error: ${cause.message}); every plugin on this client follows its failure policy until it is`,
+      `${plugin} plugin: Redis at ${address} is not ready at boot (${reason}); every plugin on this client follows its failure policy until it is`,
     )
     return false
   } finally {
     clearTimeout(timer)
-    client.off('error', onError)
+    lastError.stop()
   }
 }
 
@@ -222,7 +228,7 @@ export type EvictionCheck = 'refuse' | 'warn' | 'allow'
 
 /**
  * Checks the server a plugin is handed, once it is connected: older than MIN_REDIS_VERSION is a
- * boot error; an `allkeys-*` eviction policy (which may evict the plugin's records under memory
+ * boot error; an eviction policy other than `noeviction` (which may evict the plugin's records under memory
  * pressure and undo its guarantee in silence) is refused or warned about. A client not ready at
  * boot is checked when it first is, and what it finds then is logged as an error.
  */
@@ -242,8 +248,10 @@ export async function checkRedisServer(
         'FRG_REDIS_VERSION',
         `${plugin} plugin: Redis at ${address} is version ${info.version}; this library needs ${MIN_REDIS_VERSION} or later`,
       )
-    if (eviction === 'allow' || !info.evictionPolicy?.startsWith('allkeys')) return null
-    const message = `${plugin} plugin: Redis at ${address} has maxmemory-policy ${info.evictionPolicy}, which may evict this plugin's keys under memory pressure; use noeviction or volatile-* (or a Redis of its own)`
+    // volatile-* evicts only keys with a TTL, but every record, counter and session here has one.
+    if (eviction === 'allow' || info.evictionPolicy === undefined || info.evictionPolicy === 'noeviction')
+      return null
+    const message = `${plugin} plugin: Redis at ${address} has maxmemory-policy ${info.evictionPolicy}, which may evict this plugin's keys (they all have a TTL) under memory pressure; use noeviction (or a Redis of its own)`
     if (eviction === 'warn') return message
     return new RedisServerError('FRG_REDIS_EVICTION_POLICY', `${message}${fix}`)
   }
@@ -339,4 +347,24 @@ export function boundCommands(client: Redis, ms: number): void {
     return send.call(this, command, stream as never)
   } as typeof client.sendCommand
   commandBounds.set(client, ms)
+}
+
+/**
+ * The client a Redis-backed plugin runs on, ready for its first request: `pluginRedis`, then the
+ * shared boot wait, then the server check. Every plugin boots its client this one way.
+ */
+export async function bootPluginRedis(
+  app: FastifyInstance,
+  plugin: string,
+  settings: {
+    redis: RedisClient | undefined
+    connectTimeoutMs: number | undefined
+    eviction: EvictionCheck
+    fix?: string
+  },
+): Promise<RedisClient> {
+  const client = pluginRedis(app, plugin, settings.redis)
+  await awaitRedisAtBoot(app, client, plugin, settings.connectTimeoutMs ?? DEFAULT_CONNECT_TIMEOUT_MS)
+  await checkRedisServer(app, client, plugin, settings.eviction, settings.fix)
+  return client
 }

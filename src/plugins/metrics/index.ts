@@ -4,6 +4,7 @@ import type { Command } from 'ioredis'
 import { Counter, collectDefaultMetrics, Registry } from 'prom-client'
 import { type RedisClient, scriptSources } from '../../lua/index.ts'
 import type { MetricsApi } from '../common/metrics.ts'
+import { optionChecker, optionKeys } from '../common/options.ts'
 import '../common/redis.ts'
 import { type HistogramSeries, TalliedHistogram } from '../common/tallied-histogram.ts'
 
@@ -77,7 +78,18 @@ function addCommandSink(client: Observed, sink: CommandSink): () => void {
   return () => void sinks.delete(sink)
 }
 
+function checkOptions(options: MetricsPluginOptions): void {
+  const check = optionChecker('metrics plugin')
+  check.known(options, optionKeys<MetricsPluginOptions>({ path: true, processMetrics: true }))
+  const { path, processMetrics } = options
+  if (path !== undefined && path !== false && !(typeof path === 'string' && path.startsWith('/')))
+    check.fail('`path` must be a path starting with / (or false to serve nothing)')
+  if (processMetrics !== undefined && typeof processMetrics !== 'boolean')
+    check.fail('`processMetrics` must be a boolean')
+}
+
 async function metricsPlugin(app: FastifyInstance, options: MetricsPluginOptions) {
+  checkOptions(options)
   const registry = new Registry()
   const registers = [registry]
   if (options.processMetrics !== false) collectDefaultMetrics({ register: registry })
@@ -149,7 +161,11 @@ async function metricsPlugin(app: FastifyInstance, options: MetricsPluginOptions
   if (path) {
     // `hide` keeps the route out of an OpenAPI document (@fastify/swagger); Fastify itself ignores it.
     const schema = { hide: true } as FastifySchema
-    app.get(path, { schema }, async (_request, reply) =>
+    // Never limited by the rate-limit plugin's global policies, whichever is registered first: a
+    // scraper behind a shared address must not be refused (config is untyped here: the metrics
+    // plugin does not depend on the rate-limit plugin).
+    const config = { rateLimits: false } as object
+    app.get(path, { schema, config }, async (_request, reply) =>
       reply.type(registry.contentType).send(await registry.metrics()),
     )
   }

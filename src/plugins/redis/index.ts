@@ -3,7 +3,9 @@ import type { FastifyInstance } from 'fastify'
 import fp from 'fastify-plugin'
 import { Cluster, type Command, Redis } from 'ioredis'
 import type { RedisClient } from '../../lua/index.ts'
-import { boundCommands, connectRedis } from '../common/redis.ts'
+import { RedisConnectionError } from '../common/errors.ts'
+import { optionChecker, optionKeys } from '../common/options.ts'
+import { boundCommands, connectRedis, describeValue, isRedisClient, redisAddress } from '../common/redis.ts'
 
 export type { RedisClient }
 export { boundCommands, connectRedis }
@@ -80,15 +82,60 @@ export function batchWrites(client: Redis): void {
   } as typeof client.sendCommand
 }
 
+const PLUGIN_OPTIONS = optionKeys<RedisPluginOptions>({
+  url: true,
+  clusterNodes: true,
+  commandTimeoutMs: true,
+  connectTimeoutMs: true,
+  batchWrites: true,
+  redis: true,
+})
+
+function checkOptions(options: RedisPluginOptions): void {
+  const check = optionChecker('redis plugin')
+  check.known(options, PLUGIN_OPTIONS)
+  if (options.redis !== undefined && !isRedisClient(options.redis))
+    check.fail(
+      `\`redis\` must be an ioredis client, got ${describeValue(options.redis)} (a URL goes in \`url\`)`,
+    )
+  if (options.url !== undefined) {
+    let protocol = ''
+    try {
+      protocol = new URL(options.url).protocol
+    } catch {}
+    if (protocol !== 'redis:' && protocol !== 'rediss:')
+      check.fail(`\`url\` must be a redis:// or rediss:// URL, got ${describeValue(options.url)}`)
+  }
+  if (
+    options.clusterNodes !== undefined &&
+    (!Array.isArray(options.clusterNodes) ||
+      options.clusterNodes.some((node) => typeof node?.host !== 'string' || !Number.isInteger(node.port)))
+  )
+    check.fail('`clusterNodes` must be an array of { host, port }')
+  for (const name of ['commandTimeoutMs', 'connectTimeoutMs'] as const) {
+    const value = options[name]
+    if (value !== undefined && !(Number.isSafeInteger(value) && value > 0))
+      check.fail(`\`${name}\` must be a positive whole number of milliseconds, got ${describeValue(value)}`)
+  }
+  if (options.batchWrites !== undefined && typeof options.batchWrites !== 'boolean')
+    check.fail('`batchWrites` must be a boolean')
+}
+
 async function redisPlugin(app: FastifyInstance, options: RedisPluginOptions) {
+  checkOptions(options)
   const owned = !options.redis
   const client = options.redis ?? createRedisClient(options)
   try {
     await connectRedis(client)
   } catch (err) {
     if (owned) client.disconnect()
-    throw new Error(
-      `Redis is unreachable at ${options.url ?? 'its configured address'}: ${(err as Error).message}`,
+    const address = redisAddress(client)
+    throw new RedisConnectionError(
+      `redis plugin: Redis at ${address} is unreachable: ${(err as Error).message}`,
+      address,
+      {
+        cause: (err as Error).cause ?? err,
+      },
     )
   }
   app.decorate<RedisClient>('redis', client)

@@ -4,6 +4,7 @@ import {
   type CachePluginOptions,
   cache,
   type Decision,
+  GatewayError,
   type IdempotencyPluginOptions,
   idempotency,
   keyBy,
@@ -12,8 +13,10 @@ import {
   type PrincipalFunction,
   type RateLimitPolicy,
   rateLimit,
+  requireSession,
   type SessionRecord,
   session,
+  UnknownOptionError,
 } from 'fastify-redis-gateway'
 import redisPlugin, { createRedisClient, type RedisClient } from 'fastify-redis-gateway/redis'
 import { Redis } from 'ioredis'
@@ -61,3 +64,15 @@ const charge = makeIdempotent(
 )
 const receipt: { orderId: string; cents: number; at: number } = await charge('o-1', 500)
 receipt.orderId.toUpperCase()
+
+// The README's snippets under `strict`: a required session read without a null check, and the
+// library's coded errors told apart by class.
+app.get('/me', { config: { session: 'required' } }, async (request) => ({
+  user: requireSession(request).principal,
+}))
+try {
+  await Fastify().register(rateLimit, { redis: client, policies: [policy], connectTimeoutMs: 0 })
+} catch (err) {
+  if (err instanceof UnknownOptionError) console.error(err.code, err.option, err.validOptions.join(', '))
+  else if (err instanceof GatewayError) console.error(err.code)
+}
