@@ -100,7 +100,7 @@ assert.match(misspelt.message, /Did you mean `algorithm`\?/)
   await new Promise((resolve) => closed.listen(0, '127.0.0.1', resolve))
   const port = closed.address().port
   await new Promise((resolve) => closed.close(resolve))
-  const down = new Redis({ port, lazyConnect: true, enableOfflineQueue: false, retryStrategy: () => 500 })
+  const down = new Redis({ port, enableOfflineQueue: false, retryStrategy: () => 500 })
   down.on('error', () => {})
   const app = Fastify()
   const started = performance.now()
