@@ -3,6 +3,12 @@ import type { FastifyInstance } from 'fastify'
 
 /** A second SIGTERM/SIGINT during a shutdown exits at once with this code. */
 export const SECOND_SIGNAL_EXIT_CODE = 130
+/**
+ * A signal this soon after the first is the same stop delivered twice, not a second request: a signal
+ * sent to the whole process group (Ctrl-C, systemd's KillMode=control-group, `kill -TERM -PGID`)
+ * reaches the gateway directly and again through npm, which relays it to its script.
+ */
+export const SAME_SIGNAL_WINDOW_MS = 1000
 /** After the grace period, what background work and closing connections may still take before exit 1. */
 export const CLOSE_MARGIN_MS = 5000
 
@@ -22,8 +28,9 @@ export interface ShutdownOptions {
  *    so its keep-alive connection ends after it; SSE streams end (preClose); requests still running
  *    after `graceMs` are cut (their sockets destroyed; the idempotency plugin releases their claims);
  * 3. stop: the app's onClose hooks stop the workers (current item finished or handed back), then close
- *    Redis and Postgres; exit 0. A second signal exits at once (130); hanging past the grace period
- *    and CLOSE_MARGIN_MS exits 1.
+ *    Redis and Postgres; exit 0. A second signal exits at once (130), unless it comes within
+ *    SAME_SIGNAL_WINDOW_MS of the first (ignored); hanging past the grace period and CLOSE_MARGIN_MS
+ *    exits 1.
  */
 export function handleShutdownSignals(app: FastifyInstance, options: ShutdownOptions): void {
   // Responses in progress: once closing, each gets `Connection: close` so its keep-alive connection
@@ -40,7 +47,7 @@ export function handleShutdownSignals(app: FastifyInstance, options: ShutdownOpt
     })
   })
 
-  let stopping = false
+  let firstSignalAt: number | null = null
   const drainAndStop = async (signal: NodeJS.Signals) => {
     const { drainMs, graceMs } = options
     app.lifecycle.draining = true
@@ -63,11 +70,16 @@ export function handleShutdownSignals(app: FastifyInstance, options: ShutdownOpt
     process.exit(0)
   }
   const onSignal = (signal: NodeJS.Signals) => {
-    if (stopping) {
+    const now = performance.now()
+    if (firstSignalAt !== null) {
+      if (now - firstSignalAt < SAME_SIGNAL_WINDOW_MS) {
+        app.log.info({ signal }, 'signal repeated within a second: the same shutdown, ignored')
+        return
+      }
       app.log.warn({ signal }, 'second signal: exiting at once')
       process.exit(SECOND_SIGNAL_EXIT_CODE)
     }
-    stopping = true
+    firstSignalAt = now
     void drainAndStop(signal)
   }
   process.on('SIGINT', onSignal)

@@ -10,6 +10,7 @@ import pg from 'pg'
 import { freePort, type RedisServerProcess, startRedisServer } from '../src/embedded/redis-server.ts'
 import { notificationKeys } from '../src/events/notifier.ts'
 import { idempotency, redis as redisPlugin } from '../src/index.ts'
+import { SAME_SIGNAL_WINDOW_MS, SECOND_SIGNAL_EXIT_CODE } from '../src/shutdown.ts'
 import {
   createCustomer,
   createTestDatabase,
@@ -42,10 +43,17 @@ after(() => {
 
 /** Spawns `node --import tsx <script>` and resolves once it listens (its URL from its output). */
 function spawnGateway(script: string, env: Record<string, string>, ready: RegExp): Promise<Gateway> {
-  const child = spawn(process.execPath, ['--import', 'tsx', script], {
+  return spawnListening(spawn(process.execPath, ['--import', 'tsx', script], spawnOptions(env)), ready)
+}
+
+function spawnOptions(env: Record<string, string>) {
+  return {
     env: { PATH: process.env.PATH, HOME: process.env.HOME, SESSION_SECRET: TEST_SECRET, ...env },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  })
+    stdio: ['ignore', 'pipe', 'pipe'] as ['ignore', 'pipe', 'pipe'],
+  }
+}
+
+function spawnListening(child: ChildProcess, ready: RegExp): Promise<Gateway> {
   children.push(child)
   let output = ''
   const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)))
@@ -58,20 +66,37 @@ function spawnGateway(script: string, env: Record<string, string>, ready: RegExp
         resolve({ child, url, port: Number(new URL(url).port), exited, output: () => output })
       }
     }
-    child.stdout.on('data', onData)
-    child.stderr.on('data', onData)
+    child.stdout?.on('data', onData)
+    child.stderr?.on('data', onData)
     exited.then((code) => reject(new Error(`gateway exited ${code}: ${output}`)))
   })
 }
 
+const LISTENING = /Server listening at (http:\/\/127\.0\.0\.1:\d+)/
+
+async function serverEnv(env: Record<string, string>): Promise<Record<string, string>> {
+  const port = await freePort()
+  return { NODE_ENV: 'test', LOG_LEVEL: 'info', SEED_DEMO: 'false', PORT: String(port), ...env }
+}
+
 /** `src/server.ts` as `npm start` runs it, on a free port. */
 async function startServer(env: Record<string, string>): Promise<Gateway> {
-  const port = await freePort()
-  return spawnGateway(
-    'src/server.ts',
-    { NODE_ENV: 'test', LOG_LEVEL: 'info', SEED_DEMO: 'false', PORT: String(port), ...env },
-    /Server listening at (http:\/\/127\.0\.0\.1:\d+)/,
-  )
+  return spawnGateway('src/server.ts', await serverEnv(env), LISTENING)
+}
+
+/** `npm start` itself, leading its own process group as in a terminal or a systemd unit. */
+async function npmStart(env: Record<string, string>): Promise<Gateway> {
+  const options = spawnOptions({ ...(await serverEnv(env)), npm_config_update_notifier: 'false' })
+  return spawnListening(spawn('npm', ['start'], { ...options, detached: true }), LISTENING)
+}
+
+/** Pino's `time` of the first log line containing `message` (this machine's clock). */
+function loggedAt(gateway: Gateway, message: string): number | undefined {
+  const line = gateway
+    .output()
+    .split('\n')
+    .find((l) => l.includes(message))
+  return line ? (JSON.parse(line) as { time: number }).time : undefined
 }
 
 interface Answer {
@@ -184,9 +209,54 @@ describe('shutdown on SIGTERM', { skip: USE_PGLITE && 'needs a database shared a
     })
     assert.equal(transfer.status, 201, await transfer.text())
     assert.equal((await fetch(`${gateway.url}/ready`)).status, 503)
-    // The drain would last a minute: a second signal does not wait for it.
+    // The drain would last a minute: a second signal, later than the same signal delivered twice
+    // would arrive, does not wait for it.
+    const drainingAt = loggedAt(gateway, 'shutting down: draining')
+    assert.ok(drainingAt, gateway.output())
+    await sleep(Math.max(0, drainingAt + SAME_SIGNAL_WINDOW_MS + 200 - Date.now()))
     gateway.child.kill('SIGTERM')
-    assert.equal(await gateway.exited, 130)
+    assert.equal(await gateway.exited, SECOND_SIGNAL_EXIT_CODE)
+  })
+
+  test('`npm start` stopped by SIGTERM to its whole process group drains once and exits 0', async (t) => {
+    const gateway = await npmStart({
+      REDIS_URL: redis.url,
+      DATABASE_URL: database.url!,
+      SHUTDOWN_DRAIN: '5s',
+    })
+    const pgid = gateway.child.pid!
+    t.after(() => {
+      // On failure: whatever is left of the group (npm killed by a signal can leave the gateway).
+      if (gateway.child.exitCode === 0) return
+      try {
+        process.kill(-pgid, 'SIGKILL')
+      } catch {}
+    })
+    assert.equal((await fetch(`${gateway.url}/ready`)).status, 200)
+    // What Ctrl-C, systemd's KillMode=control-group and `kill -TERM -PGID` do: npm and the gateway
+    // both get it, and npm relays it to the gateway too.
+    process.kill(-pgid, 'SIGTERM')
+    await waitFor('/ready to fail', async () => (await fetch(`${gateway.url}/ready`)).status === 503, 10_000)
+    assert.equal((await fetch(`${gateway.url}/health`)).status, 200, 'still serving during the drain')
+    assert.equal(await gateway.exited, 0, gateway.output())
+    assert.ok(loggedAt(gateway, 'shutting down: closing'), 'the drain ran to its end')
+  })
+
+  test('a second SIGTERM within a second is the same shutdown: the drain still runs, exit 0', async () => {
+    const gateway = await startServer({
+      REDIS_URL: redis.url,
+      DATABASE_URL: database.url!,
+      SHUTDOWN_DRAIN: '5s',
+    })
+    assert.equal((await fetch(`${gateway.url}/ready`)).status, 200)
+    gateway.child.kill('SIGTERM')
+    // The second once the first is handled: the kernel merges a signal sent while the same one is pending.
+    await waitFor('the drain', async () => loggedAt(gateway, 'shutting down: draining'), 10_000)
+    gateway.child.kill('SIGTERM')
+    await waitFor('/ready to fail', async () => (await fetch(`${gateway.url}/ready`)).status === 503, 10_000)
+    assert.equal((await fetch(`${gateway.url}/health`)).status, 200, 'still serving during the drain')
+    assert.equal(await gateway.exited, 0, gateway.output())
+    assert.ok(loggedAt(gateway, 'the same shutdown, ignored'), 'the repeated signal was seen')
   })
 
   test('closing with a request still running releases its idempotency claim: a retry elsewhere runs at once', async () => {
@@ -394,13 +464,9 @@ describe('shutdown on SIGTERM', { skip: USE_PGLITE && 'needs a database shared a
     for (const agent of agents) agent.destroy()
 
     assert.equal(code, 0, a.output())
-    // When the drain ended: the instance logs it (pino's `time`, this machine's clock) before it closes.
-    const closingLine = a
-      .output()
-      .split('\n')
-      .find((line) => line.includes('shutting down: closing'))
-    assert.ok(closingLine, 'the drain ended and the instance closed')
-    const closedAt = (JSON.parse(closingLine) as { time: number }).time
+    // When the drain ended: the instance logs it before it closes.
+    const closedAt = loggedAt(a, 'shutting down: closing')
+    assert.ok(closedAt, 'the drain ended and the instance closed')
     const errorsDuringDrain = errors
       .filter((e) => e.at < closedAt)
       .map((e) => `${e.code} +${e.at - stopSent}ms`)
