@@ -23,12 +23,12 @@ import accountRoutes from './routes/accounts.ts'
 import campaignRoutes from './routes/campaigns.ts'
 import healthRoutes from './routes/health.ts'
 import historyRoutes from './routes/history.ts'
-import { refuseUnstorableText } from './routes/input.ts'
+import { readIntegerParams, refuseUnstorableText } from './routes/input.ts'
 import notificationRoutes from './routes/notifications.ts'
 import { openapiOptions, sessionCookieName } from './routes/openapi.ts'
 import problemRoutes from './routes/problems.ts'
 import sessionRoutes from './routes/session.ts'
-import transferRoutes from './routes/transfers.ts'
+import transferRoutes, { noteKeyMismatches, transferAttemptCounts } from './routes/transfers.ts'
 import { registerScheduler, type SchedulerTuning } from './scheduler/plugin.ts'
 
 export interface GatewayDependencies {
@@ -85,6 +85,7 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
 
   registerProblemHandlers(app)
   refuseUnstorableText(app)
+  readIntegerParams(app)
   await app.register(metrics)
   await app.register(redis, { redis: deps.redis, ...config.redis })
   await app.register(postgres, { database: deps.database, connectionString: config.databaseUrl })
@@ -144,16 +145,19 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
           hook: 'preHandler',
           countOnlyFailures: (reply) => reply.statusCode === 401,
         },
-        // preHandler: the session is known from preParsing on (see the session plugin).
+        // preHandler: the session is known from preParsing on (see the session plugin). Checked
+        // before the Idempotency-Key, then given back by replays and key mismatches.
         {
           name: 'transfers',
           algorithm: 'fixed-window',
           ...limits.transfers,
           key: keyBy.customer,
           hook: 'preHandler',
+          countOnlyFailures: transferAttemptCounts,
         },
       ],
     })
+    noteKeyMismatches(app)
   }
 
   // After sessions: the default key scope is the session's principal. On an in-memory PGlite, records

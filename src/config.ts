@@ -34,6 +34,7 @@ const EnvSchema = Type.Object({
   SEED_DEMO: Type.Optional(Type.Union([Type.Literal('true'), Type.Literal('false')])),
   SCHEDULER: Type.Optional(Type.Union([Type.Literal('on'), Type.Literal('off')])),
   RECONCILIATION_PERIOD: Type.Optional(Type.String({ pattern: '^[0-9]*[1-9][0-9]*(ms|s|m|h)$' })),
+  SCHEDULED_TRANSFERS_MAX_PENDING: Type.Optional(Type.String({ pattern: '^[1-9][0-9]{0,5}$' })),
   OUTBOX: Type.Optional(Type.Union([Type.Literal('on'), Type.Literal('off')])),
   EVENT_WORKERS: Type.Optional(
     Type.String({ pattern: '^(on|off|(relay|notifier|campaigns)(,(relay|notifier|campaigns))*)$' }),
@@ -71,6 +72,7 @@ const HINTS: Record<string, string> = {
   SEED_DEMO: 'true or false',
   SCHEDULER: 'on or off',
   RECONCILIATION_PERIOD: 'a duration above zero like 24h',
+  SCHEDULED_TRANSFERS_MAX_PENDING: 'a positive integer (unfinished scheduled transfers per customer)',
   OUTBOX: 'on or off',
   EVENT_WORKERS: 'on, off, or a comma list of relay, notifier, campaigns',
   OUTBOX_RELAY_INTERVAL: 'a duration above zero like 1s',
@@ -134,9 +136,10 @@ export interface Config {
   seedDemo: boolean
   /**
    * The workers of scheduled transfers and the reconciliation job (SCHEDULER, default on); under
-   * NODE_ENV=test they only run when a test asks (GatewayDependencies.scheduler).
+   * NODE_ENV=test they only run when a test asks (GatewayDependencies.scheduler). `maxPending`: a
+   * customer's unfinished (`scheduled` or `running`) schedules at most.
    */
-  scheduler: { enabled: boolean; reconciliationPeriodMs: number }
+  scheduler: { enabled: boolean; reconciliationPeriodMs: number; maxPending: number }
   /** Transfer events (docs/events.md): outbox, relay and notifier workers, SSE notifications. */
   events: {
     outbox: boolean
@@ -248,6 +251,7 @@ export function loadConfig(env: Record<string, string | undefined> = process.env
     scheduler: {
       enabled: (e.SCHEDULER ?? 'on') === 'on',
       reconciliationPeriodMs: parseDuration(e.RECONCILIATION_PERIOD ?? '24h'),
+      maxPending: Number(e.SCHEDULED_TRANSFERS_MAX_PENDING ?? 100),
     },
     events: {
       outbox: (e.OUTBOX ?? 'on') === 'on',

@@ -292,6 +292,29 @@ test('stop() hands back: processing ids return to ready, the heartbeat goes, the
   assert.equal(await redis.zcard(b.keys.delayed('b')), 10)
 })
 
+test('remove(): a waiting id leaves every delayed set and the ready list; a taken one stays', async () => {
+  const keyPrefix = prefix()
+  const a = queue({ keyPrefix, instanceId: 'a' })
+  const b = queue({ keyPrefix, instanceId: 'b' })
+  // Both instances scheduled `twice` (two sets), `ready` is due and moved, `taken` is in hand.
+  await a.schedule('twice', Date.now() + 3_600_000)
+  await b.schedule('twice', Date.now() + 60_000)
+  await a.schedule('ready', Date.now() - 1)
+  await a.schedule('taken', Date.now() - 2)
+  assert.equal(await a.move(), 2)
+  assert.equal(await a.take(), 'taken')
+
+  assert.equal(await b.remove('twice'), true)
+  assert.equal(await redis.zscore(a.keys.delayed('a'), 'twice'), null)
+  assert.equal(await redis.zscore(b.keys.delayed('b'), 'twice'), null)
+  assert.equal(await a.remove('ready'), true)
+  assert.deepEqual(await redis.lrange(a.keys.ready, 0, -1), [])
+  assert.equal(await a.remove('taken'), false)
+  assert.deepEqual(await redis.lrange(a.keys.processing('a'), 0, -1), ['taken'])
+  assert.equal(await a.remove('never-scheduled'), false)
+  await assert.rejects(() => a.remove(''), /id/)
+})
+
 test('options are checked', () => {
   assert.throws(() => createDelayedQueue(redis, { name: '' }), /name/)
   assert.throws(() => createDelayedQueue(redis, { name: 'q', batch: 5000 }), /batch/)

@@ -151,6 +151,61 @@ test('POST /transfers declares the required Idempotency-Key header with its synt
   }
 })
 
+test('an id has one JSON Schema type, integer, in paths, bodies and responses alike', () => {
+  const seen = new Set<string>()
+  const note = (name: string, schema: Record<string, unknown> | undefined, where: string) => {
+    seen.add(name)
+    assert.equal(schema?.type, 'integer', `${where}: ${name}`)
+  }
+  // Arrays are walked like objects (their items are their values).
+  const walk = (node: unknown, where: string): void => {
+    if (node === null || typeof node !== 'object') return
+    const object = node as Record<string, unknown>
+    if (typeof object.in === 'string' && typeof object.name === 'string' && object.name.endsWith('Id'))
+      note(object.name, object.schema as Record<string, unknown>, `${where} ${object.in} parameter`)
+    const properties = object.properties as Record<string, Record<string, unknown>> | undefined
+    if (properties && typeof properties === 'object')
+      for (const [name, schema] of Object.entries(properties))
+        if (name.endsWith('Id')) note(name, schema, `${where} property`)
+    for (const value of Object.values(object)) walk(value, where)
+  }
+  for (const { method, path, op } of operations(demo.document)) walk(op, `${method} ${path}`)
+  walk(demo.document.components ?? {}, 'components')
+  // The ids a client passes from one call to the next, in a path and in a body.
+  for (const name of ['accountId', 'fromAccountId', 'toAccountId', 'scheduleId', 'transferId'])
+    assert.ok(seen.has(name), name)
+})
+
+test('an integer path id is read only when written plainly', async (t) => {
+  const { app, db, close } = await buildTestApp()
+  t.after(close)
+  const customer = await createCustomer(db, 'ids', [1000])
+  const cookie = await login(app, customer)
+  const [accountId] = customer.accountIds
+  const balance = (id: string) => app.inject({ url: `/accounts/${id}/balance`, headers: { cookie } })
+  const ok = await balance(String(accountId))
+  assert.equal(ok.statusCode, 200)
+  assert.equal(ok.json().accountId, accountId)
+  assert.equal((await balance('2147483648')).statusCode, 404, 'beyond Postgres integer: no such account')
+  for (const spelling of [
+    `0${accountId}`,
+    `${accountId}.0`,
+    `+${accountId}`,
+    '1e0',
+    '0x1',
+    '0',
+    '-1',
+    '12345678901',
+  ]) {
+    const response = await balance(encodeURIComponent(spelling))
+    assert.equal(response.statusCode, 400, spelling)
+    assert.equal(response.json().type, '/problems/validation', spelling)
+  }
+  const schedule = await app.inject({ url: '/scheduled-transfers/1', headers: { cookie } })
+  assert.equal(schedule.json().type, '/problems/schedule-not-found')
+  assert.equal((await app.inject({ url: '/scheduled-transfers/01', headers: { cookie } })).statusCode, 400)
+})
+
 test('the Idempotency-Key pattern accepts exactly the keys the gateway accepts', async () => {
   // Rate limits off (the test default): hundreds of keys for one customer.
   const gateway = await buildTestApp()

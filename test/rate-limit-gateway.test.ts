@@ -5,6 +5,7 @@ import {
   buildTestApp,
   createCustomer,
   createTestDatabase,
+  listen,
   login,
   scanKeys,
   type TestApp,
@@ -94,6 +95,76 @@ test('transfers are limited per customer with a fixed window', async () => {
     [gina.accountIds[0]],
   )
   assert.equal(row!.n, '2', 'the rejected transfers never reached the ledger')
+})
+
+test('transfer replays and key mismatches give their quota back; real transfers keep counting', async () => {
+  const { app, db, redis, prefix } = await gateway(
+    { RATE_LIMIT_TRANSFERS: '3/60s', RATE_LIMIT_IP: '1000,1000' },
+    'on',
+  )
+  const ivan = await createCustomer(db, 'ivan', [1000, 1000])
+  const cookie = await login(app, ivan)
+  const base = await listen(app)
+  const post = async (key: string, amount: number) => {
+    const response = await fetch(`${base}/transfers`, {
+      method: 'POST',
+      headers: { cookie, 'idempotency-key': key, 'content-type': 'application/json' },
+      body: JSON.stringify({
+        fromAccountId: ivan.accountIds[0],
+        toAccountId: ivan.accountIds[1],
+        amount,
+        currency: 'VND',
+      }),
+    })
+    const body = (await response.json()) as { type?: string }
+    return { status: response.status, replayed: response.headers.get('idempotent-replayed'), type: body.type }
+  }
+  const mismatch = { status: 422, replayed: null, type: '/problems/idempotency-key-mismatch' }
+  const first = randomUUID()
+  assert.equal((await post(first, 1)).status, 201)
+  // Far more than the limit of 3: replays (from the Redis record) and the key reused with another body.
+  for (let i = 0; i < 8; i++) {
+    assert.deepEqual(await post(first, 1), { status: 201, replayed: 'true', type: undefined })
+    assert.deepEqual(await post(first, 2), mismatch)
+  }
+  // Redis loses the records: the transfer row answers the replay and the mismatch.
+  for (const key of await scanKeys(redis, `${prefix}idem:`)) await redis.del(key)
+  for (let i = 0; i < 3; i++) {
+    assert.deepEqual(await post(first, 1), { status: 201, replayed: 'true', type: undefined })
+    for (const key of await scanKeys(redis, `${prefix}idem:`)) await redis.del(key)
+    assert.deepEqual(await post(first, 2), mismatch)
+  }
+  // POST /scheduled-transfers shares the policy, and its replays and mismatches are free too.
+  const runAt = new Date(Date.now() + 86_400_000).toISOString()
+  const schedule = async (key: string, amount: number) => {
+    const response = await fetch(`${base}/scheduled-transfers`, {
+      method: 'POST',
+      headers: { cookie, 'idempotency-key': key, 'content-type': 'application/json' },
+      body: JSON.stringify({
+        fromAccountId: ivan.accountIds[0],
+        toAccountId: ivan.accountIds[1],
+        amount,
+        currency: 'VND',
+        runAt,
+      }),
+    })
+    return { status: response.status, replayed: response.headers.get('idempotent-replayed') }
+  }
+  const scheduleKey = randomUUID()
+  assert.equal((await schedule(scheduleKey, 1)).status, 201)
+  for (let i = 0; i < 4; i++) {
+    assert.deepEqual(await schedule(scheduleKey, 1), { status: 201, replayed: 'true' })
+    assert.deepEqual(await schedule(scheduleKey, 2), { status: 422, replayed: null })
+  }
+  // The quota is whole but for the real transfer and the real schedule: one more, then the limit.
+  const statuses = []
+  for (let i = 0; i < 2; i++) statuses.push((await post(randomUUID(), 1)).status)
+  assert.deepEqual(statuses, [201, 429])
+  const [row] = await db.query<{ n: string }>(
+    'SELECT count(*)::text AS n FROM transfers WHERE from_account_id = $1',
+    [ivan.accountIds[0]],
+  )
+  assert.equal(row!.n, '2')
 })
 
 test('a token bucket per client IP covers every route', async () => {

@@ -8,7 +8,9 @@ import { executeScheduledTransfer } from '../src/ledger/ledger.ts'
 import {
   buildTestApp,
   createCustomer,
+  createTestDatabase,
   ledgerInvariants,
+  listen,
   login,
   type TestApp,
   type TestCustomer,
@@ -72,6 +74,11 @@ async function assertLedger(t: TestApp) {
   })
 }
 
+/** Moves runAt to now by Postgres's clock, so a direct run is not early (its queue entry stays later). */
+async function makeDue(t: TestApp, ids: number[]) {
+  await t.db.query('UPDATE scheduled_transfers SET run_at = now() WHERE id = ANY($1::bigint[])', [ids])
+}
+
 async function balance(t: TestApp, accountId: number): Promise<number> {
   const [row] = await t.db.query<{ balance: string }>('SELECT balance FROM accounts WHERE id = $1', [
     accountId,
@@ -79,14 +86,28 @@ async function balance(t: TestApp, accountId: number): Promise<number> {
   return Number(row!.balance)
 }
 
-test('config: SCHEDULER and RECONCILIATION_PERIOD; the workers are off under NODE_ENV=test unless asked', async () => {
+test('config: SCHEDULER, RECONCILIATION_PERIOD and SCHEDULED_TRANSFERS_MAX_PENDING; the workers are off under NODE_ENV=test unless asked', async () => {
   const base = { NODE_ENV: 'test', SESSION_SECRET: 'x'.repeat(32) } as const
-  assert.deepEqual(loadConfig(base).scheduler, { enabled: true, reconciliationPeriodMs: 86_400_000 })
-  assert.deepEqual(loadConfig({ ...base, SCHEDULER: 'off', RECONCILIATION_PERIOD: '90s' }).scheduler, {
-    enabled: false,
-    reconciliationPeriodMs: 90_000,
+  assert.deepEqual(loadConfig(base).scheduler, {
+    enabled: true,
+    reconciliationPeriodMs: 86_400_000,
+    maxPending: 100,
   })
+  assert.deepEqual(
+    loadConfig({
+      ...base,
+      SCHEDULER: 'off',
+      RECONCILIATION_PERIOD: '90s',
+      SCHEDULED_TRANSFERS_MAX_PENDING: '7',
+    }).scheduler,
+    { enabled: false, reconciliationPeriodMs: 90_000, maxPending: 7 },
+  )
   assert.throws(() => loadConfig({ ...base, RECONCILIATION_PERIOD: '0s' }), /RECONCILIATION_PERIOD/)
+  for (const bad of ['0', '-1', '1.5', 'many'])
+    assert.throws(
+      () => loadConfig({ ...base, SCHEDULED_TRANSFERS_MAX_PENDING: bad }),
+      /SCHEDULED_TRANSFERS_MAX_PENDING/,
+    )
   assert.throws(() => loadConfig({ ...base, SCHEDULER: 'yes' }), /SCHEDULER/)
   const off = await buildTestApp()
   const on = await buildTestApp({}, { scheduler: 'on' })
@@ -173,6 +194,32 @@ describe('routes (workers off)', () => {
       status: 'skipped',
       current: 'cancelled',
     })
+  })
+
+  test('cancelling takes the schedule out of the queue', async () => {
+    const res = await create(t, cookie, {
+      fromAccountId: alice.accountIds[0],
+      toAccountId: bob.accountIds[0],
+      amount: 1000,
+      currency: 'VND',
+      runAt: inFuture(3_600_000),
+    })
+    const { scheduleId } = res.json()
+    const queue = t.app.scheduler.worker.queue
+    const id = String(scheduleId)
+    // Also in the ready list and in another instance's delayed set (a reconciler elsewhere queued it).
+    await t.redis.rpush(queue.keys.ready, id)
+    await t.redis.sadd(queue.keys.instances, 'other-instance')
+    await t.redis.zadd(queue.keys.delayed('other-instance'), Date.now() + 3_600_000, id)
+    const cancel = await t.app.inject({
+      method: 'DELETE',
+      url: `/scheduled-transfers/${scheduleId}`,
+      headers: { cookie },
+    })
+    assert.equal(cancel.statusCode, 204)
+    assert.equal(await t.redis.zscore(queue.keys.delayed(queue.instanceId), id), null)
+    assert.equal(await t.redis.zscore(queue.keys.delayed('other-instance'), id), null)
+    assert.equal(await t.redis.lpos(queue.keys.ready, id), null)
   })
 
   test('4xx: runAt past or beyond a year, bad bodies, accounts, another customer, no session', async () => {
@@ -301,6 +348,7 @@ describe('execution (workers on)', () => {
 
   test('a schedule executed many times at once (duplicate deliveries) moves money once', async () => {
     const id = await schedule(777, 3_600_000)
+    await makeDue(t, [id])
     const transfersBefore = await t.db.query<{ n: string }>('SELECT count(*)::text AS n FROM transfers')
     const alicesBefore = await balance(t, alice.accountIds[0]!)
     const worker = t.app.scheduler.worker
@@ -323,6 +371,36 @@ describe('execution (workers on)', () => {
     assert.equal(await balance(t, alice.accountIds[0]!), alicesBefore - 777)
   })
 
+  test('a delivery before runAt by Postgres’s clock moves nothing and goes back into the queue', async () => {
+    const alices = await balance(t, alice.accountIds[0]!)
+    const id = await schedule(500, 3_600_000)
+    const [{ run_at: runAt }] = (await t.db.query<{ run_at: Date }>(
+      'SELECT run_at FROM scheduled_transfers WHERE id = $1',
+      [id],
+    )) as [{ run_at: Date }]
+    // The queue delivers it now, an hour early (a clock ahead, a producer's mistake).
+    const queue = t.app.scheduler.worker.queue
+    assert.equal(await queue.remove(String(id)), true)
+    assert.equal(await queue.schedule(String(id), Date.now() - 1000), true)
+    const score = await waitFor('back in the queue, or run', async () => {
+      const due = await t.redis.zscore(queue.keys.delayed(queue.instanceId), String(id))
+      if (due !== null && Number(due) > Date.now() + 60_000) return Number(due)
+      return (await statusOf(t, id)).status !== 'scheduled' ? -1 : undefined
+    })
+    // Due again at about runAt (Redis's clock plus what Postgres said was left).
+    assert.ok(Math.abs(score - runAt.getTime()) < 60_000, `${score} vs ${runAt.getTime()}`)
+    const [row] = await t.db.query<{ status: string; attempts: number; transfer_id: unknown }>(
+      'SELECT status, attempts, transfer_id FROM scheduled_transfers WHERE id = $1',
+      [id],
+    )
+    assert.deepEqual(row, { status: 'scheduled', attempts: 0, transfer_id: null })
+    assert.equal(await balance(t, alice.accountIds[0]!), alices)
+    // A direct run says the same and marks nothing.
+    const direct = await t.app.scheduler.worker.run(id)
+    assert.equal(typeof direct === 'object' && direct.status, 'not-due')
+    assert.equal((await statusOf(t, id)).status, 'scheduled')
+  })
+
   test('insufficient funds at run time: failed with the reason, nothing moved', async () => {
     const alices = await balance(t, alice.accountIds[0]!)
     const id = await schedule(alices + 1, 200)
@@ -340,6 +418,7 @@ describe('execution (workers on)', () => {
   test('cancel racing the run: exactly one wins for each schedule', async () => {
     const ids: number[] = []
     for (let i = 0; i < 30; i++) ids.push(await schedule(10, 3_600_000))
+    await makeDue(t, ids)
     const alices = await balance(t, alice.accountIds[0]!)
     const worker = t.app.scheduler.worker
     const outcomes = await Promise.all(
@@ -435,6 +514,136 @@ describe('Redis loses the queue', () => {
   })
 })
 
+describe('the guarantees of POST /transfers', () => {
+  const body = (alice: TestCustomer, bob: TestCustomer, runAt: string, amount = 1000) => ({
+    fromAccountId: alice.accountIds[0],
+    toAccountId: bob.accountIds[0],
+    amount,
+    currency: 'VND',
+    runAt,
+  })
+  const countSchedules = async (t: TestApp) =>
+    (await t.db.query<{ n: number }>('SELECT count(*)::int AS n FROM scheduled_transfers'))[0]!.n
+
+  test('Redis lost the idempotency record: a retry replays from Postgres, one schedule, one run', async (c) => {
+    const redis = await startRedisServer()
+    c.after(() => redis.stop())
+    const t = await buildTestApp({ REDIS_URL: redis.url }, { scheduler: FAST })
+    c.after(() => t.close())
+    const alice = await createCustomer(t.db, 'alice', [1_000_000])
+    const bob = await createCustomer(t.db, 'bob', [0])
+    const key = randomUUID()
+    const request = body(alice, bob, inFuture(1500), 4321)
+    const first = await create(t, await login(t.app, alice), request, key)
+    assert.equal(first.statusCode, 201, first.body)
+
+    await t.redis.flushall()
+    // The session went with it.
+    const cookie = await login(t.app, alice)
+    const mismatch = await create(t, cookie, { ...request, amount: 4322 }, key)
+    assert.equal(mismatch.statusCode, 422, mismatch.body)
+    assert.equal(mismatch.json().type, '/problems/idempotency-key-mismatch')
+    const retry = await create(t, cookie, request, key)
+    assert.equal(retry.statusCode, 201, retry.body)
+    assert.equal(retry.headers['idempotent-replayed'], 'true')
+    assert.equal(retry.body, first.body)
+    assert.equal(await countSchedules(t), 1)
+
+    const { scheduleId } = first.json()
+    await waitFor('completed', async () => (await statusOf(t, scheduleId)).status === 'completed')
+    const [transfers] = await t.db.query<{ n: number }>('SELECT count(*)::int AS n FROM transfers')
+    assert.equal(transfers!.n, 1)
+    assert.equal(await balance(t, alice.accountIds[0]!), 1_000_000 - 4321)
+    assert.equal(await balance(t, bob.accountIds[0]!), 4321)
+    await assertLedger(t)
+  })
+
+  test('creating a schedule counts against the per-customer transfers rate limit', async (c) => {
+    const t = await buildTestApp({ RATE_LIMIT_TRANSFERS: '2/60s' }, { rateLimits: 'on' })
+    c.after(() => t.close())
+    const alice = await createCustomer(t.db, 'alice', [1_000_000])
+    const bob = await createCustomer(t.db, 'bob', [0])
+    const cookie = await login(t.app, alice)
+    for (let i = 0; i < 2; i++) {
+      const res = await create(t, cookie, body(alice, bob, inFuture(3_600_000)))
+      assert.equal(res.statusCode, 201, res.body)
+    }
+    const limited = await create(t, cookie, body(alice, bob, inFuture(3_600_000)))
+    assert.equal(limited.statusCode, 429, limited.body)
+    assert.equal(limited.json().type, '/problems/rate-limited')
+    assert.equal(limited.json().policy, 'transfers')
+    // One budget with POST /transfers.
+    const transfer = await t.app.inject({
+      method: 'POST',
+      url: '/transfers',
+      headers: { cookie, 'idempotency-key': randomUUID() },
+      payload: {
+        fromAccountId: alice.accountIds[0],
+        toAccountId: bob.accountIds[0],
+        amount: 1,
+        currency: 'VND',
+      },
+    })
+    assert.equal(transfer.statusCode, 429)
+    assert.equal(await countSchedules(t), 2)
+  })
+
+  test('a cap on pending schedules per customer holds under concurrent requests', async (c) => {
+    const t = await buildTestApp({ SCHEDULED_TRANSFERS_MAX_PENDING: '3' })
+    c.after(() => t.close())
+    const alice = await createCustomer(t.db, 'alice', [1_000_000])
+    const bob = await createCustomer(t.db, 'bob', [0])
+    const cookie = await login(t.app, alice)
+    const bobCookie = await login(t.app, bob)
+    const url = await listen(t.app)
+    const post = (cookieHeader: string, payload: unknown) =>
+      fetch(`${url}/scheduled-transfers`, {
+        method: 'POST',
+        headers: {
+          cookie: cookieHeader,
+          'idempotency-key': randomUUID(),
+          'content-type': 'application/json',
+        },
+        body: JSON.stringify(payload),
+      })
+    const runAt = inFuture(3_600_000)
+    const responses = await Promise.all(
+      Array.from({ length: 12 }, () => post(cookie, body(alice, bob, runAt))),
+    )
+    const statuses = responses.map((r) => r.status).sort()
+    assert.deepEqual(statuses, [...Array(3).fill(201), ...Array(9).fill(409)])
+    for (const res of responses.filter((r) => r.status === 409)) {
+      const problem = (await res.json()) as { type: string }
+      assert.equal(problem.type, '/problems/too-many-pending-schedules')
+      // Until the earliest pending one is due, about an hour.
+      assert.ok(Number(res.headers.get('retry-after')) > 60, String(res.headers.get('retry-after')))
+    }
+    const pending = async (customerId: number) =>
+      (
+        await t.db.query<{ n: number }>(
+          "SELECT count(*)::int AS n FROM scheduled_transfers WHERE customer_id = $1 AND status IN ('scheduled', 'running')",
+          [customerId],
+        )
+      )[0]!.n
+    assert.equal(await pending(alice.customerId), 3)
+    // Per customer: bob is not held back by alice's schedules.
+    assert.equal((await post(bobCookie, body(bob, alice, runAt))).status, 201)
+    // Finished and cancelled ones do not count.
+    const [oldest] = await t.db.query<{ id: string }>(
+      'SELECT id FROM scheduled_transfers WHERE customer_id = $1 ORDER BY id LIMIT 1',
+      [alice.customerId],
+    )
+    const cancel = await t.app.inject({
+      method: 'DELETE',
+      url: `/scheduled-transfers/${oldest!.id}`,
+      headers: { cookie },
+    })
+    assert.equal(cancel.statusCode, 204)
+    assert.equal((await post(cookie, body(alice, bob, runAt))).status, 201)
+    assert.equal(await pending(alice.customerId), 3)
+  })
+})
+
 describe('reconciliation job', () => {
   test('runs each period, records the run with its fence, and reports violations (log, metric)', async () => {
     const t = await buildTestApp(
@@ -484,5 +693,55 @@ describe('reconciliation job', () => {
     } finally {
       await t.close()
     }
+  })
+
+  test('a run that fails is retried with backoff until the period has a completed run', async (t) => {
+    const database = await createTestDatabase()
+    t.after(() => database.drop())
+    // The transient failure: the ledger's entries are missing for the first attempts.
+    await database.db.query('ALTER TABLE ledger_entries RENAME TO ledger_entries_away')
+    const app = await buildTestApp(
+      {},
+      {
+        testDatabase: database,
+        scheduler: {
+          ...FAST,
+          reconciliation: {
+            // One period is the whole test, and the watchdog never re-seeds within it: only the
+            // trigger's retries can complete the period.
+            periodMs: 3_600_000,
+            maxWorkTimeMs: 1000,
+            bufferMs: 500,
+            watchdogIntervalMs: 600_000,
+            moveIntervalMs: 50,
+            retryDelayMs: (attempt) => 50 * attempt,
+          },
+        },
+      },
+    )
+    t.after(() => app.close())
+    const runs = () =>
+      database.db.query<{ result: string | null; fence: string }>(
+        'SELECT result, fence::text FROM reconciliation_runs ORDER BY id',
+      )
+    await waitFor('a failed run', async () => (await runs()).some((r) => r.result === 'error'))
+    await database.db.query('ALTER TABLE ledger_entries_away RENAME TO ledger_entries')
+    await waitFor('a completed run', async () => (await runs()).some((r) => r.result === 'ok'))
+    const list = await runs()
+    // Failed runs first, then exactly one completed run, which re-armed the trigger for the next period.
+    assert.deepEqual(
+      list.map((r) => r.result),
+      [...list.slice(0, -1).map(() => 'error'), 'ok'],
+    )
+    const fences = list.map((r) => BigInt(r.fence))
+    assert.ok(fences.every((f, i) => i === 0 || f > fences[i - 1]!))
+    const job = app.app.scheduler.job!
+    const due = await waitFor('the trigger re-armed', () =>
+      app.redis.zscore(job.queue.keys.delayed(job.queue.instanceId), job.token),
+    )
+    assert.ok(Number(due) > Date.now() + 1_800_000, 'due about one period later')
+    const metrics = await app.app.inject({ url: '/metrics' })
+    assert.match(metrics.body, /reconciliation_runs_total\{result="error"\} [1-9]/)
+    assert.match(metrics.body, /reconciliation_runs_total\{result="ok"\} 1/)
   })
 })

@@ -81,6 +81,11 @@ export interface DelayedQueue {
    * delayed set; false when the id is already there (its first due time stays: nobody can postpone it).
    */
   schedule(id: string, dueAt: number | Date): Promise<boolean>
+  /**
+   * Unschedules a waiting `id`: removes it from every registered instance's delayed set and from the
+   * ready list (one script); false when it was not waiting. A taken id is left to its handler.
+   */
+  remove(id: string): Promise<boolean>
   /** Moves up to `batch` due ids of this instance's set to ready (one script); the number moved. */
   move(): Promise<number>
   /** Takes the next ready id into this instance's processing list, or null when none is ready. */
@@ -201,6 +206,14 @@ export function createDelayedQueue(redis: RedisClient, options: DelayedQueueOpti
       [id, Math.floor(due), instanceId],
     )
     return added === 1
+  }
+
+  async function remove(id: string): Promise<boolean> {
+    if (typeof id !== 'string' || id.length === 0)
+      throw new InvalidArgumentError(`delayed queue: \`id\` must be a non-empty string, got ${shown(id)}`)
+    const delayedSets = (await instances()).map((instance) => keys.delayed(instance))
+    const removed = await runScript<number>(redis, 'delayedQueueRemove', [keys.ready, ...delayedSets], [id])
+    return removed > 0
   }
 
   function move(): Promise<number> {
@@ -457,6 +470,7 @@ export function createDelayedQueue(redis: RedisClient, options: DelayedQueueOpti
     instanceId,
     keys,
     schedule,
+    remove,
     move,
     take,
     ack,

@@ -103,7 +103,7 @@ const accountRoutes: FastifyPluginAsyncTypebox = async (app) => {
       },
     },
     async (request) => {
-      const accountId = Number(request.params.accountId)
+      const { accountId } = request.params
       // Beyond Postgres integer no account exists: answered without a cache key or a query.
       if (accountId > MAX_ACCOUNT_ID) throw accountNotFound(accountId)
       // Cached per account with its owner (unknown ids as "not found"), shared by all customers;

@@ -132,7 +132,7 @@ const historyRoutes: FastifyPluginAsyncTypebox<{ secrets: readonly string[] }> =
       },
     },
     async (request) => {
-      const accountId = Number(request.params.accountId)
+      const { accountId } = request.params
       const limit = Number(request.query.limit ?? DEFAULT_LIMIT)
       // Checked before any query: a cursor is the gateway's own or nothing is read.
       const after =

@@ -1,4 +1,4 @@
-import type { FastifyInstance } from 'fastify'
+import type { FastifyInstance, preValidationHookHandler } from 'fastify'
 import { HttpProblem } from '../errors.ts'
 
 // Postgres text cannot hold NUL, and a lone UTF-16 surrogate has no UTF-8 form (it would be stored
@@ -21,6 +21,33 @@ function findUnstorable(value: unknown): string | null {
     }
   }
   return null
+}
+
+// At most 15 digits: exact as a number. No sign, no leading zero: one spelling per id.
+const PLAIN_INTEGER = /^[1-9][0-9]{0,14}$/
+
+/**
+ * Path parameters arrive as text and the validator coerces nothing (a body's "10" is no amount).
+ * A parameter its route declares an integer becomes one before validation when written plainly;
+ * anything else (`010`, `0x10`, `1e3`, ` 1`) stays text and fails the schema: a 400, never an alias.
+ * Called before the routes are registered.
+ */
+export function readIntegerParams(app: FastifyInstance): void {
+  app.addHook('onRoute', (route) => {
+    const schema = route.schema?.params as { properties?: Record<string, { type?: unknown }> } | undefined
+    const names = Object.entries(schema?.properties ?? {})
+      .filter(([, property]) => property.type === 'integer')
+      .map(([name]) => name)
+    if (names.length === 0) return
+    const readIntegers: preValidationHookHandler = async (request) => {
+      const params = request.params as Record<string, unknown>
+      for (const name of names) {
+        const value = params[name]
+        if (typeof value === 'string' && PLAIN_INTEGER.test(value)) params[name] = Number(value)
+      }
+    }
+    route.preValidation = [readIntegers, ...[route.preValidation ?? []].flat()]
+  })
 }
 
 /** Every route: a body, query or parameter with NUL or a lone surrogate is a 400 problem. */

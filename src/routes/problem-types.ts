@@ -170,6 +170,13 @@ export const PROBLEM_TYPES = [
     source: 'demo',
   },
   {
+    slug: 'too-many-pending-schedules',
+    status: 409,
+    title: 'Too many pending schedules',
+    when: 'a scheduled transfer from a customer who already has `SCHEDULED_TRANSFERS_MAX_PENDING` schedules `scheduled` or `running` (`Retry-After`: until the earliest of them is due); cancel one or retry once one has run',
+    source: 'demo',
+  },
+  {
     slug: 'idempotency-key-mismatch',
     status: 422,
     title: 'Idempotency key reused',

@@ -1,8 +1,18 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
+import type { FastifyReply } from 'fastify'
 import { Type } from 'typebox'
 import { HttpProblem } from '../errors.ts'
+import { idempotencyKeyMismatch } from '../index.ts'
 import { accountNotFound, getAccountWithOwner, sameAccount } from '../ledger/ledger.ts'
-import { cancelSchedule, getSchedule, insertSchedule, listSchedules } from '../scheduler/store.ts'
+import {
+  cancelSchedule,
+  createSchedule,
+  findScheduleByKey,
+  getSchedule,
+  listSchedules,
+  type PreviousSchedule,
+  type ScheduleIdempotency,
+} from '../scheduler/store.ts'
 import type { TransferWorker } from '../scheduler/transfer-worker.ts'
 import { HEADERS, json, noContent, problems } from './openapi.ts'
 import { Amount, Currency, Id, Timestamp } from './schemas.ts'
@@ -59,15 +69,16 @@ const ScheduleCreated = Type.Object({
   status: Type.Literal('scheduled'),
   runAt: Timestamp,
 })
-const ScheduleIdParam = Type.String({
-  pattern: '^[1-9][0-9]{0,14}$',
-  maxLength: 15,
-  description: 'A schedule id: 1 to 15 digits, no leading zero.',
+// An integer like the schedule's `scheduleId` (read from the path by readIntegerParams).
+const ScheduleIdParam = Type.Integer({
+  minimum: 1,
+  maximum: 999_999_999_999_999,
+  description: 'A schedule id, in the path as 1 to 15 digits without a leading zero.',
 })
 
 const YEAR_MS = 366 * 86_400_000
 
-const scheduleNotFound = (scheduleId: string) =>
+const scheduleNotFound = (scheduleId: number) =>
   new HttpProblem(
     404,
     'schedule-not-found',
@@ -75,23 +86,48 @@ const scheduleNotFound = (scheduleId: string) =>
     `Scheduled transfer ${scheduleId} does not exist or is not yours.`,
   )
 
-const scheduledTransferRoutes: FastifyPluginAsyncTypebox<{ worker: TransferWorker }> = async (
-  app,
-  { worker },
-) => {
+const tooManyPending = (pending: number, earliestDueInMs: number) =>
+  new HttpProblem(
+    409,
+    'too-many-pending-schedules',
+    'Too many pending schedules',
+    `You have ${pending} scheduled transfers waiting to run, the most allowed; cancel one or retry once one has run.`,
+    // When the earliest of them is due: running it frees a place.
+    { headers: { 'retry-after': String(Math.max(1, Math.ceil(earliestDueInMs / 1000))) } },
+  )
+
+/** The schedule made earlier with this key: its response again, or 422 for another request. */
+function replay(reply: FastifyReply, previous: PreviousSchedule, idempotency: ScheduleIdempotency) {
+  if (previous.fingerprint !== idempotency.fingerprint) throw idempotencyKeyMismatch()
+  return reply.code(201).header('idempotent-replayed', 'true').send(previous.response)
+}
+
+const scheduledTransferRoutes: FastifyPluginAsyncTypebox<{
+  worker: TransferWorker
+  /** A customer's unfinished schedules at most (SCHEDULED_TRANSFERS_MAX_PENDING). */
+  maxPending: number
+}> = async (app, { worker, maxPending }) => {
   app.post(
     '/scheduled-transfers',
     {
-      config: { session: 'required', idempotency: { required: true } },
+      config: {
+        session: 'required',
+        idempotency: { required: true },
+        rateLimits: app.hasDecorator('rateLimiter') ? 'transfers' : false,
+      },
       schema: {
         operationId: 'createScheduledTransfer',
         tags: ['transfers'],
         summary: 'Schedule a transfer for later',
         description:
           'Schedules a transfer from one of your accounts to run at `runAt`, once per `Idempotency-Key` (a ' +
-          'retry with the same key and body replays the first response, with `Idempotent-Replayed: true`). ' +
-          'Accounts and currency are checked now; funds when it runs: a schedule whose source lacks the ' +
-          'amount then ends `failed`. Follow it with `GET /scheduled-transfers/{scheduleId}`.',
+          'retry with the same key and body replays the first response, with `Idempotent-Replayed: true`, ' +
+          'also once the idempotency store lost its record: the key is kept with the schedule). Accounts ' +
+          'and currency are checked now; funds when it runs: a schedule whose source lacks the amount then ' +
+          'ends `failed`. Follow it with `GET /scheduled-transfers/{scheduleId}`. Rate limited per ' +
+          'customer with `POST /transfers` (`transfers`, replays included); a customer has at most ' +
+          '`SCHEDULED_TRANSFERS_MAX_PENDING` schedules `scheduled` or `running` (409 ' +
+          '`too-many-pending-schedules`).',
         body: ScheduleBody,
         response: {
           201: json(ScheduleCreated, 'The transfer is scheduled (or this is the replay for this key).', {
@@ -109,10 +145,11 @@ const scheduledTransferRoutes: FastifyPluginAsyncTypebox<{ worker: TransferWorke
               ],
               401: ['unauthenticated'],
               404: ['account-not-found'],
-              409: ['idempotency-key-in-flight'],
+              409: ['idempotency-key-in-flight', 'too-many-pending-schedules'],
               413: ['payload-too-large'],
               415: ['unsupported-media-type'],
               422: ['currency-mismatch', 'idempotency-key-mismatch'],
+              429: ['rate-limited'],
               503: ['session-store-unavailable', 'database-unavailable', 'idempotency-store-unavailable'],
             },
             { replayable: [400, 404, 422] },
@@ -123,6 +160,17 @@ const scheduledTransferRoutes: FastifyPluginAsyncTypebox<{ worker: TransferWorke
     async (request, reply) => {
       const customerId = Number(request.session!.principal)
       const { fromAccountId, toAccountId, currency } = request.body
+      const idempotency = request.idempotency
+        ? { key: request.idempotency.key, fingerprint: request.idempotency.fingerprint }
+        : undefined
+      const [previous, from, to] = await Promise.all([
+        idempotency ? findScheduleByKey(app.db, customerId, idempotency.key) : null,
+        getAccountWithOwner(app.db, fromAccountId),
+        getAccountWithOwner(app.db, toAccountId),
+      ])
+      // A key used before is answered for before anything else is said about the request (its
+      // runAt may be past by now): Postgres keeps it when the idempotency store lost its record.
+      if (previous && idempotency) return replay(reply, previous, idempotency)
       const runAt = new Date(request.body.runAt)
       const now = Date.now()
       if (!(runAt.getTime() > now && runAt.getTime() <= now + YEAR_MS)) {
@@ -134,10 +182,6 @@ const scheduledTransferRoutes: FastifyPluginAsyncTypebox<{ worker: TransferWorke
         )
       }
       if (fromAccountId === toAccountId) throw sameAccount()
-      const [from, to] = await Promise.all([
-        getAccountWithOwner(app.db, fromAccountId),
-        getAccountWithOwner(app.db, toAccountId),
-      ])
       if (!from || from.customerId !== customerId) throw accountNotFound(fromAccountId)
       if (!to) throw accountNotFound(toAccountId)
       for (const account of [from, to]) {
@@ -149,14 +193,22 @@ const scheduledTransferRoutes: FastifyPluginAsyncTypebox<{ worker: TransferWorke
             `The transfer is in ${currency}; account ${account.accountId} cannot ${account === from ? 'send' : 'receive'} it.`,
           )
       }
-      const schedule = await insertSchedule(app.db, { customerId, ...request.body, runAt })
+      const outcome = await createSchedule(
+        app.db,
+        { customerId, ...request.body, runAt },
+        idempotency,
+        maxPending,
+      )
+      // Another request with this key committed meanwhile (only a keyed request finds one).
+      if ('previous' in outcome) return replay(reply, outcome.previous, idempotency!)
+      if ('pendingLimit' in outcome)
+        throw tooManyPending(outcome.pendingLimit.pending, outcome.pendingLimit.earliestDueInMs)
+      const { created } = outcome
       // Postgres has it now; should Redis not take it, the reconciler queues it before it is due.
       await worker
-        .schedule(schedule.scheduleId, runAt)
-        .catch((err) => request.log.warn({ err, scheduleId: schedule.scheduleId }, 'schedule not queued'))
-      return reply
-        .code(201)
-        .send({ scheduleId: schedule.scheduleId, status: 'scheduled', runAt: schedule.runAt })
+        .schedule(created.scheduleId, runAt)
+        .catch((err) => request.log.warn({ err, scheduleId: created.scheduleId }, 'schedule not queued'))
+      return reply.code(201).send(created)
     },
   )
 
@@ -211,7 +263,7 @@ const scheduledTransferRoutes: FastifyPluginAsyncTypebox<{ worker: TransferWorke
       const schedule = await getSchedule(
         app.db,
         Number(request.session!.principal),
-        Number(request.params.scheduleId),
+        request.params.scheduleId,
       )
       if (!schedule) throw scheduleNotFound(request.params.scheduleId)
       return schedule
@@ -246,7 +298,7 @@ const scheduledTransferRoutes: FastifyPluginAsyncTypebox<{ worker: TransferWorke
       const outcome = await cancelSchedule(
         app.db,
         Number(request.session!.principal),
-        Number(request.params.scheduleId),
+        request.params.scheduleId,
       )
       if (outcome === null) throw scheduleNotFound(request.params.scheduleId)
       if (outcome !== 'cancelled') {
@@ -259,6 +311,12 @@ const scheduledTransferRoutes: FastifyPluginAsyncTypebox<{ worker: TransferWorke
           { headers: { 'retry-after': '1' } },
         )
       }
+      // Its queue entry would only be delivered to find it cancelled; should Redis not answer, it is.
+      await worker
+        .unschedule(request.params.scheduleId)
+        .catch((err) =>
+          request.log.warn({ err, scheduleId: request.params.scheduleId }, 'schedule not unqueued'),
+        )
       return reply.code(204).send()
     },
   )

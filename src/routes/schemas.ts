@@ -2,11 +2,16 @@ import { Type } from 'typebox'
 
 /** Postgres `integer` ids: anything larger is rejected at the edge instead of failing in SQL. */
 export const Id = Type.Integer({ minimum: 1, maximum: 2_147_483_647 })
-/** Path parameters arrive as text; digits only, so the cast to integer is exact. */
-export const IdParam = Type.String({
-  pattern: '^[1-9][0-9]{0,9}$',
-  maxLength: 10,
-  description: 'An account id: 1 to 10 digits, no leading zero (an id beyond 2147483647 answers 404).',
+/**
+ * An account id in a path: an integer like in bodies (a generated client passes the same value).
+ * Read from the path's text only when written plainly (readIntegerParams); up to 10 digits, so an
+ * id beyond Postgres integer is still an id, of no account (404).
+ */
+export const IdParam = Type.Integer({
+  minimum: 1,
+  maximum: 9_999_999_999,
+  description:
+    'An account id, in the path as digits without a leading zero (an id beyond 2147483647 answers 404).',
 })
 export const Amount = Type.Integer({
   minimum: 1,

@@ -1,6 +1,7 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
-import type { FastifyRequest, onSendHookHandler } from 'fastify'
+import type { FastifyInstance, FastifyReply, FastifyRequest, onSendHookHandler } from 'fastify'
 import { Type } from 'typebox'
+import { idempotencyKeyMismatch } from '../index.ts'
 import { executeTransfer } from '../ledger/ledger.ts'
 import { invalidateAfterTransfer } from './accounts.ts'
 import { HEADERS, json, problems } from './openapi.ts'
@@ -27,6 +28,39 @@ export const TransferCreated = Type.Object({
   currency: Currency,
   createdAt: Timestamp,
 })
+
+const KEY_MISMATCH_TYPE = idempotencyKeyMismatch().type
+const keyMismatches = new WeakSet<FastifyRequest>()
+
+function problemType(payload: unknown): unknown {
+  if (typeof payload !== 'string') return undefined
+  try {
+    return (JSON.parse(payload) as { type?: unknown } | null)?.type
+  } catch {
+    return undefined
+  }
+}
+
+/**
+ * The `transfers` rate limit's `countOnlyFailures` predicate: false gives the attempt back. A replay
+ * (`Idempotent-Replayed`, from Redis or from the transfer row) and a key reused with another body
+ * (422 `idempotency-key-mismatch`, see noteKeyMismatches) run nothing, so a client retrying its
+ * transfer never spends its quota on them.
+ */
+export const transferAttemptCounts = (reply: FastifyReply): boolean =>
+  reply.getHeader('idempotent-replayed') !== 'true' && !keyMismatches.has(reply.request)
+
+/**
+ * A key mismatch shows only in the body (the idempotency plugin's or the transfer row's answer):
+ * noted by this instance hook, which runs before every route's own onSend hooks, the rate limit's
+ * refund among them.
+ */
+export function noteKeyMismatches(app: FastifyInstance): void {
+  app.addHook('onSend', async (request, reply, payload) => {
+    if (reply.statusCode === 422 && problemType(payload) === KEY_MISMATCH_TYPE) keyMismatches.add(request)
+    return payload
+  })
+}
 
 /** `outbox: false` (OUTBOX=off) makes transfers without their outbox event, for comparing throughput. */
 const transferRoutes: FastifyPluginAsyncTypebox<{ outbox?: boolean }> = async (app, options) => {
@@ -61,7 +95,8 @@ const transferRoutes: FastifyPluginAsyncTypebox<{ outbox?: boolean }> = async (a
           '`Idempotency-Key`: a retry with the same key and body answers the first response again (with ' +
           '`Idempotent-Replayed: true`), also for the kept errors (400 `same-account`, 404, 422 ' +
           '`currency-mismatch` and `insufficient-funds`); after a 409, 429 or 503, retry with the same key ' +
-          'and body. Rate limited per customer (`transfers`, replays included).',
+          'and body. Rate limited per customer (`transfers`); replays and 422 `idempotency-key-mismatch` ' +
+          'answers give back what they took.',
         body: TransferBody,
         response: {
           201: json(

@@ -58,7 +58,7 @@ export async function registerScheduler(app: FastifyInstance, options: Scheduler
       await tuning.transfers?.onRun?.(scheduleId, run)
     },
   })
-  await app.register(scheduledTransferRoutes, { worker })
+  await app.register(scheduledTransferRoutes, { worker, maxPending: config.scheduler.maxPending })
   app.decorate('scheduler', { worker })
   if (!options.run) return
 

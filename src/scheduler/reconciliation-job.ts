@@ -66,6 +66,12 @@ export interface ReconciliationJobOptions {
   /** The jobs queue's heartbeat TTL (default 15 s). */
   heartbeatTtlMs?: number
   moveIntervalMs?: number
+  /**
+   * Delay before a failed run is retried, by its failed attempt in this process (1, 2, ...): the
+   * retries go on until a run of the period ends `ok` or `violations` (default the jobs queue's
+   * backoff, 1 s doubling up to 60 s).
+   */
+  retryDelayMs?: (attempt: number) => number
   /** Where the metrics go (the metrics plugin's registry). */
   registry?: Registry
 }
@@ -131,10 +137,12 @@ export function createReconciliationJob(options: ReconciliationJobOptions): Reco
   let watching: Promise<unknown> | undefined
 
   async function runLocked(signal: AbortSignal, fence: number): Promise<RunOutcome> {
-    // A duplicate trigger (seeded twice, returned by a watchdog): a run finished within half a period.
+    // A duplicate trigger (seeded twice, returned by a watchdog): a run completed within half a
+    // period. A run that failed is no run of the period: the trigger's retry must run again.
     const [recent] = await db.query<{ recent: boolean }>(
       `SELECT EXISTS (SELECT 1 FROM reconciliation_runs
-         WHERE finished_at > now() - $1 * interval '1 millisecond') AS recent`,
+         WHERE result IN ('ok', 'violations')
+           AND finished_at > now() - $1 * interval '1 millisecond') AS recent`,
       [periodMs / 2],
     )
     if (recent?.recent) return { ran: false, reason: 'duplicate' }
@@ -197,9 +205,10 @@ export function createReconciliationJob(options: ReconciliationJobOptions): Reco
   async function watchdog(): Promise<boolean> {
     const present = await queuedIds(redis, queue, [RECONCILE_TOKEN])
     if (present.has(RECONCILE_TOKEN) || (await locks.holder(LOCK_NAME))) return false
-    // Due one period after the last run started (now, if that is past or there was none).
+    // Due one period after the last completed run started (now, if that is past or there was none).
     const [last] = await db.query<{ due: Date | null }>(
-      `SELECT max(started_at) + $1 * interval '1 millisecond' AS due FROM reconciliation_runs`,
+      `SELECT max(started_at) + $1 * interval '1 millisecond' AS due FROM reconciliation_runs
+       WHERE result IN ('ok', 'violations')`,
       [periodMs],
     )
     const due = Math.max(Date.now(), last?.due ? new Date(last.due).getTime() : 0)
@@ -224,10 +233,19 @@ export function createReconciliationJob(options: ReconciliationJobOptions): Reco
     watchdog,
     start() {
       queue.start()
-      consumer = queue.consume(async (id) => {
-        if (id !== RECONCILE_TOKEN) return
-        await trigger()
-      })
+      // A throwing trigger (a failed run) is nacked: the queue delivers it again after the backoff.
+      consumer = queue.consume(
+        async (id) => {
+          if (id !== RECONCILE_TOKEN) return
+          try {
+            await trigger()
+          } catch (err) {
+            log.warn({ err }, 'reconciliation: run failed, to be retried')
+            throw err
+          }
+        },
+        { retryDelayMs: options.retryDelayMs },
+      )
       watchTick()
       timer = setInterval(watchTick, watchdogIntervalMs)
       timer.unref()

@@ -38,13 +38,114 @@ export const toSchedule = (row: ScheduleRow): Schedule => ({
   ...(row.failure ? { failure: row.failure } : {}),
 })
 
-export async function insertSchedule(db: Queryable, input: NewSchedule): Promise<Schedule> {
-  const [row] = await db.query<ScheduleRow>(
-    `INSERT INTO scheduled_transfers (customer_id, from_account_id, to_account_id, amount, currency, run_at)
-     VALUES ($1, $2, $3, $4, $5, $6) RETURNING ${COLUMNS}`,
-    [input.customerId, input.fromAccountId, input.toAccountId, input.amount, input.currency, input.runAt],
+/** The Idempotency-Key of a schedule and its request fingerprint, kept on the schedule row. */
+export interface ScheduleIdempotency {
+  key: string
+  fingerprint: string
+}
+
+/** The 201 body of `POST /scheduled-transfers`, kept on the row for replays. */
+export interface ScheduleCreated {
+  scheduleId: number
+  status: 'scheduled'
+  runAt: string
+}
+
+/** A schedule made with the key earlier: its fingerprint and its kept response. */
+export interface PreviousSchedule {
+  fingerprint: string
+  response: ScheduleCreated
+}
+
+export type CreateScheduleResult =
+  | { created: ScheduleCreated }
+  | { previous: PreviousSchedule }
+  | { pendingLimit: { pending: number; earliestDueInMs: number } }
+
+/** The schedule this customer already made with this key, or null. */
+export async function findScheduleByKey(
+  db: Queryable,
+  customerId: number,
+  key: string,
+): Promise<PreviousSchedule | null> {
+  const [row] = await db.query<{ request_fingerprint: string; response: ScheduleCreated }>(
+    'SELECT request_fingerprint, response FROM scheduled_transfers WHERE customer_id = $1 AND idempotency_key = $2',
+    [customerId, key],
   )
-  return toSchedule(row!)
+  return row ? { fingerprint: row.request_fingerprint, response: row.response } : null
+}
+
+/**
+ * Inserts a schedule unless the customer already has `maxPending` unfinished ones, or already made
+ * one with this key. The customer's row is locked first (FOR NO KEY UPDATE, which foreign-key
+ * checks of transfers do not wait for), so a customer's creations run one at a time; the count and
+ * the key lookup are the next statement, whose snapshot is taken after the lock and so sees every
+ * schedule committed before it. The 201 body is built in the INSERT (its id drawn first) and kept.
+ */
+export async function createSchedule(
+  db: Database,
+  input: NewSchedule,
+  idempotency: ScheduleIdempotency | undefined,
+  maxPending: number,
+): Promise<CreateScheduleResult> {
+  return db.transaction(async (tx) => {
+    await tx.query('SELECT 1 FROM customers WHERE id = $1 FOR NO KEY UPDATE', [input.customerId])
+    const [row] = await tx.query<{
+      request_fingerprint: string | null
+      response: ScheduleCreated | null
+      pending: number
+      earliest_due_in_ms: number | null
+      id: unknown
+      run_at: Date | null
+    }>(
+      `WITH previous AS MATERIALIZED (
+         SELECT request_fingerprint, response FROM scheduled_transfers WHERE customer_id = $1 AND idempotency_key = $7::text
+       ), pending AS MATERIALIZED (
+         SELECT count(*)::int AS pending,
+           ceil(extract(epoch FROM min(run_at) - now()) * 1000)::float8 AS earliest_due_in_ms
+         FROM scheduled_transfers WHERE customer_id = $1 AND status IN ('scheduled', 'running')
+       ), next AS MATERIALIZED (
+         SELECT nextval(pg_get_serial_sequence('scheduled_transfers', 'id')) AS id
+         FROM pending WHERE pending < $9 AND NOT EXISTS (SELECT 1 FROM previous)
+       ), created AS (
+         INSERT INTO scheduled_transfers (id, customer_id, from_account_id, to_account_id, amount, currency,
+                                          run_at, idempotency_key, request_fingerprint, response)
+         OVERRIDING SYSTEM VALUE
+         SELECT next.id, $1, $2, $3, $4, $5, $6, $7::text, $8::text,
+           CASE WHEN $7::text IS NOT NULL THEN jsonb_build_object('scheduleId', next.id, 'status', 'scheduled',
+             'runAt', to_char($6::timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')) END
+         FROM next RETURNING id, run_at
+       )
+       SELECT previous.request_fingerprint, previous.response, pending.pending, pending.earliest_due_in_ms,
+         created.id, created.run_at
+       FROM pending LEFT JOIN previous ON true LEFT JOIN created ON true`,
+      [
+        input.customerId,
+        input.fromAccountId,
+        input.toAccountId,
+        input.amount,
+        input.currency,
+        input.runAt,
+        idempotency?.key ?? null,
+        idempotency?.fingerprint ?? null,
+        maxPending,
+      ],
+    )
+    if (!row) throw new Error('the schedule statement returned no row')
+    if (row.request_fingerprint !== null && row.response !== null)
+      return { previous: { fingerprint: row.request_fingerprint, response: row.response } }
+    if (row.run_at)
+      return {
+        created: {
+          scheduleId: toSafeInteger(row.id),
+          status: 'scheduled',
+          runAt: new Date(row.run_at).toISOString(),
+        },
+      }
+    return {
+      pendingLimit: { pending: row.pending, earliestDueInMs: Math.max(0, row.earliest_due_in_ms ?? 0) },
+    }
+  })
 }
 
 /** The customer's schedules, newest first (at most `limit`). */
@@ -84,17 +185,35 @@ export async function cancelSchedule(
   return getSchedule(db, customerId, scheduleId)
 }
 
+/** A delivery before the schedule's runAt: nothing was done; it is due in `dueInMs`. */
+export interface NotDue {
+  status: 'not-due'
+  dueInMs: number
+}
+
 /**
- * Marks a due schedule running (counted as an attempt); false when it is finished or cancelled.
- * Committed on its own, so `running` is visible and a cancel from now on answers 409.
+ * Marks a schedule running (counted as an attempt) once it is due by Postgres's clock: `running`,
+ * `finished` when it is finished or cancelled, or how long until it is due (a delivery that came
+ * early, by the Redis clock or a producer's). Committed on its own, so `running` is visible and a
+ * cancel from now on answers 409.
  */
-export async function markRunning(db: Queryable, scheduleId: number): Promise<boolean> {
-  const rows = await db.query(
-    `UPDATE scheduled_transfers SET status = 'running', attempts = attempts + 1, updated_at = now()
-     WHERE id = $1 AND status IN ('scheduled', 'running') RETURNING id`,
+export async function markRunning(
+  db: Queryable,
+  scheduleId: number,
+): Promise<'running' | 'finished' | NotDue> {
+  const [row] = await db.query<{ marked: boolean; due_in_ms: number | null }>(
+    `WITH marked AS (
+       UPDATE scheduled_transfers SET status = 'running', attempts = attempts + 1, updated_at = now()
+       WHERE id = $1 AND status IN ('scheduled', 'running') AND run_at <= now() RETURNING id
+     )
+     SELECT EXISTS (SELECT 1 FROM marked) AS marked,
+       (SELECT ceil(extract(epoch FROM run_at - now()) * 1000)::float8 FROM scheduled_transfers
+        WHERE id = $1 AND status IN ('scheduled', 'running') AND run_at > now()) AS due_in_ms`,
     [scheduleId],
   )
-  return rows.length === 1
+  if (row?.marked) return 'running'
+  if (row?.due_in_ms != null) return { status: 'not-due', dueInMs: row.due_in_ms }
+  return 'finished'
 }
 
 /** Schedules not finished and due before `horizonMs` from now (Postgres clock), earliest first. */

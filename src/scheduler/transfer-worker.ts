@@ -3,7 +3,7 @@ import type { Database } from '../db/database.ts'
 import { type Consumer, createDelayedQueue, type DelayedQueue, type RedisClient } from '../index.ts'
 import { executeScheduledTransfer, type ScheduledRun } from '../ledger/ledger.ts'
 import { queuedIds } from './queue-presence.ts'
-import { markRunning, pendingSchedules } from './store.ts'
+import { markRunning, type NotDue, pendingSchedules } from './store.ts'
 
 export interface TransferWorkerOptions {
   redis: RedisClient
@@ -36,8 +36,13 @@ export interface TransferWorker {
   readonly queue: DelayedQueue
   /** Puts a schedule into the queue (this instance's delayed set); re-adding keeps its first due time. */
   schedule(scheduleId: number, runAt: Date): Promise<boolean>
-  /** Runs one schedule (what the consumer does with a delivered id); exported for tests. */
-  run(scheduleId: number): Promise<ScheduledRun | 'finished'>
+  /** Takes a schedule out of the queue (a cancelled one); false when it was not waiting there. */
+  unschedule(scheduleId: number): Promise<boolean>
+  /**
+   * Runs one schedule (what the consumer does with a delivered id); exported for tests. `not-due`:
+   * its runAt is ahead by Postgres's clock, nothing was done.
+   */
+  run(scheduleId: number): Promise<ScheduledRun | 'finished' | NotDue>
   /** One reconciler round: re-queues pending schedules the queue lacks; the number re-queued. */
   reconcile(): Promise<number>
   start(): void
@@ -49,9 +54,10 @@ const RECONCILE_BATCH = 1000
 
 /**
  * Runs scheduled transfers from the delayed queue. Postgres holds every schedule; the queue only
- * says when to look. A delivered id is marked running, then executed bound to its row (a duplicate
- * delivery moves nothing); a transient error throws, so the queue nacks it with a backoff. The
- * reconciler re-queues what Postgres has pending and Redis lacks (a flush, a restart, a lost write).
+ * says when to look. A delivered id is marked running once due by Postgres's clock (one delivered
+ * early goes back into the queue), then executed bound to its row (a duplicate delivery moves
+ * nothing); a transient error throws, so the queue nacks it with a backoff. The reconciler
+ * re-queues what Postgres has pending and Redis lacks (a flush, a restart, a lost write).
  */
 export function createTransferWorker(options: TransferWorkerOptions): TransferWorker {
   const { redis, db, log } = options
@@ -70,8 +76,9 @@ export function createTransferWorker(options: TransferWorkerOptions): TransferWo
   let timer: NodeJS.Timeout | undefined
   let reconciling: Promise<unknown> | undefined
 
-  async function run(scheduleId: number): Promise<ScheduledRun | 'finished'> {
-    if (!(await markRunning(db, scheduleId))) return 'finished'
+  async function run(scheduleId: number): Promise<ScheduledRun | 'finished' | NotDue> {
+    const marked = await markRunning(db, scheduleId)
+    if (marked !== 'running') return marked
     const outcome = await executeScheduledTransfer(db, scheduleId, { outbox: options.outbox ?? true })
     if (outcome.status === 'failed')
       log.info({ scheduleId, failure: outcome.failure }, 'scheduled transfer failed')
@@ -111,6 +118,7 @@ export function createTransferWorker(options: TransferWorkerOptions): TransferWo
   return {
     queue,
     schedule: (scheduleId, runAt) => queue.schedule(String(scheduleId), runAt),
+    unschedule: (scheduleId) => queue.remove(String(scheduleId)),
     run,
     reconcile,
     start() {
@@ -120,7 +128,11 @@ export function createTransferWorker(options: TransferWorkerOptions): TransferWo
           const scheduleId = Number(id)
           // Not one of ours (a foreign id in the queue): acknowledged and dropped.
           if (!Number.isSafeInteger(scheduleId) || scheduleId < 1) return
-          await run(scheduleId)
+          const outcome = await run(scheduleId)
+          // Delivered before its runAt by Postgres's clock: back into the delayed set for the rest
+          // of the wait, on the Redis clock the mover reads (the acknowledgement then finds nothing).
+          if (typeof outcome === 'object' && outcome.status === 'not-due')
+            await queue.nack(id, outcome.dueInMs)
         },
         {
           concurrency: options.concurrency ?? 4,

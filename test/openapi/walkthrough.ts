@@ -68,7 +68,7 @@ export async function walkThrough(options: WalkThroughOptions) {
   assert.ok(from.balance > amount, 'with enough money for the walk-through')
 
   const balance = await client.GET('/accounts/{accountId}/balance', {
-    params: { path: { accountId: String(from.accountId) } },
+    params: { path: { accountId: from.accountId } },
     signal: signal(),
   })
   call(`client.GET('/accounts/{accountId}/balance', { params: { path: { accountId } } })`, balance.response)
@@ -109,7 +109,7 @@ export async function walkThrough(options: WalkThroughOptions) {
   assert.equal(reused.error?.type, '/problems/idempotency-key-mismatch')
 
   const after = await client.GET('/accounts/{accountId}/balance', {
-    params: { path: { accountId: String(from.accountId) } },
+    params: { path: { accountId: from.accountId } },
     signal: signal(),
   })
   call(`client.GET('/accounts/{accountId}/balance', ...)`, after.response)
