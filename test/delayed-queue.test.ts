@@ -299,8 +299,9 @@ test('remove(): a waiting id leaves every delayed set and the ready list; a take
   // Both instances scheduled `twice` (two sets), `ready` is due and moved, `taken` is in hand.
   await a.schedule('twice', Date.now() + 3_600_000)
   await b.schedule('twice', Date.now() + 60_000)
-  await a.schedule('ready', Date.now() - 1)
-  await a.schedule('taken', Date.now() - 2)
+  // Due times far apart, so `taken` is first in the ready list however long the calls take.
+  await a.schedule('ready', Date.now() - 1_000)
+  await a.schedule('taken', Date.now() - 60_000)
   assert.equal(await a.move(), 2)
   assert.equal(await a.take(), 'taken')
 
