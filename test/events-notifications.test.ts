@@ -510,6 +510,8 @@ test('a redelivered event is notified once per customer', async () => {
       await t.redis.xadd(t.app.events.stream, '*', 'eventId', '42', 'data', JSON.stringify(event))
     const { createNotifier } = await import('../src/events/notifier.ts')
     const notifier = createNotifier({
+      db: t.db,
+      refillReach: 100_000,
       redis: t.redis,
       prefix: p,
       stream: t.app.events.stream,

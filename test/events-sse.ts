@@ -15,6 +15,8 @@ export interface SseConnection {
   body: string
   messages: SseMessage[]
   comments: string[]
+  /** What a browser would send as Last-Event-ID: the latest `id:` line, with or without data. */
+  lastEventId: string | null
   /** Resolves once the stream ended (the server closed it, or close()). */
   ended: Promise<void>
   /** Waits until `n` messages arrived (fails after `ms`, or if the stream ends first). */
@@ -55,6 +57,7 @@ export function openSse(url: string, headers: Record<string, string>): Promise<S
         },
         messages,
         comments,
+        lastEventId: null,
         ended,
         async waitFor(n, ms = 15_000) {
           const deadline = Date.now() + ms
@@ -99,6 +102,7 @@ export function openSse(url: string, headers: Record<string, string>): Promise<S
             else if (line.startsWith('data: ')) message.data = JSON.parse(line.slice(6))
           }
           // An `id:` without data (a stream ending at its position) moves Last-Event-ID, shows nothing.
+          if (message.id) connection.lastEventId = message.id
           if (message.id && message.data !== undefined) messages.push(message as SseMessage)
           cut = pending.indexOf('\n\n')
         }

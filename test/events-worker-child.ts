@@ -52,6 +52,8 @@ if (MODE === 'relay') {
     return reply
   }
   const notifier = createNotifier({
+    db: createPgDatabase({ connectionString: DATABASE_URL! }),
+    refillReach: 100_000,
     redis,
     prefix: PREFIX,
     stream,

@@ -1,3 +1,4 @@
+import type { Queryable } from '../db/database.ts'
 import { appendEachOnce, type RedisClient, type StreamConsumer, type StreamEntry } from '../index.ts'
 import { createTransferEventsConsumer, type TransferEventsConsumerOptions } from './consumer.ts'
 import type { TransferEvent } from './outbox-relay.ts'
@@ -23,13 +24,21 @@ export interface NotificationData {
 }
 
 export interface NotifierOptions extends TransferEventsConsumerOptions {
+  /** Where the notified events are recorded (`notified_events`): the record that outlives Redis. */
+  db: Queryable
   prefix: string
+  /**
+   * How many transfers back the relay's refill after a Redis data loss reaches (EVENTS_RETENTION):
+   * notified events older than that cannot come back and are pruned.
+   */
+  refillReach: number
   /** Approximate notifications kept per customer (MAXLEN ~). */
   retention: number
   /**
    * How long an event id is remembered per customer, so a redelivery is not shown twice
    * (NOTIFICATIONS_DEDUP). Each remembered id is a Redis key (about 110 B) per customer and
-   * notification; redeliveries and relay duplicates come within minutes.
+   * notification; redeliveries and relay duplicates come within minutes. They are the fast path:
+   * `notified_events` in Postgres is what still knows after Redis lost them.
    */
   dedupTtlMs: number
 }
@@ -65,8 +74,8 @@ export async function notifyCustomers(
         stream: keys.stream,
         channel: keys.channel,
         marker: keys.marker(data.eventId, event),
-        fields: { event, data: payload },
-        message: { event, data: payload },
+        fields: { event, eventId: data.eventId, data: payload },
+        message: { event, eventId: data.eventId, data: payload },
       }
     }),
   })
@@ -92,15 +101,49 @@ function notificationsOf(entry: StreamEntry): Notification[] {
   ]
 }
 
+/** How often a notifier prunes `notified_events` of what a refill can no longer bring back. */
+const PRUNE_INTERVAL_MS = 60_000
+
 /**
  * The `notifier` consumer group on the transfer events: the sender gets `transfer.sent`, the
  * recipient `transfer.received`, each on their notification stream and their Pub/Sub channel.
- * A read's entries are handled together: script calls of up to 100 notifications, one XACK.
+ * A read's entries are handled together: one query for the events already notified, script calls
+ * of up to 100 notifications, one insert of the events notified now, one XACK.
+ *
+ * "Already notified" lives in two places. The per-customer markers in Redis absorb redeliveries
+ * and relay duplicates; `notified_events` in Postgres outlives Redis: after a FLUSHALL, a restart
+ * without persistence or a failover that lost writes, the relay refills the stream with recent
+ * events and the markers are gone, and the events listed there are skipped rather than shown again.
+ * An event is recorded after its notifications were appended, so none is lost; only a Redis data
+ * loss in the milliseconds between the two can show one twice.
  */
 export function createNotifier(options: NotifierOptions): StreamConsumer {
-  const { redis, prefix, retention, dedupTtlMs } = options
+  const { db, redis, prefix, retention, dedupTtlMs, refillReach } = options
+  let prunedAt = 0
   // A notification may wait 50 ms for others to share its read: one read and one XACK for many.
   return createTransferEventsConsumer(options, NOTIFIER_GROUP, 50, async (entries) => {
-    await notifyCustomers(redis, prefix, entries.flatMap(notificationsOf), retention, dedupTtlMs)
+    const notifications = entries.flatMap(notificationsOf)
+    if (notifications.length === 0) return
+    const eventIds = [...new Set(notifications.map((n) => n.data.eventId))]
+    const notified = await db.query<{ event_id: string }>(
+      'SELECT event_id::text FROM notified_events WHERE event_id = ANY ($1::bigint[])',
+      [eventIds],
+    )
+    const skip = new Set(notified.map((row) => row.event_id))
+    const fresh = notifications.filter((n) => !skip.has(n.data.eventId))
+    if (fresh.length === 0) return
+    await notifyCustomers(redis, prefix, fresh, retention, dedupTtlMs)
+    await db.query(
+      'INSERT INTO notified_events (event_id) SELECT unnest($1::bigint[]) ON CONFLICT (event_id) DO NOTHING',
+      [eventIds.filter((id) => !skip.has(id))],
+    )
+    if (Date.now() - prunedAt < PRUNE_INTERVAL_MS) return
+    prunedAt = Date.now()
+    // An event id is its transfer's: a refill reaches at most `refillReach` transfers back.
+    await db.query(
+      `DELETE FROM notified_events
+       WHERE event_id < (SELECT max(event_id) FROM notified_events) - $1::bigint`,
+      [refillReach],
+    )
   })
 }

@@ -143,6 +143,8 @@ async function eventsPlugin(app: FastifyInstance, options: EventsPluginOptions):
   })
   const notifier = options.workers.notifier
     ? createNotifier({
+        db: app.db,
+        refillReach: options.streamRetention,
         redis,
         prefix,
         stream,

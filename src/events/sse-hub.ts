@@ -7,6 +7,8 @@ import { notificationKeys } from './notifier.ts'
 export interface Notification {
   id: string
   event: string
+  /** The transfer event it tells of ('' on entries written without one). */
+  eventId: string
   data: string
 }
 
@@ -34,7 +36,7 @@ const toNotifications = (entries: StreamEntries): Notification[] =>
   entries.map(([id, fields]) => {
     const f: Record<string, string> = {}
     for (let i = 0; i + 1 < fields.length; i += 2) f[fields[i]!] = fields[i + 1]!
-    return { id, event: f.event ?? '', data: f.data ?? '' }
+    return { id, event: f.event ?? '', eventId: f.eventId ?? '', data: f.data ?? '' }
   })
 
 export interface SseClient {
@@ -46,6 +48,11 @@ export interface SseClient {
   /** The newest id written, so a buffered or repeated message is never sent twice. */
   lastId: string | null
   /**
+   * The notifications written lately, by event and event id (set by the hub): a notification
+   * appended again under a new stream id (Redis lost the stream and it was refilled) is not shown twice.
+   */
+  shown?: Set<string>
+  /**
    * Where its stream stood once it was subscribed (set by `open`): what a resync after a Pub/Sub
    * reconnect replays from while nothing was written yet.
    */
@@ -55,6 +62,29 @@ export interface SseClient {
   /** Bytes still queued for the client when it last went live (its replay, bounded by the retention). */
   queuedAtLive?: number
 }
+
+/** How many notifications per client the repeat check remembers (a refill repeats recent ones). */
+const SHOWN_REMEMBERED = 1000
+
+/**
+ * Records that `client` is shown `n`; false when it already was (same event and event id). The
+ * oldest is forgotten beyond SHOWN_REMEMBERED.
+ */
+function firstShowing(client: SseClient, n: Notification): boolean {
+  if (!n.eventId) return true
+  const key = `${n.event} ${n.eventId}`
+  client.shown ??= new Set()
+  if (client.shown.has(key)) return false
+  client.shown.add(key)
+  if (client.shown.size > SHOWN_REMEMBERED) client.shown.delete(client.shown.values().next().value!)
+  return true
+}
+
+/**
+ * A repeat's place in the stream without its data: a browser shows nothing and takes the id as its
+ * Last-Event-ID, so a reconnect does not replay the repeat either.
+ */
+const position = (n: Notification) => `id: ${n.id}\n\n`
 
 const frame = (n: Notification) => `id: ${n.id}\nevent: ${n.event}\ndata: ${n.data}\n\n`
 
@@ -171,7 +201,7 @@ export class SseHub {
     }
     if (client.lastId && !streamIdAfter(n.id, client.lastId)) return
     client.lastId = n.id
-    this.#write(client, frame(n))
+    this.#write(client, firstShowing(client, n) ? frame(n) : position(n))
   }
 
   /**
@@ -224,7 +254,7 @@ export class SseHub {
 
   #writeReplay(client: SseClient, missed: Notification[]): void {
     for (const n of missed) {
-      this.#write(client, frame(n))
+      this.#write(client, firstShowing(client, n) ? frame(n) : position(n))
       client.lastId = n.id
     }
   }
