@@ -445,6 +445,12 @@ export interface AppendEachOnceOptions {
   markerTtlMs: number
   /** Approximate cap of the streams (MAXLEN ~). Default none. */
   maxLen?: number
+  /**
+   * How long a stream lives after its latest append, in ms: each stream appended to gets this TTL
+   * (PEXPIRE, refreshed by every append) and loses its entries older than this by the Redis clock
+   * (XTRIM MINID ~, whole nodes at a time). Default none: the streams never expire.
+   */
+  streamTtlMs?: number
   /** Published (PUBLISH) with each entry appended now, for entries that do not name their own. */
   channel?: string
   entries: readonly AppendOnceEntry[]
@@ -457,6 +463,7 @@ const APPEND_EACH_ONCE_OPTIONS = optionKeys<AppendEachOnceOptions>({
   stream: true,
   markerTtlMs: true,
   maxLen: true,
+  streamTtlMs: true,
   channel: true,
   entries: true,
 })
@@ -483,7 +490,8 @@ const APPEND_ENTRIES_PER_CALL = 100
 /**
  * Appends entries, each once per marker, in one script call (one round trip; several of at most
  * `APPEND_ENTRIES_PER_CALL` entries, sent together, for a larger batch): for each entry the marker
- * (SET PX) with its id, the XADD and the PUBLISH happen together or not at all. A handler running
+ * (SET PX) with its id, the XADD and the PUBLISH happen together or not at all; with `streamTtlMs`,
+ * the same call then sets the TTL of each stream it appended to and trims their expired entries. A handler running
  * again for the same source events gets the first ids back and `appended: false`. On a Cluster,
  * entries of different streams may live on different nodes: one call per stream, all in flight
  * together.
@@ -499,6 +507,13 @@ export async function appendEachOnce(
   if (!Number.isSafeInteger(options.markerTtlMs) || options.markerTtlMs <= 0)
     check.fail(
       `\`markerTtlMs\` must be a whole number of milliseconds above 0, got ${shown(options.markerTtlMs)}`,
+    )
+  if (
+    options.streamTtlMs !== undefined &&
+    (!Number.isSafeInteger(options.streamTtlMs) || options.streamTtlMs <= 0)
+  )
+    check.fail(
+      `\`streamTtlMs\` must be a whole number of milliseconds above 0, got ${shown(options.streamTtlMs)}`,
     )
   checkMaxLen(check, options.maxLen)
   if (!Array.isArray(options.entries))
@@ -531,7 +546,11 @@ export async function appendEachOnce(
   await Promise.all(
     groups.map(async (indexes) => {
       const keys: string[] = []
-      const args: Array<string | number> = [options.maxLen ?? 0, options.markerTtlMs]
+      const args: Array<string | number> = [
+        options.maxLen ?? 0,
+        options.markerTtlMs,
+        options.streamTtlMs ?? 0,
+      ]
       for (const index of indexes) {
         const entry = entries[index]!
         const fields = Object.entries(entry.fields).flat()
