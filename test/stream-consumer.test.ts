@@ -176,6 +176,46 @@ test('a poison entry goes to the dead-letter stream after maxDeliveries and the 
   await consumer.stop()
 })
 
+test('the dead-letter stream keeps about deadLetterMaxLen entries, the newest', async () => {
+  const stream = `${prefix}many-poisons`
+  const dead = `${stream}:dead`
+  const consumer = start({
+    stream,
+    group: 'g',
+    consumer: 'c1',
+    maxDeliveries: 1,
+    deadLetterMaxLen: 10,
+    batch: 50,
+    handler: async () => {
+      throw new Error('every entry is poison')
+    },
+  })
+  await consumer.start()
+  const add = redis.multi()
+  for (let i = 0; i < 250; i++) add.xadd(stream, '*', 'n', String(i))
+  const ids = ((await add.exec()) ?? []).map(([, id]) => id as string)
+  const last = async () =>
+    ((await redis.xrevrange(dead, '+', '-', 'COUNT', 1)) as Array<[string, string[]]>)[0]
+  await until(async () => (await last())?.[1].includes(ids.at(-1)!) === true, 'the last dead letter')
+  await consumer.stop()
+  assert.equal(await pendingCount(stream, 'g'), 0)
+  // MAXLEN ~ trims whole nodes (100 entries by default): at least the cap, at most a node more.
+  const length = await redis.xlen(dead)
+  assert.ok(length >= 10 && length <= 110, `${length} dead letters kept of 250`)
+  for (const deadLetterMaxLen of [0, 1.5, '10'])
+    assert.throws(
+      () =>
+        createStreamConsumer(redis, {
+          stream,
+          group: 'g',
+          consumer: 'c2',
+          handler: async () => {},
+          deadLetterMaxLen,
+        } as never),
+      { code: 'FRG_INVALID_OPTION', message: /deadLetterMaxLen/ },
+    )
+})
+
 test('two groups on one stream each see every entry; consumers within a group share them', async () => {
   const stream = `${prefix}groups`
   const seen: Record<string, string[]> = { audit: [], mail: [] }

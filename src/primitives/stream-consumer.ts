@@ -37,6 +37,8 @@ export interface StreamConsumerOptions {
   maxDeliveries?: number
   /** Where given-up entries go (their fields plus `_id`, `_group`, `_deliveries`, `_error`). Default `<stream>:dead`. */
   deadLetterStream?: string
+  /** Approximate cap of the dead-letter stream (MAXLEN ~): the oldest dead letters go first. Default 10 000. */
+  deadLetterMaxLen?: number
   /** Entries read per XREADGROUP / XAUTOCLAIM call. Default 10. */
   batch?: number
   /** How long one XREADGROUP blocks waiting for entries. Default 2000 ms. */
@@ -130,6 +132,7 @@ const CONSUMER_OPTIONS = optionKeys<StreamConsumerOptions>({
   visibilityTimeoutMs: true,
   maxDeliveries: true,
   deadLetterStream: true,
+  deadLetterMaxLen: true,
   batch: true,
   blockMs: true,
   batchWaitMs: true,
@@ -163,6 +166,7 @@ function checkConsumerOptions(options: StreamConsumerOptions): void {
   const minimum = {
     visibilityTimeoutMs: 1,
     maxDeliveries: 1,
+    deadLetterMaxLen: 1,
     batch: 1,
     blockMs: 1,
     batchWaitMs: 0,
@@ -175,8 +179,8 @@ function checkConsumerOptions(options: StreamConsumerOptions): void {
 /**
  * A consumer of one stream in one consumer group: XREADGROUP (blocking, on its own connection),
  * XACK after the handler succeeds, XAUTOCLAIM of entries idle longer than the visibility timeout
- * (their consumer crashed or failed them), and a dead-letter stream once an entry was delivered
- * `maxDeliveries` times. Several groups may read one stream, each at its own pace.
+ * (their consumer crashed or failed them), and a dead-letter stream (capped at about
+ * `deadLetterMaxLen` entries) once an entry was delivered `maxDeliveries` times. Several groups may read one stream, each at its own pace.
  */
 export function createStreamConsumer(redis: RedisClient, options: StreamConsumerOptions): StreamConsumer {
   checkRedisClient('createStreamConsumer', redis)
@@ -190,6 +194,7 @@ export function createStreamConsumer(redis: RedisClient, options: StreamConsumer
     visibilityTimeoutMs = 30_000,
     maxDeliveries = 5,
     deadLetterStream = `${stream}:dead`,
+    deadLetterMaxLen = 10_000,
     batch = 10,
     blockMs = 2000,
     batchWaitMs = 0,
@@ -222,6 +227,9 @@ export function createStreamConsumer(redis: RedisClient, options: StreamConsumer
   async function deadLetter(entry: StreamEntry, reason: string): Promise<void> {
     await redis.xadd(
       deadLetterStream,
+      'MAXLEN',
+      '~',
+      deadLetterMaxLen,
       '*',
       ...Object.entries(entry.fields).flat(),
       '_id',
