@@ -43,6 +43,7 @@ before(async () => {
     SSE_HEARTBEAT: '200ms',
     OUTBOX_RELAY_INTERVAL: '200ms',
     NOTIFICATIONS_DEDUP: '2h',
+    NOTIFICATIONS_TTL: '3h',
   }
   const deps = { testDatabase: database, keyPrefix: prefix, eventWorkers: 'on' as const }
   a = await buildTestApp({ ...env, EVENT_WORKERS: 'relay' }, deps)
@@ -162,6 +163,9 @@ test("bob's stream on instance B gets transfer.received for alice's transfer on 
   const keys = notificationKeys(prefix, bob.customerId)
   const ttl = await b.redis.pttl(keys.marker(String(received!.data.eventId), 'transfer.received'))
   assert.ok(ttl > 3_600_000 && ttl <= 7_200_000, `marker TTL ${ttl} ms`)
+  // Bob's stream lives NOTIFICATIONS_TTL (3 h here) after his latest notification.
+  const streamTtl = await b.redis.pttl(keys.stream)
+  assert.ok(streamTtl > 7_200_000 && streamTtl <= 10_800_000, `notification stream TTL ${streamTtl} ms`)
   bobStream.close()
   aliceStream.close()
 })

@@ -32,6 +32,11 @@ export interface NotifierOptions extends TransferEventsConsumerOptions {
    * notification; redeliveries and relay duplicates come within minutes.
    */
   dedupTtlMs: number
+  /**
+   * How long a customer's notification stream lives after its latest notification, and the age
+   * beyond which its notifications are trimmed (NOTIFICATIONS_TTL). Default none: streams stay.
+   */
+  streamTtlMs?: number
 }
 
 export const NOTIFIER_GROUP = 'notifier'
@@ -46,6 +51,7 @@ export interface Notification {
 /**
  * Appends notifications, each once per customer, event id and name, in script calls of up to 100
  * (one per customer on a Cluster, where customers' keys live on different nodes), sent together.
+ * With `streamTtlMs` each customer's stream expires that long after its latest notification.
  * Resolves with the stream ids, in the order given.
  */
 export async function notifyCustomers(
@@ -54,10 +60,12 @@ export async function notifyCustomers(
   notifications: readonly Notification[],
   retention: number,
   dedupTtlMs: number,
+  streamTtlMs?: number,
 ): Promise<string[]> {
   const results = await appendEachOnce(redis, {
     markerTtlMs: dedupTtlMs,
     maxLen: retention,
+    streamTtlMs,
     entries: notifications.map(({ customerId, event, data }) => {
       const keys = notificationKeys(prefix, customerId)
       const payload = JSON.stringify(data)
@@ -98,9 +106,9 @@ function notificationsOf(entry: StreamEntry): Notification[] {
  * A read's entries are handled together: script calls of up to 100 notifications, one XACK.
  */
 export function createNotifier(options: NotifierOptions): StreamConsumer {
-  const { redis, prefix, retention, dedupTtlMs } = options
+  const { redis, prefix, retention, dedupTtlMs, streamTtlMs } = options
   // A notification may wait 50 ms for others to share its read: one read and one XACK for many.
   return createTransferEventsConsumer(options, NOTIFIER_GROUP, 50, async (entries) => {
-    await notifyCustomers(redis, prefix, entries.flatMap(notificationsOf), retention, dedupTtlMs)
+    await notifyCustomers(redis, prefix, entries.flatMap(notificationsOf), retention, dedupTtlMs, streamTtlMs)
   })
 }
