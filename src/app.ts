@@ -184,7 +184,12 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
     ...deps.eventConsumer,
   })
   // The leaderboard and daily totals: two more consumer groups on the transfer events.
-  await app.register(campaigns, { prefix, workers: eventWorkers.campaigns, ...deps.eventConsumer })
+  await app.register(campaigns, {
+    prefix,
+    workers: eventWorkers.campaigns,
+    deadLetterMaxLen: config.events.deadLetterRetention,
+    ...deps.eventConsumer,
+  })
   await app.register(transferRoutes, { outbox: config.events.outbox })
   await app.register(notificationRoutes)
   await app.register(campaignRoutes)

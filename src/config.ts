@@ -41,7 +41,9 @@ const EnvSchema = Type.Object({
   ),
   OUTBOX_RELAY_INTERVAL: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*(ms|s|m|h)$' })),
   EVENTS_RETENTION: Type.Optional(Type.String({ pattern: '^[1-9][0-9]{0,8}$' })),
+  EVENTS_DEAD_LETTER_RETENTION: Type.Optional(Type.String({ pattern: '^[1-9][0-9]{0,8}$' })),
   NOTIFICATIONS_RETENTION: Type.Optional(Type.String({ pattern: '^[1-9][0-9]{0,8}$' })),
+  NOTIFICATIONS_TTL: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*(ms|s|m|h)$' })),
   NOTIFICATIONS_DEDUP: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*(ms|s|m|h)$' })),
   SSE_HEARTBEAT: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*(ms|s|m|h)$' })),
   SSE_MAX_STREAMS: Type.Optional(Type.String({ pattern: '^[1-9][0-9]{0,3}$' })),
@@ -77,7 +79,9 @@ const HINTS: Record<string, string> = {
   EVENT_WORKERS: 'on, off, or a comma list of relay, notifier, campaigns',
   OUTBOX_RELAY_INTERVAL: 'a duration above zero like 1s',
   EVENTS_RETENTION: 'a positive integer (stream entries kept)',
+  EVENTS_DEAD_LETTER_RETENTION: 'a positive integer (dead letters kept)',
   NOTIFICATIONS_RETENTION: 'a positive integer (notifications kept per customer)',
+  NOTIFICATIONS_TTL: 'a duration above zero like 168h',
   NOTIFICATIONS_DEDUP: 'a duration above zero like 24h',
   SSE_HEARTBEAT: 'a duration above zero like 15s',
   SSE_MAX_STREAMS: 'a positive integer (open notification streams per customer and instance)',
@@ -147,7 +151,14 @@ export interface Config {
     workers: EventWorkers
     relayIntervalMs: number
     streamRetention: number
+    /** Approximate dead letters kept on `events:transfers:dead` (EVENTS_DEAD_LETTER_RETENTION). */
+    deadLetterRetention: number
     notificationsRetention: number
+    /**
+     * How long a customer's notification stream lives after its latest notification, and the age
+     * beyond which its entries are trimmed (NOTIFICATIONS_TTL).
+     */
+    notificationsTtlMs: number
     /** How long the notifier remembers an event id per customer (NOTIFICATIONS_DEDUP). */
     notificationsDedupMs: number
     sseHeartbeatMs: number
@@ -258,7 +269,9 @@ export function loadConfig(env: Record<string, string | undefined> = process.env
       workers: parseEventWorkers(e.EVENT_WORKERS ?? 'on'),
       relayIntervalMs: parseDuration(e.OUTBOX_RELAY_INTERVAL ?? '1s'),
       streamRetention: Number(e.EVENTS_RETENTION ?? 100_000),
+      deadLetterRetention: Number(e.EVENTS_DEAD_LETTER_RETENTION ?? 10_000),
       notificationsRetention: Number(e.NOTIFICATIONS_RETENTION ?? 1000),
+      notificationsTtlMs: parseDuration(e.NOTIFICATIONS_TTL ?? '168h'),
       notificationsDedupMs: parseDuration(e.NOTIFICATIONS_DEDUP ?? '24h'),
       sseHeartbeatMs: parseDuration(e.SSE_HEARTBEAT ?? '15s'),
       sseMaxStreamsPerCustomer: Number(e.SSE_MAX_STREAMS ?? 5),

@@ -17,6 +17,8 @@ test('defaults follow docs/http-api.md', () => {
   assert.equal(config.session.secure, false)
   assert.deepEqual(config.events.workers, { relay: true, notifier: true, campaigns: true })
   assert.equal(config.events.notificationsDedupMs, 86_400_000)
+  assert.equal(config.events.notificationsTtlMs, 7 * 86_400_000)
+  assert.equal(config.events.deadLetterRetention, 10_000)
 })
 
 test('parses every variable', () => {
@@ -33,6 +35,8 @@ test('parses every variable', () => {
     RATE_LIMITS: 'off',
     SEED_DEMO: 'false',
     NOTIFICATIONS_DEDUP: '90m',
+    NOTIFICATIONS_TTL: '36h',
+    EVENTS_DEAD_LETTER_RETENTION: '500',
   })
   assert.equal(config.port, 8080)
   assert.equal(config.cacheRedisUrl, 'redis://10.0.0.2:6379')
@@ -43,6 +47,8 @@ test('parses every variable', () => {
   assert.equal(config.rateLimits.enabled, false)
   assert.equal(config.seedDemo, false)
   assert.equal(config.events.notificationsDedupMs, 5_400_000)
+  assert.equal(config.events.notificationsTtlMs, 129_600_000)
+  assert.equal(config.events.deadLetterRetention, 500)
   assert.deepEqual(loadConfig({ REDIS_CLUSTER_NODES: 'a:7000,b:7001' }).redis.clusterNodes, [
     { host: 'a', port: 7000 },
     { host: 'b', port: 7001 },
@@ -73,6 +79,14 @@ test('a bad variable fails the boot with a message naming it', () => {
     [
       { NOTIFICATIONS_DEDUP: '7' },
       "Invalid environment variable NOTIFICATIONS_DEDUP: expected a duration above zero like 24h, got '7'",
+    ],
+    [
+      { NOTIFICATIONS_TTL: '0s' },
+      "Invalid environment variable NOTIFICATIONS_TTL: expected a duration above zero like 168h, got '0s'",
+    ],
+    [
+      { EVENTS_DEAD_LETTER_RETENTION: '0' },
+      "Invalid environment variable EVENTS_DEAD_LETTER_RETENTION: expected a positive integer (dead letters kept), got '0'",
     ],
     [
       { EVENT_WORKERS: 'relay,mailer' },

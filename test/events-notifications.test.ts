@@ -43,6 +43,7 @@ before(async () => {
     SSE_HEARTBEAT: '200ms',
     OUTBOX_RELAY_INTERVAL: '200ms',
     NOTIFICATIONS_DEDUP: '2h',
+    NOTIFICATIONS_TTL: '3h',
   }
   const deps = { testDatabase: database, keyPrefix: prefix, eventWorkers: 'on' as const }
   a = await buildTestApp({ ...env, EVENT_WORKERS: 'relay' }, deps)
@@ -58,13 +59,16 @@ after(async () => {
   for (const c of open) c.close()
   await a.close()
   await b.close()
-  const keys = await scanKeys(a.redis, prefix).catch(() => [])
   await database.drop()
-  if (keys.length === 0) return
+  // The apps' clients closed with them: the keys go through a client of the suite's own.
   const { Redis } = await import('ioredis')
-  const redis = new Redis(process.env.TEST_REDIS_URL ?? 'redis://127.0.0.1:6379')
-  await redis.del(...keys)
-  await redis.quit()
+  const redis = new Redis(TEST_REDIS_URL)
+  try {
+    const keys = await scanKeys(redis, prefix)
+    if (keys.length > 0) await redis.del(...keys)
+  } finally {
+    await redis.quit()
+  }
 })
 
 async function transferOnA(amount: number): Promise<number> {
@@ -162,6 +166,9 @@ test("bob's stream on instance B gets transfer.received for alice's transfer on 
   const keys = notificationKeys(prefix, bob.customerId)
   const ttl = await b.redis.pttl(keys.marker(String(received!.data.eventId), 'transfer.received'))
   assert.ok(ttl > 3_600_000 && ttl <= 7_200_000, `marker TTL ${ttl} ms`)
+  // Bob's stream lives NOTIFICATIONS_TTL (3 h here) after his latest notification.
+  const streamTtl = await b.redis.pttl(keys.stream)
+  assert.ok(streamTtl > 7_200_000 && streamTtl <= 10_800_000, `notification stream TTL ${streamTtl} ms`)
   bobStream.close()
   aliceStream.close()
 })

@@ -176,6 +176,46 @@ test('a poison entry goes to the dead-letter stream after maxDeliveries and the 
   await consumer.stop()
 })
 
+test('the dead-letter stream keeps about deadLetterMaxLen entries, the newest', async () => {
+  const stream = `${prefix}many-poisons`
+  const dead = `${stream}:dead`
+  const consumer = start({
+    stream,
+    group: 'g',
+    consumer: 'c1',
+    maxDeliveries: 1,
+    deadLetterMaxLen: 10,
+    batch: 50,
+    handler: async () => {
+      throw new Error('every entry is poison')
+    },
+  })
+  await consumer.start()
+  const add = redis.multi()
+  for (let i = 0; i < 250; i++) add.xadd(stream, '*', 'n', String(i))
+  const ids = ((await add.exec()) ?? []).map(([, id]) => id as string)
+  const last = async () =>
+    ((await redis.xrevrange(dead, '+', '-', 'COUNT', 1)) as Array<[string, string[]]>)[0]
+  await until(async () => (await last())?.[1].includes(ids.at(-1)!) === true, 'the last dead letter')
+  await consumer.stop()
+  assert.equal(await pendingCount(stream, 'g'), 0)
+  // MAXLEN ~ trims whole nodes (100 entries by default): at least the cap, at most a node more.
+  const length = await redis.xlen(dead)
+  assert.ok(length >= 10 && length <= 110, `${length} dead letters kept of 250`)
+  for (const deadLetterMaxLen of [0, 1.5, '10'])
+    assert.throws(
+      () =>
+        createStreamConsumer(redis, {
+          stream,
+          group: 'g',
+          consumer: 'c2',
+          handler: async () => {},
+          deadLetterMaxLen,
+        } as never),
+      { code: 'FRG_INVALID_OPTION', message: /deadLetterMaxLen/ },
+    )
+})
+
 test('two groups on one stream each see every entry; consumers within a group share them', async () => {
   const stream = `${prefix}groups`
   const seen: Record<string, string[]> = { audit: [], mail: [] }
@@ -431,6 +471,65 @@ test('appendEachOnce: a marker lifetime that is not a positive whole number is r
       /markerTtlMs/,
     )
   assert.equal(await redis.exists(stream), 0)
+})
+
+test('appendEachOnce with streamTtlMs: each stream appended to gets the TTL, refreshed by every append, and loses its expired entries', async () => {
+  const { appendEachOnce } = await import('../src/index.ts')
+  const a = `${prefix}ttl:{a}`
+  const b = `${prefix}ttl:{b}`
+  const plain = `${prefix}ttl:{plain}`
+  // 150 entries of two hours ago on `a`: a full node (100 entries) of them can go at once (MINID ~).
+  const old = Date.now() - 7_200_000
+  const fill = redis.multi()
+  for (let i = 0; i < 150; i++) fill.xadd(a, `${old}-${i}`, 'n', String(i))
+  await fill.exec()
+  const entry = (stream: string, event: string) => ({
+    stream,
+    marker: `${stream}:seen:${event}`,
+    fields: { event },
+  })
+  const first = await appendEachOnce(redis, {
+    markerTtlMs: 60_000,
+    streamTtlMs: 3_600_000,
+    entries: [entry(a, 'e1'), entry(b, 'e1')],
+  })
+  for (const stream of [a, b]) {
+    const ttl = await redis.pttl(stream)
+    assert.ok(ttl > 0 && ttl <= 3_600_000, `${stream} TTL ${ttl} ms`)
+  }
+  // The first node, all older than the TTL, is gone; what is left ends with the new entry.
+  const kept = (await redis.xrange(a, '-', '+')) as Array<[string, string[]]>
+  assert.ok(kept.length < 151, `kept ${kept.length} of 151`)
+  assert.notEqual(kept[0]![0], `${old}-0`)
+  assert.equal(kept.at(-1)![0], first[0]!.id)
+  // Every append refreshes the TTL; a marker seen before appends nothing and leaves it alone.
+  await redis.pexpire(a, 1000)
+  await redis.pexpire(b, 1000)
+  const again = await appendEachOnce(redis, {
+    markerTtlMs: 60_000,
+    streamTtlMs: 3_600_000,
+    entries: [entry(a, 'e2'), entry(b, 'e1')],
+  })
+  assert.deepEqual(
+    again.map((r) => r.appended),
+    [true, false],
+  )
+  assert.ok((await redis.pttl(a)) > 1000)
+  assert.ok((await redis.pttl(b)) <= 1000)
+  // Without the option a stream never expires.
+  await appendEachOnce(redis, { markerTtlMs: 60_000, entries: [entry(plain, 'e1')] })
+  assert.equal(await redis.pttl(plain), -1)
+  const bad = `${prefix}ttl:{bad}`
+  for (const streamTtlMs of [0, -1, 1.5, Number.NaN, '60s'])
+    await assert.rejects(
+      appendEachOnce(redis, {
+        markerTtlMs: 60_000,
+        streamTtlMs: streamTtlMs as number,
+        entries: [entry(bad, 'e1')],
+      }),
+      { code: 'FRG_INVALID_OPTION', message: /streamTtlMs/ },
+    )
+  assert.equal(await redis.exists(bad), 0)
 })
 
 test('appendEachOnce: 250 entries go as three script calls of at most 100, appended in order', async () => {

@@ -11,6 +11,8 @@ export interface CampaignsPluginOptions {
   prefix: string
   /** Run the `leaderboard` and `daily-stats` consumer groups in this process. */
   workers: boolean
+  /** Approximate dead letters kept on the transfer events' dead-letter stream. Default 10 000. */
+  deadLetterMaxLen?: number
   /** Consumer tuning (tests shorten the visibility timeout). */
   visibilityTimeoutMs?: number
   maxDeliveries?: number
@@ -45,6 +47,7 @@ async function campaignsPlugin(app: FastifyInstance, options: CampaignsPluginOpt
     consumer: `${hostname()}-${process.pid}-${randomBytes(3).toString('hex')}`,
     visibilityTimeoutMs: options.visibilityTimeoutMs,
     maxDeliveries: options.maxDeliveries,
+    deadLetterMaxLen: options.deadLetterMaxLen,
     onError,
   }
   const consumers = options.workers

@@ -8,6 +8,8 @@ export interface TransferEventsConsumerOptions {
   consumer: string
   visibilityTimeoutMs?: number
   maxDeliveries?: number
+  /** Approximate dead letters kept on `<stream>:dead` (EVENTS_DEAD_LETTER_RETENTION). Default 10 000. */
+  deadLetterMaxLen?: number
   blockMs?: number
   onError?: (err: unknown) => void
 }
@@ -28,6 +30,7 @@ export function createTransferEventsConsumer(
     consumer: options.consumer,
     visibilityTimeoutMs: options.visibilityTimeoutMs ?? 30_000,
     maxDeliveries: options.maxDeliveries ?? 5,
+    deadLetterMaxLen: options.deadLetterMaxLen ?? 10_000,
     blockMs: options.blockMs ?? 2000,
     batch: 100,
     batchWaitMs,

@@ -41,6 +41,11 @@ export interface NotifierOptions extends TransferEventsConsumerOptions {
    * `notified_events` in Postgres is what still knows after Redis lost them.
    */
   dedupTtlMs: number
+  /**
+   * How long a customer's notification stream lives after its latest notification, and the age
+   * beyond which its notifications are trimmed (NOTIFICATIONS_TTL). Default none: streams stay.
+   */
+  streamTtlMs?: number
 }
 
 export const NOTIFIER_GROUP = 'notifier'
@@ -55,6 +60,7 @@ export interface Notification {
 /**
  * Appends notifications, each once per customer, event id and name, in script calls of up to 100
  * (one per customer on a Cluster, where customers' keys live on different nodes), sent together.
+ * With `streamTtlMs` each customer's stream expires that long after its latest notification.
  * Resolves with the stream ids, in the order given.
  */
 export async function notifyCustomers(
@@ -63,10 +69,12 @@ export async function notifyCustomers(
   notifications: readonly Notification[],
   retention: number,
   dedupTtlMs: number,
+  streamTtlMs?: number,
 ): Promise<string[]> {
   const results = await appendEachOnce(redis, {
     markerTtlMs: dedupTtlMs,
     maxLen: retention,
+    streamTtlMs,
     entries: notifications.map(({ customerId, event, data }) => {
       const keys = notificationKeys(prefix, customerId)
       const payload = JSON.stringify(data)
@@ -118,7 +126,7 @@ const PRUNE_INTERVAL_MS = 60_000
  * loss in the milliseconds between the two can show one twice.
  */
 export function createNotifier(options: NotifierOptions): StreamConsumer {
-  const { db, redis, prefix, retention, dedupTtlMs, refillReach } = options
+  const { db, redis, prefix, retention, dedupTtlMs, streamTtlMs, refillReach } = options
   let prunedAt = 0
   // A notification may wait 50 ms for others to share its read: one read and one XACK for many.
   return createTransferEventsConsumer(options, NOTIFIER_GROUP, 50, async (entries) => {
@@ -132,7 +140,7 @@ export function createNotifier(options: NotifierOptions): StreamConsumer {
     const skip = new Set(notified.map((row) => row.event_id))
     const fresh = notifications.filter((n) => !skip.has(n.data.eventId))
     if (fresh.length === 0) return
-    await notifyCustomers(redis, prefix, fresh, retention, dedupTtlMs)
+    await notifyCustomers(redis, prefix, fresh, retention, dedupTtlMs, streamTtlMs)
     await db.query(
       'INSERT INTO notified_events (event_id) SELECT unnest($1::bigint[]) ON CONFLICT (event_id) DO NOTHING',
       [eventIds.filter((id) => !skip.has(id))],

@@ -19,7 +19,11 @@ export interface EventsPluginOptions {
   workers: Pick<EventWorkers, 'relay' | 'notifier'>
   relayIntervalMs: number
   streamRetention: number
+  /** Approximate dead letters kept on `events:transfers:dead`. */
+  deadLetterRetention: number
   notificationsRetention: number
+  /** How long a customer's notification stream lives after its latest notification. */
+  notificationsTtlMs: number
   /** How long the notifier remembers an event id per customer. */
   notificationsDedupMs: number
   sseHeartbeatMs: number
@@ -151,8 +155,10 @@ async function eventsPlugin(app: FastifyInstance, options: EventsPluginOptions):
         consumer: `${hostname()}-${process.pid}-${randomBytes(3).toString('hex')}`,
         retention: options.notificationsRetention,
         dedupTtlMs: options.notificationsDedupMs,
+        streamTtlMs: options.notificationsTtlMs,
         visibilityTimeoutMs: options.visibilityTimeoutMs,
         maxDeliveries: options.maxDeliveries,
+        deadLetterMaxLen: options.deadLetterRetention,
         onError,
       })
     : null

@@ -5,13 +5,19 @@
 --   entry's id while it lives)
 -- ARGV[1] approximate stream cap (MAXLEN ~); 0: no cap
 -- ARGV[2] marker lifetime, ms
+-- ARGV[3] stream lifetime, ms; 0: none. Each stream appended to now gets this TTL (PEXPIRE) and
+--   loses its entries older than it by the Redis clock (XTRIM MINID ~: whole nodes only)
 -- then per entry, in KEYS order: its Pub/Sub channel ('' publishes nothing), its message (a JSON
 -- object, published with "id", the new entry's id, put first), its number of field/value arguments
 -- n, and those n arguments
 -- Reply: per entry {entry id, 1 appended now | 0 the marker existed (the id appended the first time)}
 local cap = tonumber(ARGV[1])
+local ttl = tonumber(ARGV[3])
 local replies = {}
-local at = 3
+-- The streams appended to, each once, in order: their TTL and trim come after the appends.
+local appended = {}
+local streams = {}
+local at = 4
 for k = 1, #KEYS, 2 do
   local channel = ARGV[at]
   local message = ARGV[at + 1]
@@ -37,7 +43,21 @@ for k = 1, #KEYS, 2 do
       end
       redis.call('PUBLISH', channel, '{"id":"' .. id .. '"' .. rest)
     end
+    if not appended[KEYS[k]] then
+      appended[KEYS[k]] = true
+      streams[#streams + 1] = KEYS[k]
+    end
     replies[#replies + 1] = {id, 1}
+  end
+end
+if ttl > 0 and #streams > 0 then
+  local t = redis.call('TIME')
+  local oldest = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - ttl
+  for _, stream in ipairs(streams) do
+    redis.call('PEXPIRE', stream, ARGV[3])
+    if oldest > 0 then
+      redis.call('XTRIM', stream, 'MINID', '~', string.format('%.0f', oldest))
+    end
   end
 end
 return replies

@@ -37,6 +37,8 @@ export interface StreamConsumerOptions {
   maxDeliveries?: number
   /** Where given-up entries go (their fields plus `_id`, `_group`, `_deliveries`, `_error`). Default `<stream>:dead`. */
   deadLetterStream?: string
+  /** Approximate cap of the dead-letter stream (MAXLEN ~): the oldest dead letters go first. Default 10 000. */
+  deadLetterMaxLen?: number
   /** Entries read per XREADGROUP / XAUTOCLAIM call. Default 10. */
   batch?: number
   /** How long one XREADGROUP blocks waiting for entries. Default 2000 ms. */
@@ -130,6 +132,7 @@ const CONSUMER_OPTIONS = optionKeys<StreamConsumerOptions>({
   visibilityTimeoutMs: true,
   maxDeliveries: true,
   deadLetterStream: true,
+  deadLetterMaxLen: true,
   batch: true,
   blockMs: true,
   batchWaitMs: true,
@@ -163,6 +166,7 @@ function checkConsumerOptions(options: StreamConsumerOptions): void {
   const minimum = {
     visibilityTimeoutMs: 1,
     maxDeliveries: 1,
+    deadLetterMaxLen: 1,
     batch: 1,
     blockMs: 1,
     batchWaitMs: 0,
@@ -175,8 +179,8 @@ function checkConsumerOptions(options: StreamConsumerOptions): void {
 /**
  * A consumer of one stream in one consumer group: XREADGROUP (blocking, on its own connection),
  * XACK after the handler succeeds, XAUTOCLAIM of entries idle longer than the visibility timeout
- * (their consumer crashed or failed them), and a dead-letter stream once an entry was delivered
- * `maxDeliveries` times. Several groups may read one stream, each at its own pace.
+ * (their consumer crashed or failed them), and a dead-letter stream (capped at about
+ * `deadLetterMaxLen` entries) once an entry was delivered `maxDeliveries` times. Several groups may read one stream, each at its own pace.
  */
 export function createStreamConsumer(redis: RedisClient, options: StreamConsumerOptions): StreamConsumer {
   checkRedisClient('createStreamConsumer', redis)
@@ -190,6 +194,7 @@ export function createStreamConsumer(redis: RedisClient, options: StreamConsumer
     visibilityTimeoutMs = 30_000,
     maxDeliveries = 5,
     deadLetterStream = `${stream}:dead`,
+    deadLetterMaxLen = 10_000,
     batch = 10,
     blockMs = 2000,
     batchWaitMs = 0,
@@ -222,6 +227,9 @@ export function createStreamConsumer(redis: RedisClient, options: StreamConsumer
   async function deadLetter(entry: StreamEntry, reason: string): Promise<void> {
     await redis.xadd(
       deadLetterStream,
+      'MAXLEN',
+      '~',
+      deadLetterMaxLen,
       '*',
       ...Object.entries(entry.fields).flat(),
       '_id',
@@ -445,6 +453,12 @@ export interface AppendEachOnceOptions {
   markerTtlMs: number
   /** Approximate cap of the streams (MAXLEN ~). Default none. */
   maxLen?: number
+  /**
+   * How long a stream lives after its latest append, in ms: each stream appended to gets this TTL
+   * (PEXPIRE, refreshed by every append) and loses its entries older than this by the Redis clock
+   * (XTRIM MINID ~, whole nodes at a time). Default none: the streams never expire.
+   */
+  streamTtlMs?: number
   /** Published (PUBLISH) with each entry appended now, for entries that do not name their own. */
   channel?: string
   entries: readonly AppendOnceEntry[]
@@ -457,6 +471,7 @@ const APPEND_EACH_ONCE_OPTIONS = optionKeys<AppendEachOnceOptions>({
   stream: true,
   markerTtlMs: true,
   maxLen: true,
+  streamTtlMs: true,
   channel: true,
   entries: true,
 })
@@ -483,7 +498,8 @@ const APPEND_ENTRIES_PER_CALL = 100
 /**
  * Appends entries, each once per marker, in one script call (one round trip; several of at most
  * `APPEND_ENTRIES_PER_CALL` entries, sent together, for a larger batch): for each entry the marker
- * (SET PX) with its id, the XADD and the PUBLISH happen together or not at all. A handler running
+ * (SET PX) with its id, the XADD and the PUBLISH happen together or not at all; with `streamTtlMs`,
+ * the same call then sets the TTL of each stream it appended to and trims their expired entries. A handler running
  * again for the same source events gets the first ids back and `appended: false`. On a Cluster,
  * entries of different streams may live on different nodes: one call per stream, all in flight
  * together.
@@ -499,6 +515,13 @@ export async function appendEachOnce(
   if (!Number.isSafeInteger(options.markerTtlMs) || options.markerTtlMs <= 0)
     check.fail(
       `\`markerTtlMs\` must be a whole number of milliseconds above 0, got ${shown(options.markerTtlMs)}`,
+    )
+  if (
+    options.streamTtlMs !== undefined &&
+    (!Number.isSafeInteger(options.streamTtlMs) || options.streamTtlMs <= 0)
+  )
+    check.fail(
+      `\`streamTtlMs\` must be a whole number of milliseconds above 0, got ${shown(options.streamTtlMs)}`,
     )
   checkMaxLen(check, options.maxLen)
   if (!Array.isArray(options.entries))
@@ -531,7 +554,11 @@ export async function appendEachOnce(
   await Promise.all(
     groups.map(async (indexes) => {
       const keys: string[] = []
-      const args: Array<string | number> = [options.maxLen ?? 0, options.markerTtlMs]
+      const args: Array<string | number> = [
+        options.maxLen ?? 0,
+        options.markerTtlMs,
+        options.streamTtlMs ?? 0,
+      ]
       for (const index of indexes) {
         const entry = entries[index]!
         const fields = Object.entries(entry.fields).flat()
