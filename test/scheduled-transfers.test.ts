@@ -642,6 +642,44 @@ describe('the guarantees of POST /transfers', () => {
     assert.equal((await post(cookie, body(alice, bob, runAt))).status, 201)
     assert.equal(await pending(alice.customerId), 3)
   })
+
+  test('schedules created while transfers run between the same two accounts: no deadlock, every request a 201', async (c) => {
+    const t = await buildTestApp({ SCHEDULED_TRANSFERS_MAX_PENDING: '1000' })
+    c.after(() => t.close())
+    const alice = await createCustomer(t.db, 'alice', [1_000_000])
+    const bob = await createCustomer(t.db, 'bob', [1_000_000])
+    const [aliceCookie, bobCookie] = [await login(t.app, alice), await login(t.app, bob)]
+    const url = await listen(t.app)
+    // bob's account has the higher id: a schedule from it checks its two accounts' keys high then
+    // low, while a transfer locks them low then high.
+    assert.ok(bob.accountIds[0]! > alice.accountIds[0]!)
+    const post = (path: string, cookie: string, payload: unknown) =>
+      fetch(`${url}${path}`, {
+        method: 'POST',
+        headers: { cookie, 'idempotency-key': randomUUID(), 'content-type': 'application/json' },
+        body: JSON.stringify(payload),
+      })
+    const runAt = inFuture(3_600_000)
+    const responses = await Promise.all(
+      Array.from({ length: 160 }, (_, i) =>
+        i % 2 === 0
+          ? post('/scheduled-transfers', bobCookie, body(bob, alice, runAt))
+          : post('/transfers', aliceCookie, {
+              fromAccountId: alice.accountIds[0],
+              toAccountId: bob.accountIds[0],
+              amount: 1,
+              currency: 'VND',
+            }),
+      ),
+    )
+    const statuses = new Map<number, number>()
+    for (const res of responses) statuses.set(res.status, (statuses.get(res.status) ?? 0) + 1)
+    assert.deepEqual([...statuses], [[201, 160]])
+    const [rows] = await t.db.query<{ schedules: number; transfers: number }>(
+      'SELECT (SELECT count(*) FROM scheduled_transfers)::int AS schedules, (SELECT count(*) FROM transfers)::int AS transfers',
+    )
+    assert.deepEqual(rows, { schedules: 80, transfers: 80 })
+  })
 })
 
 describe('reconciliation job', () => {

@@ -81,7 +81,8 @@ export interface PostgresOptions {
   statementTimeoutMs?: number
 }
 
-// Connection-level failures (server gone, unreachable, timed out, shutting down): retryable 503s.
+// Failures a retry gets past (server gone, unreachable, timed out, shutting down; a transaction
+// rolled back by Postgres): retryable 503s.
 const UNAVAILABLE_CODES = new Set([
   'ECONNREFUSED',
   'ECONNRESET',
@@ -91,6 +92,10 @@ const UNAVAILABLE_CODES = new Set([
   '57P02',
   '57P03',
   '57014',
+  // A transaction Postgres rolled back to break a deadlock or a serialization conflict: nothing
+  // of it was written, and a retry runs.
+  '40P01',
+  '40001',
 ])
 const UNAVAILABLE_MESSAGE = /Connection terminated|timeout exceeded when trying to connect|Query read timeout/
 

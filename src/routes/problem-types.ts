@@ -236,7 +236,7 @@ export const PROBLEM_TYPES = [
     slug: 'database-unavailable',
     status: 503,
     title: 'Service unavailable',
-    when: 'Postgres is not answering; nothing was changed (`Retry-After: 2`)',
+    when: "Postgres is not answering, or rolled the request's transaction back to break a deadlock or a serialization conflict; nothing was changed (`Retry-After: 2`)",
     source: 'demo',
   },
   {

@@ -78,7 +78,8 @@ export async function findScheduleByKey(
 /**
  * Inserts a schedule unless the customer already has `maxPending` unfinished ones, or already made
  * one with this key. The customer's row is locked first (FOR NO KEY UPDATE, which foreign-key
- * checks of transfers do not wait for), so a customer's creations run one at a time; the count and
+ * checks of transfers do not wait for), so a customer's creations run one at a time, then its two
+ * accounts (KEY SHARE, in id order); the count and
  * the key lookup are the next statement, whose snapshot is taken after the lock and so sees every
  * schedule committed before it. The 201 body is built in the INSERT (its id drawn first) and kept.
  */
@@ -90,6 +91,13 @@ export async function createSchedule(
 ): Promise<CreateScheduleResult> {
   return db.transaction(async (tx) => {
     await tx.query('SELECT 1 FROM customers WHERE id = $1 FOR NO KEY UPDATE', [input.customerId])
+    // The insert's foreign-key checks take KEY SHARE on its two accounts, source first, while a
+    // transfer takes them FOR UPDATE in ascending id order: taken here in that order, as the
+    // transfer does, a schedule and a transfer between the same accounts cannot deadlock.
+    await tx.query(
+      'SELECT 1 FROM accounts WHERE id IN ($1::integer, $2::integer) ORDER BY id FOR KEY SHARE',
+      [input.fromAccountId, input.toAccountId],
+    )
     const [row] = await tx.query<{
       request_fingerprint: string | null
       response: ScheduleCreated | null
