@@ -23,7 +23,7 @@ local items, exhausted = feedRange(KEYS[1], ARGV[3], ARGV[4], tonumber(ARGV[5]),
   if space and redis.call('SISMEMBER', KEYS[2], string.sub(member, space + 1)) == 1 then return true end
   unfollowed[#unfollowed + 1] = member
   return false
-end)
+end, 16)
 -- After the scan: removing while paging by offset would skip members.
 for i = 1, #unfollowed, 1000 do
   redis.call('ZREM', KEYS[1], unpack(unfollowed, i, math.min(i + 999, #unfollowed)))

@@ -1,7 +1,8 @@
--- A producer's timeline (src/primitives/feed.ts): a page of it, or its build from the application.
--- KEYS[1] the timeline (sorted set: item id -> at; placeholder '' at -2 while built, -1 once built)
--- ARGV[1] 'range', ARGV[2] cursor at ('' from the newest), ARGV[3] cursor id, ARGV[4] k. Reply {0}
---   missing or being built (build it), else {1, exhausted (0/1), {id, at, ...}}.
+-- Producers' timelines (src/primitives/feed.ts): a page of each, or one's build from the application.
+-- KEYS the timelines (sorted sets: item id -> at; placeholder '' at -2 while built, -1 once built),
+-- all in one hash slot; 'start' and 'finish' take one, KEYS[1]
+-- ARGV[1] 'range', ARGV[2] cursor at ('' from the newest), ARGV[3] cursor id, ARGV[4] k. Reply per
+--   timeline {0} missing or being built (build it), else {1, exhausted (0/1), {id, at, ...}}.
 -- ARGV[1] 'start', ARGV[2] TTL (ms): creates it with the placeholder at -2 unless it exists, so
 --   publishes land in it while the application is asked. Reply 1.
 -- ARGV[1] 'finish', ARGV[2] TTL (ms), ARGV[3] timelineMaxItems, then at, id pairs: adds them and
@@ -9,10 +10,18 @@
 -- #include feed-range
 local op = ARGV[1]
 if op == 'range' then
-  local placeholder = redis.call('ZSCORE', KEYS[1], '')
-  if redis.call('EXISTS', KEYS[1]) == 0 or (placeholder and tonumber(placeholder) == -2) then return {0} end
-  local items, exhausted = feedRange(KEYS[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), function() return true end)
-  return {1, exhausted and 1 or 0, items}
+  local out = {}
+  for i, key in ipairs(KEYS) do
+    local placeholder = redis.call('ZSCORE', key, '')
+    -- No placeholder: trimmed off a full timeline, or no timeline at all.
+    if (placeholder and tonumber(placeholder) == -2) or (not placeholder and redis.call('EXISTS', key) == 0) then
+      out[i] = {0}
+    else
+      local items, exhausted = feedRange(key, ARGV[2], ARGV[3], tonumber(ARGV[4]), nil, 1)
+      out[i] = {1, exhausted and 1 or 0, items}
+    end
+  end
+  return out
 end
 if op == 'start' then
   if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('ZADD', KEYS[1], -2, '') end

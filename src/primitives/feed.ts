@@ -208,6 +208,8 @@ const COUNT_REFRESH_MS = DAY
 const SNAPSHOT_TTL_MS = 600_000
 /** Keys per script call on one Redis: Redis serves nobody else while a script runs. */
 const KEYS_PER_CALL = 500
+/** Timelines one script call reads a page of each (on one Redis; on a Cluster, those of one slot). */
+const TIMELINES_PER_CALL = 100
 const MAX_LIMIT = 100
 const FANOUT_GROUP = 'fanout'
 /** 1 to 64 characters from '!' to '~' except '{' and '}': no space (the feed's separator), no hash tag. */
@@ -497,23 +499,41 @@ export function createFeed(redis: RedisClient, options: FeedOptions): Feed {
     await runScript(redis, 'feedTimeline', [key], args)
   })
 
-  /** Up to `k` items of `producer`'s timeline after the cursor; builds the timeline when missing. */
-  async function timelinePart(producer: string, after: Cursor | null, k: number): Promise<Part> {
-    const key = producerKeys(producer).timeline
-    for (let attempt = 0; attempt < 3; attempt++) {
-      const reply = await runScript<[number, number, string[]]>(
-        redis,
-        'feedTimeline',
-        [key],
-        ['range', after?.at ?? '', after?.id ?? '', k],
+  /**
+   * Up to `k` items of each producer's timeline after the cursor, in the order of `producers`:
+   * one script call per hash slot (one for all on a single Redis), all in flight together; a
+   * missing timeline is built from the source and read again.
+   */
+  async function timelineParts(
+    producers: readonly string[],
+    after: Cursor | null,
+    k: number,
+  ): Promise<Part[]> {
+    const parts = new Array<Part | undefined>(producers.length)
+    let wanted = producers.map((_, i) => i)
+    for (let attempt = 0; wanted.length > 0; attempt++) {
+      if (attempt === 3) throw new FeedRebuildError(`the timeline of '${producers[wanted[0]!]}'`)
+      await Promise.all(
+        scriptGroups(wanted, (i) => producerTag(producers[i]!), TIMELINES_PER_CALL).map(async (group) => {
+          const replies = await runScript<Array<[number, number, string[]]>>(
+            redis,
+            'feedTimeline',
+            group.map((i) => producerKeys(producers[i]!).timeline),
+            ['range', after?.at ?? '', after?.id ?? '', k],
+          )
+          group.forEach((i, j) => {
+            const [state, exhausted, flat] = replies[j]!
+            if (state !== 1) return
+            const producer = producers[i]!
+            const items = toItems(flat, (id) => ({ id, producer }))
+            parts[i] = { items, exhausted: exhausted === 1, last: items.at(-1) }
+          })
+        }),
       )
-      if (reply[0] === 1) {
-        const items = toItems(reply[2], (id) => ({ id, producer }))
-        return { items, exhausted: reply[1] === 1, last: items.at(-1) }
-      }
-      await buildTimeline(producer)
+      wanted = wanted.filter((i) => !parts[i])
+      await Promise.all(wanted.map((i) => buildTimeline(producers[i]!)))
     }
-    throw new FeedRebuildError(`the timeline of '${producer}'`)
+    return parts as Part[]
   }
 
   // A reader's feed.
@@ -591,7 +611,7 @@ export function createFeed(redis: RedisClient, options: FeedOptions): Feed {
     throw new FeedRebuildError(`the feed of '${reader}'`)
   }
 
-  /** The ids among `items` their producers removed (one ZMSCORE per producer, all in flight together). */
+  /** The ids among `items` their producers removed: one script call per hash slot, all in flight together. */
   async function removedAmong(items: FeedItem[]): Promise<Set<string>> {
     const byProducer = new Map<string, string[]>()
     for (const item of items) {
@@ -601,12 +621,19 @@ export function createFeed(redis: RedisClient, options: FeedOptions): Feed {
     }
     const removed = new Set<string>()
     await Promise.all(
-      [...byProducer].map(async ([producer, ids]) => {
-        const scores = await redis.zmscore(producerKeys(producer).deleted, ...ids)
-        scores.forEach((score, i) => {
-          if (score !== null) removed.add(ids[i]!)
-        })
-      }),
+      scriptGroups([...byProducer], ([producer]) => producerTag(producer), KEYS_PER_CALL).map(
+        async (group) => {
+          const args: Array<string | number> = []
+          for (const [, ids] of group) args.push(ids.length, ...ids)
+          const found = await runScript<string[]>(
+            redis,
+            'feedRemoved',
+            group.map(([producer]) => producerKeys(producer).deleted),
+            args,
+          )
+          for (const id of found) removed.add(String(id))
+        },
+      ),
     )
     return removed
   }
@@ -631,23 +658,24 @@ export function createFeed(redis: RedisClient, options: FeedOptions): Feed {
       if (pulled === null) {
         // First round: the feed (which names the pulled producers) and the reader's own timeline
         // together, then the pulled timelines and the removal checks together.
-        ;[feed, own] = await Promise.all([
+        let ownParts: Part[]
+        ;[feed, ownParts] = await Promise.all([
           feedPart(reader, after, need, true),
-          timelinePart(reader, after, need),
+          timelineParts([reader], after, need),
         ])
+        own = ownParts[0]!
         pulled = feed.pulled.filter((producer) => producer !== reader)
-        const from = after
         ;[timelines, removed] = await Promise.all([
-          Promise.all(pulled.map((producer) => timelinePart(producer, from, need))),
+          pulled.length > 0 ? timelineParts(pulled, after, need) : [],
           removedAmong(feed.items),
         ])
       } else {
-        const from = after
-        ;[feed, own, ...timelines] = await Promise.all([
-          feedPart(reader, from, need, false),
-          timelinePart(reader, from, need),
-          ...pulled.map((producer) => timelinePart(producer, from, need)),
+        let all: Part[]
+        ;[feed, all] = await Promise.all([
+          feedPart(reader, after, need, false),
+          timelineParts([reader, ...pulled], after, need),
         ])
+        ;[own, ...timelines] = all as [Part, ...Part[]]
         removed = await removedAmong(feed.items)
       }
       if (removed.size > 0) {
@@ -708,7 +736,7 @@ export function createFeed(redis: RedisClient, options: FeedOptions): Feed {
     // A pushed producer's recent items join the feed now, as a pulled one's show through its timeline.
     const recent = pull
       ? []
-      : (await timelinePart(producer, null, Math.min(feedMaxItems, timelineMaxItems))).items
+      : (await timelineParts([producer], null, Math.min(feedMaxItems, timelineMaxItems)))[0]!.items
     const args: Array<string | number> = ['followed', producer, pull ? 1 : 0, feedMaxItems]
     for (const item of recent) args.push(item.at, feedMember(item))
     await runScript(redis, 'feedFollow', keys, args)

@@ -13,22 +13,22 @@ local function feedBytesLess(a, b)
   return #a < #b
 end
 
--- Up to k members of `key` before the cursor (cursorAt, cursorId) that keep(member) accepts,
--- newest first (cursorAt '': from the newest). Returns {member, score, ...} and whether nothing
--- accepted or not is left before the last one returned.
-local function feedRange(key, cursorAt, cursorId, k, keep)
+-- Up to k members of `key` before the cursor (cursorAt, cursorId) that keep(member) accepts (nil:
+-- all), newest first (cursorAt '': from the newest), reading `slack` more than k at a time.
+-- Returns {member, score, ...} and whether nothing is left before the last one returned.
+local function feedRange(key, cursorAt, cursorId, k, keep, slack)
   local out = {}
   local max, at = '+inf', nil
   if cursorAt ~= '' then
     max, at = cursorAt, tonumber(cursorAt)
   end
-  local chunk = k + 16
+  local chunk = k + slack
   local offset = 0
   while true do
     local page = redis.call('ZRANGE', key, max, '0', 'BYSCORE', 'REV', 'LIMIT', offset, chunk, 'WITHSCORES')
     for i = 1, #page, 2 do
       local member, score = page[i], page[i + 1]
-      if (at == nil or tonumber(score) < at or feedBytesLess(member, cursorId)) and keep(member) then
+      if (at == nil or tonumber(score) < at or feedBytesLess(member, cursorId)) and (keep == nil or keep(member)) then
         out[#out + 1] = member
         out[#out + 1] = score
         if #out == 2 * k then return out, #page < 2 * chunk and i + 1 == #page end
