@@ -107,6 +107,25 @@ export {
   type DelayedQueueOptions,
   type DelayedQueueTask,
 } from './primitives/delayed-queue.ts'
+// A news feed with hybrid fan-out (also the named exports of `fastify-redis-gateway/feed`).
+export {
+  createFeed,
+  type FanoutLag,
+  type FanoutStats,
+  type FanoutWorker,
+  type FanoutWorkerOptions,
+  type Feed,
+  FeedFollowLimitError,
+  type FeedItem,
+  type FeedOptions,
+  type FeedPage,
+  type FeedReadOptions,
+  FeedRebuildError,
+  type FeedSource,
+  FeedSourceError,
+  type ProducerKeys,
+  type ReaderKeys,
+} from './primitives/feed.ts'
 // A leaderboard fed by at-least-once events (also the named exports of `fastify-redis-gateway/leaderboard`).
 export {
   createLeaderboard,

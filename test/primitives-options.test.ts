@@ -4,6 +4,7 @@ import { Redis } from 'ioredis'
 import { InvalidOptionError, RedisClientError, UnknownOptionError } from '../src/plugins/common/errors.ts'
 import { InvalidArgumentError } from '../src/primitives/checks.ts'
 import { createDelayedQueue } from '../src/primitives/delayed-queue.ts'
+import { createFeed } from '../src/primitives/feed.ts'
 import { createLeaderboard } from '../src/primitives/leaderboard.ts'
 import { createLock } from '../src/primitives/lock.ts'
 import { createShardedCounter } from '../src/primitives/sharded-counter.ts'
@@ -44,6 +45,13 @@ test('something that is not an ioredis client is a RedisClientError naming what 
     ['delayed queue', () => createDelayedQueue(url as never, { name: 'q' })],
     ['leaderboard', () => createLeaderboard(url as never)],
     ['sharded counter', () => createShardedCounter(url as never, { key: (s) => `${prefix}c:{${s}}` })],
+    [
+      'feed',
+      () =>
+        createFeed(url as never, {
+          source: { followingOf: async () => [], followerCountsOf: async () => [], itemsOf: async () => [] },
+        }),
+    ],
     [
       'createStreamConsumer',
       () =>

@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict'
 import { createDelayedQueue } from 'fastify-redis-gateway/delayed-queue'
+import { createFeed } from 'fastify-redis-gateway/feed'
 import { createLeaderboard } from 'fastify-redis-gateway/leaderboard'
 import { createLock } from 'fastify-redis-gateway/lock'
 import { createShardedCounter } from 'fastify-redis-gateway/sharded-counter'
@@ -66,6 +67,37 @@ assert.equal(
   1,
 )
 assert.deepEqual(await board.top('week', 10), [{ rank: 1, member: 'alice', score: 5 }])
+
+// The feed: a follow, a publish fanned out by a worker, and the follower's read.
+const items = [{ id: 'post-1', producer: 'alice', at: Date.now() }]
+const follows = new Map([['bob', ['alice']]])
+const feedPrefix = prefix('feed')
+const feed = createFeed(redis, {
+  keyPrefix: feedPrefix,
+  source: {
+    followingOf: async (reader) => follows.get(reader) ?? [],
+    followerCountsOf: async (producers) =>
+      producers.map((p) => [...follows.values()].filter((f) => f.includes(p)).length),
+    itemsOf: async (producers, { limit }) =>
+      items.filter((item) => producers.includes(item.producer)).slice(0, limit),
+  },
+})
+await feed.follow('bob', 'alice')
+assert.deepEqual((await feed.read('bob')).items, items, 'rebuilt by pull from the source')
+const next = { id: 'post-2', producer: 'alice', at: Date.now() + 1 }
+items.unshift(next)
+assert.deepEqual(await feed.publish(next), { fanout: true })
+const fanout = feed.createFanoutWorker({ consumer: 'consumer-app', blockMs: 100 })
+await fanout.start()
+while ((await feed.fanoutLag()).entries > 0) await new Promise((r) => setTimeout(r, 20))
+await fanout.stop()
+assert.deepEqual((await feed.read('bob')).items, items)
+const feedKeys = [
+  feed.keys.fanout,
+  ...['alice', 'bob'].flatMap((id) => [feed.keys.reader(id), feed.keys.producer(id)]),
+]
+for (const key of feedKeys.flatMap((k) => (typeof k === 'string' ? [k] : Object.values(k))))
+  await redis.del(key)
 
 await redis.quit()
 console.log('ok primitives')
