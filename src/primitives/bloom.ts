@@ -245,7 +245,7 @@ export function createBloomFilter(redis: RedisClient, options: BloomFilterOption
 
   async function add(input: string | readonly string[]): Promise<boolean | boolean[]> {
     const items = checkItems(input)
-    const added = await perShard('bloomAdd', items, ['', shape, hashes], (reply, i) =>
+    const added = await perShard('bloomAdd', items, ['', shape, hashes, 0], (reply, i) =>
       reply === null ? true : reply[i] === '1',
     )
     return typeof input === 'string' ? added[0]! : added
@@ -294,6 +294,8 @@ export function createBloomFilter(redis: RedisClient, options: BloomFilterOption
       )
     const generation = randomToken(6, 'hex')
     const calls = new Array<number>(shards).fill(0)
+    /** Per shard, this rebuild's number there (the shard counts the rebuilds that started). */
+    let numbers: number[] = []
     const finish = (mode: 'switch' | 'abort') =>
       Promise.all(
         all.map((shard) =>
@@ -301,7 +303,7 @@ export function createBloomFilter(redis: RedisClient, options: BloomFilterOption
             redis,
             'bloomFinish',
             [heads[shard]!],
-            [generation, mode, calls[shard]!, keyBits / 8],
+            [generation, mode, calls[shard]!, keyBits / 8, numbers[shard] ?? 0],
           ),
         ),
       )
@@ -314,25 +316,26 @@ export function createBloomFilter(redis: RedisClient, options: BloomFilterOption
         superseded ? 'FRG_BLOOM_REBUILD_SUPERSEDED' : 'FRG_BLOOM_REBUILD_LOST',
         `bloom filter '${key}': rebuild ${generation} ${
           superseded
-            ? 'was overtaken by another rebuild of the filter, started since'
+            ? 'was overtaken by a later rebuild of the filter'
             : 'lost writes: Redis dropped its state or some of its adds (a flush, a restart, a failover)'
         }; ${switched ? failed.length : shards} of ${shards} shards kept their previous generation`,
         switched ? failed.map(([shard]) => shard) : all,
       )
     }
 
-    await Promise.all(
-      heads.map((head) => runScript(redis, 'bloomBegin', [head], [generation, shape, keyBits])),
+    numbers = await Promise.all(
+      heads.map((head) => runScript<number>(redis, 'bloomBegin', [head], [generation, shape, keyBits])),
     )
     let count = 0
     try {
       let batch: string[] = []
       const write = async () => {
-        const groups = [...byShard(batch, [generation, shape, hashes])]
+        const groups = [...byShard(batch, [generation, shape, hashes, 0])]
         batch = []
         const replies = await Promise.all(
           groups.map(async ([shard, { args }]) => {
             calls[shard]!++
+            args[3] = numbers[shard]!
             return [
               shard,
               await runScript<string | number>(redis, 'bloomAdd', [heads[shard]!], args),
