@@ -99,8 +99,9 @@ test('sizes by m = ceil(-n ln p / (ln 2)^2) and k = round(m/n ln 2), split into 
     const m = Math.ceil((-n * Math.log(p)) / Math.LN2 ** 2)
     const size = bloomSize(n, p)
     assert.equal(size.hashes, Math.round((m / n) * Math.LN2))
-    assert.equal(size.shards, Math.ceil(m / (2 ** 26 - 8)))
+    assert.equal(size.shards, Math.ceil(m / (2 ** 26 - 64)))
     assert.ok(size.shards * size.shardBits >= m && size.shards * size.shardBits < m + size.shards * 8)
+    assert.equal(size.keyBits, size.shardBits + 64)
     assert.ok(size.keyBits <= 2 ** 26 && size.keyBits % 8 === 0)
   }
   assert.deepEqual(
@@ -113,7 +114,7 @@ test('sizes by m = ceil(-n ln p / (ln 2)^2) and k = round(m/n ln 2), split into 
     falsePositiveRate: 0.01,
   })
   assert.deepEqual([big.shards, big.hashes], [15, 7])
-  assert.equal(big.bytes, (big.shards * (big.bits / big.shards + 8)) / 8)
+  assert.equal(big.bytes, (big.shards * (big.bits / big.shards + 64)) / 8)
 })
 
 test('no false negative over 20,000 ids (rebuilt and added), and a false-positive rate below 2p over 20,000 absent ids', async () => {
@@ -141,23 +142,23 @@ test('several shards: one key each, with a hash tag of its own, at the computed 
   assert.equal(bloom.shards, 3)
   assert.equal(bloom.hashes, 7)
   await bloom.rebuild(ids('user', N))
-  const shards = await bloom.inspect()
-  assert.equal(shards.length, 3)
-  const tags = shards.map((shard) => tagOf(shard.live!))
+  const shards = [0, 1, 2].map((shard) => bloom.keys(shard))
+  const tags = shards.map((shard) => tagOf(shard.bits))
   assert.equal(new Set(tags).size, 3, `tags ${tags.join(', ')}`)
   for (const shard of shards) {
-    assert.equal(tagOf(shard.head), tagOf(shard.live!), 'head and bits share a slot')
-    assert.equal(shard.building, null)
-    assert.equal(await redis.strlen(shard.live!), bloom.bytes / bloom.shards)
+    assert.equal(tagOf(shard.building), tagOf(shard.bits), 'one slot per shard')
+    assert.equal(tagOf(shard.rebuild), tagOf(shard.bits), 'one slot per shard')
+    assert.equal(await redis.strlen(shard.bits), bloom.bytes / bloom.shards)
     assert.ok(bloom.bytes / bloom.shards <= 65_536 / 8)
   }
+  assert.throws(() => bloom.keys(3), { code: 'FRG_INVALID_ARGUMENT' })
   // The hash spreads the items over the shards; each item's bits are all in its shard.
   const perShard = [0, 0, 0]
   for (const id of ids('user', 3000)) perShard[bloom.shardOf(id)]!++
   for (const n of perShard) assert.ok(n > 800 && n < 1200, `items per shard: ${perShard.join(', ')}`)
-  // Exactly the heads and the live bits exist: nothing else was written.
+  // Exactly each shard's bits and rebuild state exist (the bits built were renamed over the bits).
   const keys = (await scanKeys(redis, `${bloom.key}:`)).sort()
-  assert.deepEqual(keys, shards.flatMap((shard) => [shard.head, shard.live!]).sort())
+  assert.deepEqual(keys, shards.flatMap((shard) => [shard.bits, shard.rebuild]).sort())
 })
 
 test('one script call per shard the batch touches, all sent together', async () => {
@@ -167,6 +168,7 @@ test('one script call per shard the batch touches, all sent together', async () 
   const original = Redis.prototype.sendCommand as unknown as SendCommand
   const sent: Array<{ name: string; key: unknown }> = []
   ;(Redis.prototype as unknown as { sendCommand: SendCommand }).sendCommand = function (command, stream) {
+    // EVALSHA sha numkeys key ...
     sent.push({ name: command.name, key: command.args[2] })
     return original.call(this, command, stream)
   }
@@ -182,7 +184,7 @@ test('one script call per shard the batch touches, all sent together', async () 
     await bloom.add(ids('warm', 300))
     await bloom.check(ids('warm', 300))
     const scripts = () => sent.filter((c) => c.name !== 'cluster' && c.name !== 'info')
-    const heads = (await bloom.inspect()).map((shard) => shard.head)
+    const bits = [0, 1, 2].map((shard) => bloom.keys(shard).bits)
 
     sent.length = 0
     await bloom.check(ids('user', 3000))
@@ -194,7 +196,7 @@ test('one script call per shard the batch touches, all sent together', async () 
       scripts()
         .map((c) => c.key)
         .sort(),
-      [...heads].sort(),
+      [...bits].sort(),
     )
 
     sent.length = 0
@@ -209,14 +211,29 @@ test('one script call per shard the batch touches, all sent together', async () 
     sent.length = 0
     assert.equal(count(await bloom.mightContain(onOne), false), count(await bloom.check(onOne), 'absent'))
     assert.deepEqual(scripts(), [
-      { name: 'evalsha', key: heads[1] },
-      { name: 'evalsha', key: heads[1] },
+      { name: 'evalsha', key: bits[1] },
+      { name: 'evalsha', key: bits[1] },
     ])
+
+    // One item: one call, to its shard.
+    sent.length = 0
+    assert.equal(await bloom.mightContain('user-7'), true)
+    assert.deepEqual(scripts(), [{ name: 'evalsha', key: bits[bloom.shardOf('user-7')] }])
   } finally {
     ;(Redis.prototype as unknown as { sendCommand: SendCommand }).sendCommand = original
     await bloom.destroy()
     counter.disconnect()
   }
+})
+
+test('the largest batch at the most hashes (5000 items, k = 30) goes in one call per shard', async () => {
+  const bloom = filter({ expectedItems: 5000, falsePositiveRate: 1e-9, maxBitsPerShard: 2 ** 26 })
+  assert.deepEqual([bloom.hashes, bloom.shards], [30, 1])
+  await bloom.rebuild([])
+  const items = ids('wide', BLOOM_MAX_BATCH)
+  assert.equal(count(await bloom.add(items), true), BLOOM_MAX_BATCH)
+  assert.equal(count(await bloom.mightContain(items), true), BLOOM_MAX_BATCH)
+  assert.equal(count(await bloom.check(ids('narrow', BLOOM_MAX_BATCH)), 'absent'), BLOOM_MAX_BATCH)
 })
 
 test('keys lost (never built, deleted, flushed): every id answers unknown, never absent, until a rebuild', async () => {
@@ -229,9 +246,8 @@ test('keys lost (never built, deleted, flushed): every id answers unknown, never
   assert.equal(await bloom.ready(), true)
   assert.ok(count(await batched(ids('nobody', 5000), (batch) => bloom.check(batch)), 'absent') > 4800)
 
-  // One shard's bits lost, its head left: that shard's items answer unknown, the others as before.
-  const [, second] = await bloom.inspect()
-  await redis.del(second!.live!)
+  // One shard's bits lost: that shard's items answer unknown, the others as before.
+  await redis.del(bloom.keys(1).bits)
   const answers = await batched(present, (batch) => bloom.check(batch))
   present.forEach((id, i) => {
     assert.equal(answers[i], bloom.shardOf(id) === 1 ? 'unknown' : 'maybe', id)
@@ -260,7 +276,7 @@ test('a rebuild under way is never authoritative: readers answer unknown or from
   const first = pausing(users, N / 2)
   const building = fresh.rebuild(first.source)
   await first.paused
-  assert.equal((await fresh.inspect()).filter((shard) => shard.building).length, 3)
+  for (const shard of [0, 1, 2]) assert.equal(await redis.exists(fresh.keys(shard).building), 1)
   assert.equal(count(await batched(users, (batch) => fresh.check(batch)), 'unknown'), N)
   assert.equal(await fresh.ready(), false)
   // Ids created while the source is being read: added to the generation being built.
@@ -275,7 +291,6 @@ test('a rebuild under way is never authoritative: readers answer unknown or from
   const removed = users.slice(0, 5000)
   const kept = users.slice(5000)
   const added = ids('new', 5000)
-  const before = await fresh.inspect()
   const second = pausing([...kept, ...added], N - 5000)
   const rebuilding = fresh.rebuild(second.source)
   await second.paused
@@ -288,11 +303,7 @@ test('a rebuild under way is never authoritative: readers answer unknown or from
   await fresh.add(alsoLate)
   second.resume()
   await rebuilding
-  const now = await fresh.inspect()
-  for (const [i, shard] of now.entries()) {
-    assert.notEqual(shard.live, before[i]!.live)
-    assert.equal(await redis.exists(before[i]!.live!), 0)
-  }
+  for (const shard of [0, 1, 2]) assert.equal(await redis.exists(fresh.keys(shard).building), 0)
   assert.equal(
     count(await batched([...kept, ...added, ...alsoLate], (batch) => fresh.check(batch)), 'maybe'),
     N + 300,
@@ -315,8 +326,9 @@ test('two rebuilds at once: the later one goes live, the earlier rejects with FR
     assert.match(err.message, /overtaken by a later rebuild/)
     return true
   })
-  const shards = await bloom.inspect()
-  assert.ok(shards.every((shard) => shard.live?.endsWith(`:${second.generation}`) && shard.building === null))
+  assert.equal(second.items, 3000)
+  for (const shard of [0, 1, 2]) assert.equal(await redis.exists(bloom.keys(shard).building), 0)
+  assert.equal(await bloom.ready(), true)
   assert.equal(count(await bloom.check(ids('user', 3000)), 'maybe'), 3000)
 })
 
@@ -331,13 +343,13 @@ test('a rebuild that loses its writes (state or bits gone midway) rejects with F
   await assert.rejects(first, { name: 'BloomRebuildError', code: 'FRG_BLOOM_REBUILD_LOST' })
   assert.equal(count(await flushed.check(ids('user', 4000)), 'unknown'), 4000)
 
-  // Only the bits being built gone (the head left): later batches write a partial string, which
-  // the switch refuses (it lacks the mark the rebuild's start made).
+  // Only the bits being built gone (their state left): the next batch finds them without the mark
+  // the rebuild's start made, and stops rather than write a partial string.
   const partial = filter()
   const two = pausing(ids('user', 6000), 3000)
   const second = partial.rebuild(two.source)
   await two.paused
-  for (const shard of await partial.inspect()) await redis.del(shard.building!)
+  for (const shard of [0, 1, 2]) await redis.del(partial.keys(shard).building)
   two.resume()
   await assert.rejects(second, (err: BloomRebuildError) => {
     assert.equal(err.code, 'FRG_BLOOM_REBUILD_LOST')
@@ -347,8 +359,8 @@ test('a rebuild that loses its writes (state or bits gone midway) rejects with F
   assert.equal(count(await batched(ids('user', 6000), (batch) => partial.check(batch)), 'unknown'), 6000)
   assert.deepEqual(
     (await scanKeys(redis, `${partial.key}:`)).sort(),
-    (await partial.inspect()).map((shard) => shard.head).sort(),
-    'the partial bits are deleted, only the heads are left',
+    [0, 1, 2].map((shard) => partial.keys(shard).rebuild).sort(),
+    'no bits written, only the rebuild state is left',
   )
 })
 
@@ -363,8 +375,8 @@ test('a filter with other options answers unknown on the old keys until rebuilt;
   await one.rebuild(ids('user', 5000))
   assert.equal(count(await one.check(ids('user', 5000)), 'maybe'), 5000)
   assert.equal(count(await three.check(ids('user', 5000)), 'unknown'), 5000)
-  const [shard] = await one.inspect()
-  assert.deepEqual((await scanKeys(redis, `${three.key}:`)).sort(), [shard!.head, shard!.live!].sort())
+  const shard = one.keys(0)
+  assert.deepEqual((await scanKeys(redis, `${three.key}:`)).sort(), [shard.bits, shard.rebuild].sort())
 })
 
 test('options, items and sources are refused with coded errors before anything reaches Redis', async () => {
@@ -446,8 +458,8 @@ test('options, items and sources are refused with coded errors before anything r
   }
   await assert.rejects(bloom.rebuild(bad()), argument(/an item must be a string, got (42|7)$/))
   assert.deepEqual(
-    (await bloom.inspect()).map((shard) => [shard.live, shard.building]),
-    [[null, null]],
+    await Promise.all([bloom.keys(0).bits, bloom.keys(0).building].map((k) => redis.exists(k))),
+    [0, 0],
   )
   await bloom.destroy()
   assert.deepEqual(await scanKeys(redis, key), [])

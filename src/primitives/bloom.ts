@@ -8,19 +8,22 @@ import { checkedOptions, checkRedisClient, InvalidArgumentError, shown } from '.
 // A Bloom filter on plain Redis strings (SETBIT/BITFIELD, no module): "is this id possibly in the
 // set?" in a few bits per id. Blocked: an item's hash picks one shard (a string key with a hash tag
 // of its own), and all k of its bits lie in that shard, so an item touches one key and a batch one
-// script call per shard it falls on. It never answers "absent" for an item it was given, even after
-// Redis lost data: a shard whose bits are gone, never built or half rebuilt answers "unknown".
+// call per shard it falls on. It never answers "absent" for an item it was given, even after Redis
+// lost data: a shard whose bits are missing, not complete or built for other options answers
+// "unknown".
 //
-// Per shard s, the head `<key>:{<key>:<s>}` is a small hash naming the live generation (the bits
-// readers use) and, during a rebuild, the one being built; a generation's bits are the string
-// `<head>:<generation>`, same hash tag, so each script runs on one Cluster slot. Bit 0 of the bits
-// is set when the generation went live complete, bit 1 when a rebuild created it; the item bits
-// follow, from bit 8. docs/bloom.md describes the layout, the hash and the rebuild.
+// Per shard s, with the hash tag {<key>:<s>}: `<key>:{<key>:<s>}` the bits readers use,
+// `...:building` the bits a rebuild is filling, `...:rebuild` the rebuild's state (a small hash).
+// The bits start with a 64-bit header: bit 0 set when they went live complete, bit 1 when a rebuild
+// created them, bits 8-39 the shape id (a hash of the options' geometry). A rebuild fills
+// `building` (adds made meanwhile go to both) and renames it over the live bits, one step per shard.
+// docs/bloom.md describes the layout, the hash and the rebuild.
 
 export interface BloomFilterOptions {
   /**
-   * Base name of the filter's keys: shard `s` has the head `<key>:{<key>:<s>}` and its bits
-   * `<key>:{<key>:<s>}:<generation>`. No `{` or `}` (each shard gets a hash tag of its own).
+   * Base name of the filter's keys: shard `s` is `<key>:{<key>:<s>}`, next to it `...:rebuild` (its
+   * rebuilds' state) and, during a rebuild, `...:building`. No `{` or `}` (each shard gets a hash
+   * tag of its own).
    */
   key: string
   /** How many distinct items the filter is sized for (n), 1 to 10^11. */
@@ -28,8 +31,8 @@ export interface BloomFilterOptions {
   /** The false-positive rate wanted at `expectedItems` items (p), from 10^-9 to 0.5, e.g. 0.01. */
   falsePositiveRate: number
   /**
-   * The most bits one key holds (its string, header byte included), 1024 to 2^32. A filter larger
-   * than this is split over several keys (shards). Default 2^26 (8 MiB).
+   * The most bits one key holds (its string, the 64-bit header included), 1024 to 2^32. A filter
+   * larger than this is split over several keys (shards). Default 2^26 (8 MiB).
    */
   maxBitsPerShard?: number
 }
@@ -52,21 +55,20 @@ export interface BloomRebuildOptions {
 }
 
 export interface BloomRebuildResult {
-  /** The new generation's id (in the names of its keys). */
+  /** The rebuild's id (random). */
   generation: string
   /** Items read from the source and added (duplicates included). */
   items: number
 }
 
-/** One shard's keys as Redis holds them now. */
+/** One shard's keys (one hash tag). */
 export interface BloomShardKeys {
-  shard: number
-  /** The head: a hash naming the live generation and the one being built. */
-  head: string
-  /** The bits readers use, or null when the shard is not built. */
-  live: string | null
-  /** The bits a rebuild is filling, or null. */
-  building: string | null
+  /** The bits readers use (a string). */
+  bits: string
+  /** The bits a rebuild is filling, while one is under way. */
+  building: string
+  /** The rebuild's state (a small hash). */
+  rebuild: string
 }
 
 export interface BloomFilter {
@@ -77,7 +79,7 @@ export interface BloomFilter {
   readonly hashes: number
   /** How many keys the bits are split over. */
   readonly shards: number
-  /** Bytes of one generation in Redis string payloads, over all shards (a rebuild holds two). */
+  /** Bytes of the bits over all shards (string payloads; a rebuild holds twice that while it runs). */
   readonly bytes: number
   /** The shard of an item (see docs/bloom.md: the first 4 bytes of its SHA-256, modulo `shards`). */
   shardOf(item: string): number
@@ -97,25 +99,25 @@ export interface BloomFilter {
   /** True when every shard is built for these options (none would answer `unknown`). */
   ready(): Promise<boolean>
   /**
-   * Builds a new generation from `source` (every item of the set, e.g. ids read from the
-   * database), then switches each shard to it in one step and deletes the old one. Every shard is
-   * marked as being rebuilt before `source` is first read: adds made meanwhile go to both
-   * generations. Readers use the old generation (or answer `unknown`) until the switch. Rejects
-   * with BloomRebuildError when another rebuild started since or Redis lost the rebuild's writes.
+   * Builds the filter anew from `source` (every item of the set, e.g. ids read from the database)
+   * into fresh bits, then renames them over each shard's live bits in one step. Every shard is
+   * marked as being rebuilt before `source` is first read, and adds made meanwhile go to both.
+   * Readers use the previous bits (or answer `unknown`) until the switch. Rejects with
+   * BloomRebuildError when a later rebuild started since or Redis lost the rebuild's writes.
    */
   rebuild(
     source: AsyncIterable<string> | Iterable<string>,
     options?: BloomRebuildOptions,
   ): Promise<BloomRebuildResult>
-  /** Every shard's keys (one call per shard). */
-  inspect(): Promise<BloomShardKeys[]>
+  /** The keys of shard `shard` (0 to shards - 1). */
+  keys(shard: number): BloomShardKeys
   /** Deletes every key of the filter (for these options' shards). */
   destroy(): Promise<void>
 }
 
-/** A rebuild that could not switch every shard; those keep their previous generation (or stay unbuilt). */
+/** A rebuild that could not switch every shard; those keep their previous bits (or stay unbuilt). */
 export class BloomRebuildError extends GatewayError {
-  /** The shards that kept their previous generation (they answer as before the rebuild). */
+  /** The shards that kept their previous bits (they answer as before the rebuild). */
   readonly shards: readonly number[]
   constructor(
     code: 'FRG_BLOOM_REBUILD_SUPERSEDED' | 'FRG_BLOOM_REBUILD_LOST',
@@ -133,8 +135,8 @@ export const BLOOM_MAX_BATCH = 5000
 export const BLOOM_MAX_ITEM_LENGTH = 1024
 /** The most shards a filter has. */
 const MAX_SHARDS = 1024
-/** The first 8 bits of each shard's string are its header (bit 0: live and complete; bit 1: made by a rebuild). */
-const HEADER_BITS = 8
+/** Each shard's string starts with a header: bit 0 live and complete, bit 1 made by a rebuild, bits 8-39 the shape id. */
+const HEADER_BITS = 64
 /** The hash and layout of this version; part of the shape, so another format never reads these bits. */
 const FORMAT = 'bloom-v1'
 
@@ -146,7 +148,11 @@ const FILTER_OPTIONS = optionKeys<BloomFilterOptions>({
 })
 const REBUILD_OPTIONS = optionKeys<BloomRebuildOptions>({ batchSize: true })
 
-/** The size of a filter: m = ceil(-n ln p / (ln 2)^2) bits, k = round(m / n * ln 2) hashes, split in shards. */
+/**
+ * The size of a filter: m = ceil(-n ln p / (ln 2)^2) bits and k = round(m / n * ln 2) hashes, split
+ * into `shards` keys of `shardBits` item bits each (m / shards rounded up to whole bytes), each key
+ * `keyBits` long with its header.
+ */
 export function bloomSize(expectedItems: number, falsePositiveRate: number, maxBitsPerShard = 2 ** 26) {
   const m = Math.ceil((-expectedItems * Math.log(falsePositiveRate)) / Math.LN2 ** 2)
   const hashes = Math.max(1, Math.round((m / expectedItems) * Math.LN2))
@@ -180,13 +186,17 @@ export function createBloomFilter(redis: RedisClient, options: BloomFilterOption
       `${expectedItems} items at ${falsePositiveRate} need ${shards} shards of ${maxBitsPerShard} bits, ` +
         `more than ${MAX_SHARDS}: raise \`maxBitsPerShard\``,
     )
-  // Bits of another shape (other options, another format) mean nothing to this filter.
+  // Bits built for another shape (other options, another format) mean nothing to this filter.
   const shape = `${FORMAT}:${shards}:${keyBits}:${hashes}`
-  const heads = Array.from({ length: shards }, (_, shard) => `${key}:{${key}:${shard}}`)
-  const all = Array.from({ length: shards }, (_, shard) => shard)
+  const shapeId = hash('sha256', shape, 'buffer').readUInt32BE(0)
+  const keysOf = (shard: number): BloomShardKeys => {
+    const bits = `${key}:{${key}:${shard}}`
+    return { bits, building: `${bits}:building`, rebuild: `${bits}:rebuild` }
+  }
+  const all = Array.from({ length: shards }, (_, shard) => keysOf(shard))
 
   /** SHA-256 of the item's UTF-8: the shard, then k bit offsets by double hashing. */
-  function place(item: string, into: Array<string | number>): number {
+  function place(item: string, into: number[]): number {
     const digest = hash('sha256', item, 'buffer')
     const h1 = digest.readUInt32BE(4)
     const step = 1 + (digest.readUInt32BE(8) % (shardBits - 1))
@@ -206,37 +216,34 @@ export function createBloomFilter(redis: RedisClient, options: BloomFilterOption
     return items
   }
 
-  /** Items grouped by shard: each shard's script arguments (after `head`) and the items' indexes. */
-  function byShard(items: readonly string[], head: Array<string | number>) {
-    const groups = new Map<number, { args: Array<string | number>; at: number[] }>()
-    const positions: number[] = []
+  /** Items grouped by shard: each item's k offsets, and its index in the batch. */
+  function byShard(items: readonly string[]) {
+    const groups = new Map<number, { positions: number[]; at: number[] }>()
     items.forEach((item, at) => {
-      positions.length = 0
+      const positions: number[] = []
       const shard = place(item, positions)
       let group = groups.get(shard)
       if (!group) {
-        group = { args: [...head], at: [] }
+        group = { positions: [], at: [] }
         groups.set(shard, group)
       }
-      for (const position of positions) group.args.push(position)
+      for (const position of positions) group.positions.push(position)
       group.at.push(at)
     })
-    return groups
+    return [...groups]
   }
 
-  /** One script call per shard, all in flight together; each reply spread back to its items. */
-  async function perShard<T>(
-    script: string,
-    items: readonly string[],
-    head: Array<string | number>,
-    answer: (reply: string | null, offset: number) => T,
-  ): Promise<T[]> {
-    const results = new Array<T>(items.length)
+  /** Per item of a group, '1' when all its bits are set, '0' when not; null when the shard cannot answer. */
+  const read = (shard: number, positions: number[]) =>
+    runScript<string | null>(redis, 'bloomCheck', [all[shard]!.bits], [shapeId, hashes, positions.join(' ')])
+
+  async function answers(items: readonly string[]): Promise<BloomAnswer[]> {
+    const results = new Array<BloomAnswer>(items.length)
     await Promise.all(
-      [...byShard(items, head)].map(async ([shard, { args, at }]) => {
-        const reply = await runScript<string | null>(redis, script, [heads[shard]!], args)
-        at.forEach((index, offset) => {
-          results[index] = answer(reply, offset)
+      byShard(items).map(async ([shard, { positions, at }]) => {
+        const reply = await read(shard, positions)
+        at.forEach((index, i) => {
+          results[index] = reply === null ? 'unknown' : reply[i] === '1' ? 'maybe' : 'absent'
         })
       }),
     )
@@ -245,16 +252,22 @@ export function createBloomFilter(redis: RedisClient, options: BloomFilterOption
 
   async function add(input: string | readonly string[]): Promise<boolean | boolean[]> {
     const items = checkItems(input)
-    const added = await perShard('bloomAdd', items, ['', shape, hashes, 0], (reply, i) =>
-      reply === null ? true : reply[i] === '1',
+    const results = new Array<boolean>(items.length)
+    await Promise.all(
+      byShard(items).map(async ([shard, { positions, at }]) => {
+        const { bits, building, rebuild } = all[shard]!
+        const reply = await runScript<string | null>(
+          redis,
+          'bloomAdd',
+          [bits, building, rebuild],
+          ['', shapeId, hashes, 0, positions.join(' ')],
+        )
+        at.forEach((index, i) => {
+          results[index] = reply === null || reply[i] === '1'
+        })
+      }),
     )
-    return typeof input === 'string' ? added[0]! : added
-  }
-
-  async function answers(items: readonly string[]): Promise<BloomAnswer[]> {
-    return perShard('bloomCheck', items, [shape, hashes], (reply, i) =>
-      reply === null ? 'unknown' : reply[i] === '1' ? 'maybe' : 'absent',
-    )
+    return typeof input === 'string' ? results[0]! : results
   }
 
   async function checkAnswers(input: string | readonly string[]): Promise<BloomAnswer | BloomAnswer[]> {
@@ -268,9 +281,7 @@ export function createBloomFilter(redis: RedisClient, options: BloomFilterOption
   }
 
   async function ready(): Promise<boolean> {
-    const replies = await Promise.all(
-      heads.map((head) => runScript<string | null>(redis, 'bloomCheck', [head], [shape, hashes])),
-    )
+    const replies = await Promise.all(all.map((_, shard) => read(shard, [])))
     return replies.every((reply) => reply !== null)
   }
 
@@ -294,15 +305,15 @@ export function createBloomFilter(redis: RedisClient, options: BloomFilterOption
       )
     const generation = randomToken(6, 'hex')
     const calls = new Array<number>(shards).fill(0)
-    /** Per shard, this rebuild's number there (the shard counts the rebuilds that started). */
+    /** Per shard, this rebuild's number there (each shard counts the rebuilds that started on it). */
     let numbers: number[] = []
     const finish = (mode: 'switch' | 'abort') =>
       Promise.all(
-        all.map((shard) =>
+        all.map(({ bits, building, rebuild }, shard) =>
           runScript<string | number>(
             redis,
             'bloomFinish',
-            [heads[shard]!],
+            [bits, building, rebuild],
             [generation, mode, calls[shard]!, keyBits / 8, numbers[shard] ?? 0],
           ),
         ),
@@ -318,28 +329,33 @@ export function createBloomFilter(redis: RedisClient, options: BloomFilterOption
           superseded
             ? 'was overtaken by a later rebuild of the filter'
             : 'lost writes: Redis dropped its state or some of its adds (a flush, a restart, a failover)'
-        }; ${switched ? failed.length : shards} of ${shards} shards kept their previous generation`,
-        switched ? failed.map(([shard]) => shard) : all,
+        }; ${switched ? failed.length : shards} of ${shards} shards kept their previous bits`,
+        switched ? failed.map(([shard]) => shard) : all.map((_, shard) => shard),
       )
     }
 
     numbers = await Promise.all(
-      heads.map((head) => runScript<number>(redis, 'bloomBegin', [head], [generation, shape, keyBits])),
+      all.map(({ building, rebuild }) =>
+        runScript<number>(redis, 'bloomBegin', [building, rebuild], [generation, shapeId, keyBits, shape]),
+      ),
     )
     let count = 0
     try {
       let batch: string[] = []
       const write = async () => {
-        const groups = [...byShard(batch, [generation, shape, hashes, 0])]
+        const groups = byShard(batch)
         batch = []
         const replies = await Promise.all(
-          groups.map(async ([shard, { args }]) => {
+          groups.map(async ([shard, { positions }]) => {
             calls[shard]!++
-            args[3] = numbers[shard]!
-            return [
-              shard,
-              await runScript<string | number>(redis, 'bloomAdd', [heads[shard]!], args),
-            ] as const
+            const { bits, building, rebuild } = all[shard]!
+            const reply = await runScript<string | number>(
+              redis,
+              'bloomAdd',
+              [bits, building, rebuild],
+              [generation, shapeId, hashes, numbers[shard]!, positions.join(' ')],
+            )
+            return [shard, reply] as const
           }),
         )
         const failed = failure(replies, false)
@@ -353,7 +369,7 @@ export function createBloomFilter(redis: RedisClient, options: BloomFilterOption
       }
       if (batch.length > 0) await write()
     } catch (err) {
-      // The generation is deleted wherever it is still the one being built; readers never saw it.
+      // The bits being built are deleted wherever they are still this rebuild's; no reader saw them.
       await finish('abort').catch(() => {})
       throw err
     }
@@ -363,35 +379,21 @@ export function createBloomFilter(redis: RedisClient, options: BloomFilterOption
       true,
     )
     if (failed) throw failed
-    // Fewer shards than the generation replaced: the shards past the new count are dropped.
-    const before = Math.max(
-      0,
-      ...replies.map((shapeBefore) => Number(String(shapeBefore).split(':')[1] ?? 0)),
-    )
+    // Fewer shards than the bits replaced: the shards past the new count are dropped.
+    const before = Math.max(0, ...replies.map((previous) => Number(String(previous).split(':')[1] ?? 0)))
     if (before > shards)
       await Promise.all(
-        Array.from({ length: before - shards }, (_, i) =>
-          runScript(redis, 'bloomDrop', [`${key}:{${key}:${shards + i}}`]),
-        ),
+        Array.from({ length: before - shards }, (_, i) => {
+          const dropped = keysOf(shards + i)
+          return redis.del(dropped.bits, dropped.building, dropped.rebuild)
+        }),
       )
     return { generation, items: count }
   }
 
-  async function inspect(): Promise<BloomShardKeys[]> {
-    const replies = await Promise.all(heads.map((head) => redis.hmget(head, 'live', 'building')))
-    return replies.map(([live, building], shard) => {
-      const head = heads[shard]!
-      return {
-        shard,
-        head,
-        live: live ? `${head}:${live}` : null,
-        building: building ? `${head}:${building}` : null,
-      }
-    })
-  }
-
   async function destroy(): Promise<void> {
-    await Promise.all(heads.map((head) => runScript(redis, 'bloomDrop', [head])))
+    // One DEL per shard: its three keys share a slot, the shards do not.
+    await Promise.all(all.map(({ bits, building, rebuild }) => redis.del(bits, building, rebuild)))
   }
 
   return {
@@ -409,7 +411,13 @@ export function createBloomFilter(redis: RedisClient, options: BloomFilterOption
     check: checkAnswers as BloomFilter['check'],
     ready,
     rebuild,
-    inspect,
+    keys: (shard) => {
+      if (!Number.isInteger(shard) || shard < 0 || shard >= shards)
+        throw new InvalidArgumentError(
+          `bloom filter: \`shard\` must be an integer from 0 to ${shards - 1}, got ${shown(shard)}`,
+        )
+      return keysOf(shard)
+    },
     destroy,
   }
 }
