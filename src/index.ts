@@ -94,6 +94,20 @@ export {
   SessionValueError,
   sessionCookieName,
 } from './plugins/session/index.ts'
+// A Bloom filter on plain Redis (also the named exports of `fastify-redis-gateway/bloom`).
+export {
+  BLOOM_MAX_BATCH,
+  BLOOM_MAX_ITEM_LENGTH,
+  type BloomAnswer,
+  type BloomFilter,
+  type BloomFilterOptions,
+  BloomRebuildError,
+  type BloomRebuildOptions,
+  type BloomRebuildResult,
+  type BloomShardKeys,
+  bloomSize,
+  createBloomFilter,
+} from './primitives/bloom.ts'
 // What a primitive's call throws for a positional argument it cannot use (a TypeError with a code).
 export { InvalidArgumentError } from './primitives/checks.ts'
 // Primitives for use outside Fastify: a lock with fencing tokens and a delayed job queue (each also

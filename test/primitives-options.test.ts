@@ -2,6 +2,7 @@ import assert from 'node:assert/strict'
 import { after, before, test } from 'node:test'
 import { Redis } from 'ioredis'
 import { InvalidOptionError, RedisClientError, UnknownOptionError } from '../src/plugins/common/errors.ts'
+import { createBloomFilter } from '../src/primitives/bloom.ts'
 import { InvalidArgumentError } from '../src/primitives/checks.ts'
 import { createDelayedQueue } from '../src/primitives/delayed-queue.ts'
 import { createFeed } from '../src/primitives/feed.ts'
@@ -44,6 +45,11 @@ test('something that is not an ioredis client is a RedisClientError naming what 
     ['lock', () => createLock(url as never)],
     ['delayed queue', () => createDelayedQueue(url as never, { name: 'q' })],
     ['leaderboard', () => createLeaderboard(url as never)],
+    [
+      'bloom filter',
+      () =>
+        createBloomFilter(url as never, { key: `${prefix}b`, expectedItems: 10, falsePositiveRate: 0.01 }),
+    ],
     ['sharded counter', () => createShardedCounter(url as never, { key: (s) => `${prefix}c:{${s}}` })],
     [
       'feed',

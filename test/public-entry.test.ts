@@ -25,21 +25,29 @@ test('the public entry exports every plugin as a named Fastify plugin', () => {
   assert.equal('postgresPlugin' in root, false)
 })
 
-test('each primitive is a subpath of the package and a named export of the root', () => {
-  const pkg = JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8'))
-  const primitives: Array<[string, unknown]> = [
-    ['lock', root.createLock],
-    ['delayed-queue', root.createDelayedQueue],
-    ['stream-consumer', root.createStreamConsumer],
-    ['sharded-counter', root.createShardedCounter],
-    ['leaderboard', root.createLeaderboard],
-    ['feed', root.createFeed],
-  ]
-  for (const [name, create] of primitives) {
-    assert.equal(typeof create, 'function', name)
-    assert.deepEqual(pkg.exports[`./${name}`], {
-      types: `./dist/primitives/${name}.d.ts`,
-      default: `./dist/primitives/${name}.js`,
-    })
+test('each primitive subpath of package.json is a module of src/primitives whose named exports the root re-exports', async () => {
+  const pkg = JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as {
+    exports: Record<string, { default?: string }>
   }
+  const primitives = Object.entries(pkg.exports).flatMap(([subpath, target]) => {
+    const file = /^\.\/dist\/primitives\/(.+)\.js$/.exec(target.default ?? '')?.[1]
+    return file ? [[subpath, file] as const] : []
+  })
+  assert.deepEqual(primitives.map(([subpath]) => subpath).sort(), [
+    './bloom',
+    './delayed-queue',
+    './feed',
+    './leaderboard',
+    './lock',
+    './sharded-counter',
+    './stream-consumer',
+  ])
+  for (const [subpath, file] of primitives) {
+    const module = (await import(`../src/primitives/${file}.ts`)) as Record<string, unknown>
+    const missing = Object.keys(module).filter(
+      (name) => (root as Record<string, unknown>)[name] !== module[name],
+    )
+    assert.deepEqual(missing, [], `${subpath}: not re-exported by the root`)
+  }
+  assert.equal(typeof root.createBloomFilter, 'function')
 })

@@ -1,4 +1,5 @@
 import assert from 'node:assert/strict'
+import { createBloomFilter } from 'fastify-redis-gateway/bloom'
 import { createDelayedQueue } from 'fastify-redis-gateway/delayed-queue'
 import { createFeed } from 'fastify-redis-gateway/feed'
 import { createLeaderboard } from 'fastify-redis-gateway/leaderboard'
@@ -98,6 +99,23 @@ const feedKeys = [
 ]
 for (const key of feedKeys.flatMap((k) => (typeof k === 'string' ? [k] : Object.values(k))))
   await redis.del(key)
+
+// The Bloom filter answers `unknown` (maybe) until built, then from the built generation.
+const ids = createBloomFilter(redis, {
+  key: `${prefix('bloom')}ids`,
+  expectedItems: 1000,
+  falsePositiveRate: 0.01,
+})
+assert.deepEqual(await ids.check(['u1', 'u2']), ['unknown', 'unknown'])
+async function* users() {
+  yield* ['u1', 'u2', 'u3']
+}
+assert.equal((await ids.rebuild(users())).items, 3)
+assert.equal(await ids.ready(), true)
+assert.deepEqual(await ids.mightContain(['u1', 'u2', 'u3']), [true, true, true])
+assert.deepEqual(await ids.add(['u4', 'u4']), [true, false])
+assert.equal(await ids.mightContain('u4'), true)
+await ids.destroy()
 
 await redis.quit()
 console.log('ok primitives')

@@ -1,8 +1,10 @@
 // Type-checked against the shipped .d.ts only: what a TypeScript user of the package writes.
 import Fastify from 'fastify'
 import {
+  type BloomAnswer,
   type CachePluginOptions,
   cache,
+  createBloomFilter,
   type Decision,
   GatewayError,
   type IdempotencyPluginOptions,
@@ -76,3 +78,9 @@ try {
   if (err instanceof UnknownOptionError) console.error(err.code, err.option, err.validOptions.join(', '))
   else if (err instanceof GatewayError) console.error(err.code)
 }
+
+// A Bloom filter from the root: overloads give one answer for one item, an array for an array.
+const ids = createBloomFilter(client, { key: 'ids', expectedItems: 1_000_000, falsePositiveRate: 0.01 })
+const one: BloomAnswer = await ids.check('42')
+const many: boolean[] = await ids.mightContain(['42', '43'])
+console.log(one, many.length, ids.bytes)
