@@ -19,6 +19,8 @@ import {
   redis,
   session,
 } from './index.ts'
+import { type AccountFilter, createAccountFilter } from './ledger/account-filter.ts'
+import publicAccounts from './public-accounts/plugin.ts'
 import accountRoutes from './routes/accounts.ts'
 import campaignRoutes from './routes/campaigns.ts'
 import healthRoutes from './routes/health.ts'
@@ -27,6 +29,7 @@ import { readIntegerParams, refuseUnstorableText } from './routes/input.ts'
 import notificationRoutes from './routes/notifications.ts'
 import { openapiOptions, sessionCookieName } from './routes/openapi.ts'
 import problemRoutes from './routes/problems.ts'
+import publicAccountRoutes from './routes/public-accounts.ts'
 import sessionRoutes from './routes/session.ts'
 import transferRoutes, { noteKeyMismatches, transferAttemptCounts } from './routes/transfers.ts'
 import { registerScheduler, type SchedulerTuning } from './scheduler/plugin.ts'
@@ -56,12 +59,26 @@ export interface GatewayDependencies {
    * NODE_ENV=test off unless this says 'on' (or gives their timings); elsewhere on.
    */
   scheduler?: 'on' | 'off' | SchedulerTuning
+  /**
+   * The account-id Bloom filter (ACCOUNT_FILTER=off always wins): under NODE_ENV=test off unless
+   * this says 'on', since suites insert accounts straight into Postgres; elsewhere on.
+   */
+  accountFilter?: 'on' | 'off'
 }
 
 declare module 'fastify' {
   interface FastifyInstance {
     lifecycle: { draining: boolean }
+    /** Which account ids exist (docs/bloom.md); when off, every id might. */
+    accountFilter: Pick<AccountFilter, 'mightExist' | 'add' | 'settled'>
   }
+}
+
+/** The account filter when it is off: the database answers every id. */
+const NO_ACCOUNT_FILTER: Pick<AccountFilter, 'mightExist' | 'add' | 'settled'> = {
+  mightExist: async () => true,
+  add: async () => {},
+  settled: async () => {},
 }
 
 /** The demo banking gateway: plugins in order (storage, sessions, protections), then routes. */
@@ -168,6 +185,22 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
 
   await app.register(healthRoutes)
   await app.register(sessionRoutes, { sessionCookie: sessionCookieName(config) })
+  const accountFilter =
+    config.accountFilter.enabled &&
+    (deps.accountFilter === undefined ? config.nodeEnv !== 'test' : deps.accountFilter === 'on')
+      ? createAccountFilter({
+          db: app.db,
+          redis: app.redis,
+          key: `${prefix}accounts`,
+          capacity: config.accountFilter.capacity,
+          onError: (err) => app.log.warn({ err }, 'account filter'),
+        })
+      : null
+  app.decorate('accountFilter', accountFilter ?? NO_ACCOUNT_FILTER)
+  if (accountFilter) {
+    app.addHook('onReady', async () => accountFilter.start())
+    app.addHook('onClose', async () => accountFilter.stop())
+  }
   await app.register(accountRoutes)
   // History cursors are signed with keys derived from the session secrets (src/routes/history.ts).
   await app.register(historyRoutes, { secrets: config.session.secrets })
@@ -190,9 +223,18 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
     deadLetterMaxLen: config.events.deadLetterRetention,
     ...deps.eventConsumer,
   })
+  // Public accounts' feed: one more consumer group on the transfer events, and its fan-out worker.
+  await app.register(publicAccounts, {
+    prefix,
+    workers: eventWorkers.feed,
+    ...config.feed,
+    deadLetterMaxLen: config.events.deadLetterRetention,
+    ...deps.eventConsumer,
+  })
   await app.register(transferRoutes, { outbox: config.events.outbox })
   await app.register(notificationRoutes)
   await app.register(campaignRoutes)
+  await app.register(publicAccountRoutes)
   await registerScheduler(app, {
     config,
     keyPrefix: prefix,

@@ -37,7 +37,9 @@ const EnvSchema = Type.Object({
   SCHEDULED_TRANSFERS_MAX_PENDING: Type.Optional(Type.String({ pattern: '^[1-9][0-9]{0,5}$' })),
   OUTBOX: Type.Optional(Type.Union([Type.Literal('on'), Type.Literal('off')])),
   EVENT_WORKERS: Type.Optional(
-    Type.String({ pattern: '^(on|off|(relay|notifier|campaigns)(,(relay|notifier|campaigns))*)$' }),
+    Type.String({
+      pattern: '^(on|off|(relay|notifier|campaigns|feed)(,(relay|notifier|campaigns|feed))*)$',
+    }),
   ),
   OUTBOX_RELAY_INTERVAL: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*(ms|s|m|h)$' })),
   EVENTS_RETENTION: Type.Optional(Type.String({ pattern: '^[1-9][0-9]{0,8}$' })),
@@ -47,6 +49,10 @@ const EnvSchema = Type.Object({
   NOTIFICATIONS_DEDUP: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*(ms|s|m|h)$' })),
   SSE_HEARTBEAT: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*(ms|s|m|h)$' })),
   SSE_MAX_STREAMS: Type.Optional(Type.String({ pattern: '^[1-9][0-9]{0,3}$' })),
+  FEED_PUSH_MAX_FOLLOWERS: Type.Optional(Type.String({ pattern: '^(0|[1-9][0-9]{0,8})$' })),
+  FEED_ACTIVE_DAYS: Type.Optional(Type.String({ pattern: '^[1-9][0-9]{0,2}$' })),
+  ACCOUNT_FILTER: Type.Optional(Type.Union([Type.Literal('on'), Type.Literal('off')])),
+  ACCOUNT_FILTER_CAPACITY: Type.Optional(Type.String({ pattern: '^[1-9][0-9]{0,9}$' })),
   SHUTDOWN_DRAIN: Type.Optional(Type.String({ pattern: '^[0-9]+(ms|s|m|h)$' })),
   SHUTDOWN_GRACE: Type.Optional(Type.String({ pattern: '^[0-9]+(ms|s|m|h)$' })),
 })
@@ -76,7 +82,7 @@ const HINTS: Record<string, string> = {
   RECONCILIATION_PERIOD: 'a duration above zero like 24h',
   SCHEDULED_TRANSFERS_MAX_PENDING: 'a positive integer (unfinished scheduled transfers per customer)',
   OUTBOX: 'on or off',
-  EVENT_WORKERS: 'on, off, or a comma list of relay, notifier, campaigns',
+  EVENT_WORKERS: 'on, off, or a comma list of relay, notifier, campaigns, feed',
   OUTBOX_RELAY_INTERVAL: 'a duration above zero like 1s',
   EVENTS_RETENTION: 'a positive integer (stream entries kept)',
   EVENTS_DEAD_LETTER_RETENTION: 'a positive integer (dead letters kept)',
@@ -85,6 +91,10 @@ const HINTS: Record<string, string> = {
   NOTIFICATIONS_DEDUP: 'a duration above zero like 24h',
   SSE_HEARTBEAT: 'a duration above zero like 15s',
   SSE_MAX_STREAMS: 'a positive integer (open notification streams per customer and instance)',
+  FEED_PUSH_MAX_FOLLOWERS: 'a whole number (followers above which a public account is pulled)',
+  FEED_ACTIVE_DAYS: 'a whole number of days, 1 to 999',
+  ACCOUNT_FILTER: 'on or off',
+  ACCOUNT_FILTER_CAPACITY: 'a positive integer (accounts the filter is sized for)',
   TRUST_PROXY: 'true or false',
   SHUTDOWN_DRAIN: 'a duration like 5s (0s: no drain)',
   SHUTDOWN_GRACE: 'a duration like 20s',
@@ -105,14 +115,21 @@ export interface EventWorkers {
   notifier: boolean
   /** The leaderboard and daily-totals consumer groups. */
   campaigns: boolean
+  /** The public accounts' feed: its consumer group and its fan-out worker. */
+  feed: boolean
 }
 
-export const NO_EVENT_WORKERS: EventWorkers = { relay: false, notifier: false, campaigns: false }
+export const NO_EVENT_WORKERS: EventWorkers = { relay: false, notifier: false, campaigns: false, feed: false }
 
 function parseEventWorkers(value: string): EventWorkers {
-  if (value === 'on') return { relay: true, notifier: true, campaigns: true }
+  if (value === 'on') return { relay: true, notifier: true, campaigns: true, feed: true }
   const listed = new Set(value.split(','))
-  return { relay: listed.has('relay'), notifier: listed.has('notifier'), campaigns: listed.has('campaigns') }
+  return {
+    relay: listed.has('relay'),
+    notifier: listed.has('notifier'),
+    campaigns: listed.has('campaigns'),
+    feed: listed.has('feed'),
+  }
 }
 
 export interface Config {
@@ -139,6 +156,17 @@ export interface Config {
   }
   seedDemo: boolean
   /**
+   * Public accounts' feed: a public account with more followers than `pushMaxFollowers` is read by
+   * its followers (pull) instead of written into each feed (push); fan-out reaches followers active
+   * within `activeWindowMs` (FEED_ACTIVE_DAYS).
+   */
+  feed: { pushMaxFollowers: number; activeWindowMs: number }
+  /**
+   * The Bloom filter of account ids the balance route asks before the database (ACCOUNT_FILTER);
+   * under NODE_ENV=test on only when a test asks (GatewayDependencies.accountFilter).
+   */
+  accountFilter: { enabled: boolean; capacity: number }
+  /**
    * The workers of scheduled transfers and the reconciliation job (SCHEDULER, default on); under
    * NODE_ENV=test they only run when a test asks (GatewayDependencies.scheduler). `maxPending`: a
    * customer's unfinished (`scheduled` or `running`) schedules at most.
@@ -147,7 +175,7 @@ export interface Config {
   /** Transfer events (docs/events.md): outbox, relay and notifier workers, SSE notifications. */
   events: {
     outbox: boolean
-    /** Which transfer-event workers this instance runs (EVENT_WORKERS; `on`: all three). */
+    /** Which transfer-event workers this instance runs (EVENT_WORKERS; `on`: all of them). */
     workers: EventWorkers
     relayIntervalMs: number
     streamRetention: number
@@ -259,6 +287,14 @@ export function loadConfig(env: Record<string, string | undefined> = process.env
       ip: { capacity: Number(capacity), refillPerSecond: Number(refill) },
     },
     seedDemo: e.SEED_DEMO !== 'false',
+    feed: {
+      pushMaxFollowers: Number(e.FEED_PUSH_MAX_FOLLOWERS ?? 10_000),
+      activeWindowMs: Number(e.FEED_ACTIVE_DAYS ?? 30) * 86_400_000,
+    },
+    accountFilter: {
+      enabled: (e.ACCOUNT_FILTER ?? 'on') === 'on',
+      capacity: Number(e.ACCOUNT_FILTER_CAPACITY ?? 1_000_000),
+    },
     scheduler: {
       enabled: (e.SCHEDULER ?? 'on') === 'on',
       reconciliationPeriodMs: parseDuration(e.RECONCILIATION_PERIOD ?? '24h'),

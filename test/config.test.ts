@@ -15,7 +15,7 @@ test('defaults follow docs/http-api.md', () => {
   assert.equal(config.session.secrets.length, 1)
   assert.ok(config.session.secrets[0]!.length >= 32, 'a random per-process secret in development')
   assert.equal(config.session.secure, false)
-  assert.deepEqual(config.events.workers, { relay: true, notifier: true, campaigns: true })
+  assert.deepEqual(config.events.workers, { relay: true, notifier: true, campaigns: true, feed: true })
   assert.equal(config.events.notificationsDedupMs, 86_400_000)
   assert.equal(config.events.notificationsTtlMs, 7 * 86_400_000)
   assert.equal(config.events.deadLetterRetention, 10_000)
@@ -54,9 +54,10 @@ test('parses every variable', () => {
     { host: 'b', port: 7001 },
   ])
   const workers = (value: string) => loadConfig({ EVENT_WORKERS: value }).events.workers
-  assert.deepEqual(workers('off'), { relay: false, notifier: false, campaigns: false })
-  assert.deepEqual(workers('relay'), { relay: true, notifier: false, campaigns: false })
-  assert.deepEqual(workers('notifier,campaigns'), { relay: false, notifier: true, campaigns: true })
+  assert.deepEqual(workers('off'), { relay: false, notifier: false, campaigns: false, feed: false })
+  assert.deepEqual(workers('relay'), { relay: true, notifier: false, campaigns: false, feed: false })
+  assert.deepEqual(workers('notifier,campaigns'), { relay: false, notifier: true, campaigns: true, feed: false })
+  assert.deepEqual(workers('feed'), { relay: false, notifier: false, campaigns: false, feed: true })
 })
 
 test('a bad variable fails the boot with a message naming it', () => {
@@ -90,7 +91,7 @@ test('a bad variable fails the boot with a message naming it', () => {
     ],
     [
       { EVENT_WORKERS: 'relay,mailer' },
-      "Invalid environment variable EVENT_WORKERS: expected on, off, or a comma list of relay, notifier, campaigns, got 'relay,mailer'",
+      "Invalid environment variable EVENT_WORKERS: expected on, off, or a comma list of relay, notifier, campaigns, feed, got 'relay,mailer'",
     ],
     [
       { SESSION_SECRET: 'short' },

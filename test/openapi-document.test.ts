@@ -39,22 +39,29 @@ const SESSION_ROUTES = [
   'GET /leaderboard',
   'GET /leaderboard/me',
   'GET /stats/today',
+  'GET /public-accounts',
+  'PUT /public-accounts/{accountId}/follow',
+  'DELETE /public-accounts/{accountId}/follow',
+  'GET /feed',
 ]
 
 test('every route is documented, with an operationId, a summary, a description and described responses', () => {
   const documented = operations(demo.document).map(({ method, path }) => `${method} ${path}`)
   assert.deepEqual(documented.sort(), [
+    'DELETE /public-accounts/{accountId}/follow',
     'DELETE /scheduled-transfers/{scheduleId}',
     'DELETE /session',
     'GET /accounts',
     'GET /accounts/{accountId}/balance',
     'GET /accounts/{accountId}/transactions',
+    'GET /feed',
     'GET /health',
     'GET /leaderboard',
     'GET /leaderboard/me',
     'GET /notifications',
     'GET /problems',
     'GET /problems/{slug}',
+    'GET /public-accounts',
     'GET /ready',
     'GET /scheduled-transfers',
     'GET /scheduled-transfers/{scheduleId}',
@@ -63,6 +70,7 @@ test('every route is documented, with an operationId, a summary, a description a
     'POST /scheduled-transfers',
     'POST /session',
     'POST /transfers',
+    'PUT /public-accounts/{accountId}/follow',
   ])
   const ids = new Set<string>()
   for (const { method, path, op } of operations(demo.document)) {

@@ -108,8 +108,12 @@ const accountRoutes: FastifyPluginAsyncTypebox = async (app) => {
       if (accountId > MAX_ACCOUNT_ID) throw accountNotFound(accountId)
       // Cached per account with its owner (unknown ids as "not found"), shared by all customers;
       // another customer's account answers exactly like a missing one.
-      const account = await app.cache.getOrLoad(accountCacheKey(accountId), () =>
-        getAccountWithOwner(app.db, accountId),
+      // On a miss, the account filter is asked before the database: an id no account has is
+      // answered without a query and without a key of its own.
+      const account = await app.cache.getOrLoad(
+        accountCacheKey(accountId),
+        () => getAccountWithOwner(app.db, accountId),
+        { admit: () => app.accountFilter.mightExist(accountId) },
       )
       if (!account || account.customerId !== Number(request.session!.principal)) {
         throw accountNotFound(accountId)

@@ -40,7 +40,7 @@ export const PROBLEM_TYPES = [
     slug: 'invalid-cursor',
     status: 400,
     title: 'Invalid cursor',
-    when: 'a `cursor` of `GET /accounts/:accountId/transactions` that the gateway did not issue for that account: malformed, altered, another account’s, or signed with a secret no longer configured; page again from the start, without it',
+    when: 'a `cursor` of `GET /accounts/:accountId/transactions` that the gateway did not issue for that account (malformed, altered, another account’s, or signed with a secret no longer configured), or of `GET /feed` that the feed cannot read; page again from the start, without it',
     source: 'demo',
   },
   {
@@ -251,6 +251,13 @@ export const PROBLEM_TYPES = [
     status: 503,
     title: 'Service unavailable',
     when: '`GET /leaderboard` or `GET /leaderboard/me` while Redis cannot be read (`Retry-After: 1`)',
+    source: 'demo',
+  },
+  {
+    slug: 'feed-unavailable',
+    status: 503,
+    title: 'Service unavailable',
+    when: '`GET /feed`, or following or unfollowing a public account, while Redis cannot be used (`Retry-After: 1`; a follow already stored is kept, and the retry completes it)',
     source: 'demo',
   },
   {

@@ -51,6 +51,13 @@ export interface LoadTimeouts {
 export interface GetOrLoadOptions extends LoadTimeouts {
   /** Fresh lifetime for this call (default: the plugin's `ttlMs`). */
   ttlMs?: number
+  /**
+   * Asked when nothing fresh is cached, before anything is written for the key: false answers
+   * `null` without a lease, a generation, an entry or a load. For a filter of the keys that can
+   * exist (a Bloom filter of ids), so that reads of ids that do not exist leave no key per id. A
+   * call that has no prefetch peeks first (one more round trip on a hit).
+   */
+  admit?: () => Promise<boolean>
   /** Tags of the entry this call fills: `invalidateTags` with any of them drops it, on every instance. */
   tags?: readonly string[]
 }
@@ -218,6 +225,7 @@ const GET_OR_LOAD_OPTIONS = optionKeys<GetOrLoadOptions>({
   softTimeoutMs: true,
   hardTimeoutMs: true,
   onLoadError: true,
+  admit: true,
 })
 const SET_OPTIONS = optionKeys<CacheSetOptions>({ ttlMs: true, tags: true })
 
@@ -442,6 +450,11 @@ export class RedisCache implements CacheApi {
       }
       // Absent, past its soft TTL, due for an early refresh or tagged: cache-get.lua tells which
       // and takes the lease if there is one to take. Only this read, past the route's checks, may.
+      if (options.admit && payload === undefined && !(await options.admit())) return null
+    } else if (options.admit) {
+      const payload = await this.peek(key)
+      if (payload !== undefined) return this.settings.deserialize(payload) as T | null
+      if (!(await options.admit())) return null
     }
     for (let first = true; ; first = false) {
       const owner = token()

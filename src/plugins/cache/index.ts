@@ -229,8 +229,9 @@ function disabledCache(defaultHardTimeoutMs: number, log: FastifyBaseLogger): Ca
     getOrLoad<T>(key: string, loader: () => Promise<T | null>, options?: GetOrLoadOptions) {
       checkRead(key, options)
       const hardMs = options?.hardTimeoutMs ?? defaultHardTimeoutMs
-      if (!(hardMs > 0)) return loader()
-      return withDeadline(loader(), Date.now() + hardMs, key, hardMs, (err) =>
+      const load = async () => (options?.admit && !(await options.admit()) ? null : loader())
+      if (!(hardMs > 0)) return load()
+      return withDeadline(load(), Date.now() + hardMs, key, hardMs, (err) =>
         log.warn({ err, key }, 'cache load failed after its read timed out'),
       )
     },

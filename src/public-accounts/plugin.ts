@@ -1,0 +1,109 @@
+import { randomBytes } from 'node:crypto'
+import { hostname } from 'node:os'
+import type { FastifyInstance } from 'fastify'
+import fp from 'fastify-plugin'
+import { createTransferEventsConsumer } from '../events/consumer.ts'
+import type { TransferEvent } from '../events/outbox-relay.ts'
+import { createFeed, type FanoutWorker, type Feed, type FeedItem, type StreamConsumer } from '../index.ts'
+import { feedItemId, feedSource, publicAmong } from './store.ts'
+
+export interface PublicAccountsPluginOptions {
+  /** Prepended to every key (the gateway's key prefix). */
+  prefix: string
+  /** Run the `feed` consumer group and the fan-out worker in this process. */
+  workers: boolean
+  pushMaxFollowers: number
+  activeWindowMs: number
+  deadLetterMaxLen?: number
+  /** Consumer tuning (tests shorten the visibility timeout). */
+  visibilityTimeoutMs?: number
+  maxDeliveries?: number
+}
+
+export interface PublicAccountsApi {
+  feed: Feed
+  /** Null when the feed's workers run elsewhere (EVENT_WORKERS, or tests that did not ask for them). */
+  consumer: StreamConsumer | null
+  fanout: FanoutWorker | null
+}
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    publicAccounts: PublicAccountsApi
+  }
+}
+
+export const FEED_GROUP = 'feed'
+
+/** The feed items of a read of transfer events: one per transfer and public account it touched. */
+async function itemsOf(app: FastifyInstance, data: readonly string[]): Promise<FeedItem[]> {
+  const events = data
+    .map((json) => JSON.parse(json) as TransferEvent)
+    .filter((event) => event.type === 'transfer.completed')
+  if (events.length === 0) return []
+  const accounts = [...new Set(events.flatMap((e) => [e.fromAccountId, e.toAccountId]))]
+  const publicIds = await publicAmong(app.db, accounts)
+  return events.flatMap((event) =>
+    [event.fromAccountId, event.toAccountId]
+      .filter((accountId) => publicIds.has(accountId))
+      .map((accountId) => ({
+        id: feedItemId(event.transferId, accountId),
+        producer: String(accountId),
+        at: Date.parse(event.occurredAt),
+      })),
+  )
+}
+
+/**
+ * Public accounts' feed (docs/feed.md, the demo): `app.publicAccounts.feed` for the routes, and,
+ * when `workers`, the `feed` consumer group of the transfer events (a movement of a public account
+ * is published to its followers) and the fan-out worker.
+ */
+async function publicAccountsPlugin(
+  app: FastifyInstance,
+  options: PublicAccountsPluginOptions,
+): Promise<void> {
+  const feed = createFeed(app.redis, {
+    source: feedSource(app.db),
+    keyPrefix: `${options.prefix}feed:`,
+    pushMaxFollowers: options.pushMaxFollowers,
+    activeWindowMs: options.activeWindowMs,
+  })
+  const onError = (err: unknown) => app.log.warn({ err }, 'public accounts feed')
+  const consumerName = `${hostname()}-${process.pid}-${randomBytes(3).toString('hex')}`
+  const consumer = options.workers
+    ? createTransferEventsConsumer(
+        {
+          redis: app.redis,
+          stream: app.events.stream,
+          consumer: consumerName,
+          visibilityTimeoutMs: options.visibilityTimeoutMs,
+          maxDeliveries: options.maxDeliveries,
+          deadLetterMaxLen: options.deadLetterMaxLen,
+          onError,
+        },
+        FEED_GROUP,
+        50,
+        async (entries) => {
+          const items = await itemsOf(
+            app,
+            entries.map((entry) => entry.fields.data ?? ''),
+          )
+          // A redelivered event publishes again: its item lands once (same id, same time).
+          await Promise.all(items.map((item) => feed.publish(item)))
+        },
+      )
+    : null
+  const fanout = options.workers ? feed.createFanoutWorker({ consumer: consumerName, onError }) : null
+  app.decorate('publicAccounts', { feed, consumer, fanout })
+
+  app.addHook('onReady', async () => {
+    // Redis unreachable now: each loop creates its group once Redis answers.
+    await Promise.all([consumer?.start().catch(onError), fanout?.start().catch(onError)])
+  })
+  app.addHook('onClose', async () => {
+    await Promise.all([consumer?.stop(), fanout?.stop()])
+  })
+}
+
+export default fp(publicAccountsPlugin, { name: 'public-accounts', dependencies: ['transfer-events'] })
