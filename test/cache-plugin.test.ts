@@ -326,3 +326,26 @@ test('a disabled cache calls the loader every time and touches no Redis', async 
   assert.equal(await app.cache.invalidate(['account:1']), true)
   assert.deepEqual(await scanKeys(redis, prefix), [])
 })
+
+test('admit: false answers null without a load or any key; true loads as usual; a hit never asks', async () => {
+  const prefix = uniquePrefix('adm')
+  const app = await cacheApp({ keyPrefix: prefix })
+  const load = loader(() => ({ id: 1 }))
+  let asked = 0
+  const admit = (answer: boolean) => async () => {
+    asked++
+    return answer
+  }
+  assert.equal(await app.cache.getOrLoad('account:404', load, { admit: admit(false) }), null)
+  assert.equal(load.calls, 0)
+  assert.deepEqual(await scanKeys(redis, prefix), [], 'no lease, generation or "not found" entry')
+  assert.deepEqual(await app.cache.getOrLoad('account:1', load, { admit: admit(true) }), { id: 1 })
+  assert.equal(load.calls, 1)
+  assert.equal(asked, 2)
+  assert.deepEqual(await app.cache.getOrLoad('account:1', load, { admit: admit(false) }), { id: 1 })
+  assert.equal(asked, 2, 'a hit does not ask')
+  // The disabled cache asks too.
+  const off = await cacheApp({ enabled: false })
+  assert.equal(await off.cache.getOrLoad('account:404', load, { admit: admit(false) }), null)
+  assert.equal(load.calls, 1)
+})

@@ -56,7 +56,12 @@ test('parses every variable', () => {
   const workers = (value: string) => loadConfig({ EVENT_WORKERS: value }).events.workers
   assert.deepEqual(workers('off'), { relay: false, notifier: false, campaigns: false, feed: false })
   assert.deepEqual(workers('relay'), { relay: true, notifier: false, campaigns: false, feed: false })
-  assert.deepEqual(workers('notifier,campaigns'), { relay: false, notifier: true, campaigns: true, feed: false })
+  assert.deepEqual(workers('notifier,campaigns'), {
+    relay: false,
+    notifier: true,
+    campaigns: true,
+    feed: false,
+  })
   assert.deepEqual(workers('feed'), { relay: false, notifier: false, campaigns: false, feed: true })
 })
 

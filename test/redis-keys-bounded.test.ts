@@ -5,6 +5,7 @@ import { after, before, test } from 'node:test'
 import { LEADERBOARD_GROUP } from '../src/campaigns/leaderboard.ts'
 import { STATS_GROUP } from '../src/campaigns/stats.ts'
 import { NOTIFIER_GROUP, notificationKeys } from '../src/events/notifier.ts'
+import { FEED_GROUP } from '../src/public-accounts/plugin.ts'
 import { closeAndClean, groupDone, until } from './campaigns-helpers.ts'
 import { openSse, type SseConnection } from './events-sse.ts'
 import {
@@ -56,6 +57,7 @@ before(async () => {
       keyPrefix: prefix,
       rateLimits: 'on',
       eventWorkers: 'on',
+      accountFilter: 'on',
       // A poison entry goes to the dead letters on its second delivery, half a second after the first.
       eventConsumer: { visibilityTimeoutMs: 500, maxDeliveries: 2 },
       scheduler: {
@@ -72,6 +74,13 @@ before(async () => {
   alice = await customer('alice')
   bob = await customer('bob')
   carol = await customer('carol')
+  // carol's account is public (the demo's relief fund): bob follows it below.
+  await database.db.query("UPDATE accounts SET public_name = 'Relief Fund' WHERE id = $1", [
+    carol.accountIds[0],
+  ])
+  // Inserted straight into Postgres: the account filter is told, as the gateway's own inserts do.
+  await t.app.accountFilter.settled()
+  await t.app.accountFilter.add([alice, bob, carol].flatMap((c) => c.accountIds))
 })
 
 after(async () => {
@@ -85,15 +94,15 @@ async function eventsCaughtUp(): Promise<void> {
   await until(async () => {
     const [row] = await database.db.query<{ n: number }>('SELECT count(*)::int AS n FROM outbox_events')
     if (row!.n > 0) return false
-    for (const group of [NOTIFIER_GROUP, LEADERBOARD_GROUP, STATS_GROUP])
+    for (const group of [NOTIFIER_GROUP, LEADERBOARD_GROUP, STATS_GROUP, FEED_GROUP])
       if (!(await groupDone(t, group))) return false
     return true
-  }, 'the outbox relay and the notifier, leaderboard and daily-stats groups')
+  }, 'the outbox relay and the notifier, leaderboard, daily-stats and feed groups')
 }
 
 function inject(
   who: { cookie: string },
-  method: 'GET' | 'POST' | 'DELETE',
+  method: 'GET' | 'POST' | 'PUT' | 'DELETE',
   path: string,
   payload?: object,
   idempotencyKey?: string,
@@ -151,6 +160,11 @@ test('the demo flows over HTTP: login, balances, transfers, a notification, sche
   assert.equal(notification!.event, 'transfer.received')
   assert.equal(notification!.data.transferId, first.json().transferId)
 
+  // bob follows carol's public account; the scheduled transfer to it below reaches his feed.
+  assert.equal((await inject(bob, 'GET', '/public-accounts')).statusCode, 200)
+  assert.equal((await inject(bob, 'PUT', `/public-accounts/${carol.accountIds[0]}/follow`)).statusCode, 204)
+  assert.equal((await inject(bob, 'GET', '/feed')).statusCode, 200)
+
   // A scheduled transfer cancelled, and one that runs.
   const later = await inject(
     alice,
@@ -188,6 +202,10 @@ test('the demo flows over HTTP: login, balances, transfers, a notification, sche
   }, 'the scheduled transfer to run')
 
   await eventsCaughtUp()
+  await until(
+    async () => (await inject(bob, 'GET', '/feed')).json().items.length === 1,
+    "the movement in bob's feed",
+  )
   const leaderboard = await inject(alice, 'GET', '/leaderboard')
   assert.equal(leaderboard.statusCode, 200, leaderboard.body)
   assert.ok(leaderboard.json().items.length >= 2)
@@ -233,7 +251,7 @@ test('a notification trims the notifications older than NOTIFICATIONS_TTL from t
 })
 
 test('poison events: the dead-letter stream keeps about EVENTS_DEAD_LETTER_RETENTION entries', async () => {
-  // Entries no consumer can parse: each of the three groups dead-letters every one (3 x 40).
+  // Entries no consumer can parse: each of the four groups dead-letters every one (4 x 40).
   const poison = t.redis.multi()
   for (let i = 0; i < 40; i++)
     poison.xadd(t.app.events.stream, '*', 'eventId', `poison-${i}`, 'data', 'not json')
@@ -244,7 +262,7 @@ test('poison events: the dead-letter stream keeps about EVENTS_DEAD_LETTER_RETEN
   // MAXLEN ~ trims whole nodes of the stream (at most 100 entries each by default).
   assert.ok(
     length >= DEAD_LETTER_RETENTION && length <= DEAD_LETTER_RETENTION + 100,
-    `${length} dead letters kept of 120`,
+    `${length} dead letters kept of 160`,
   )
   const [newest] = (await t.redis.xrevrange(dead, '+', '-', 'COUNT', 1)) as Array<[string, string[]]>
   assert.ok(newest![1].includes('not json'))
