@@ -227,7 +227,7 @@ describe('strict options', () => {
       name: 'UnknownOptionError',
       code: 'FRG_UNKNOWN_OPTION',
       message:
-        "cache: getOrLoad options: unknown option `ttl`. bentocache's `ttl` is `ttlMs` here (milliseconds). Valid options: ttlMs, tags, softTimeoutMs, hardTimeoutMs, onLoadError.",
+        "cache: getOrLoad options: unknown option `ttl`. bentocache's `ttl` is `ttlMs` here (milliseconds). Valid options: ttlMs, tags, softTimeoutMs, hardTimeoutMs, onLoadError, admit.",
     })
     assert.throws(() => app.cache.getOrLoad('item:1', async () => 1, { timeout: 50 } as never), {
       message: /bentocache's `timeout` is `softTimeoutMs` here/,

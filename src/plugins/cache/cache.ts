@@ -248,6 +248,8 @@ function checkCallOptions(options: GetOrLoadOptions, known: readonly string[], m
   const { onLoadError } = options
   if (onLoadError !== undefined && onLoadError !== 'serve-stale' && onLoadError !== 'fail')
     callCheck.fail(`\`onLoadError\` must be 'serve-stale' or 'fail', got ${describeValue(onLoadError)}`)
+  if (options.admit !== undefined && typeof options.admit !== 'function')
+    callCheck.fail(`\`admit\` must be a function, got ${describeValue(options.admit)}`)
 }
 
 /**
