@@ -138,9 +138,11 @@ const historyRoutes: FastifyPluginAsyncTypebox<{ secrets: readonly string[] }> =
       const after =
         request.query.cursor === undefined ? undefined : cursors.decode(request.query.cursor, accountId)
       if (after === null) throw invalidCursor()
-      // Beyond Postgres integer no account exists; otherwise another customer's is answered like a missing one.
+      // Beyond Postgres integer no account exists, nor where the account filter says so; otherwise
+      // another customer's is answered like a missing one.
       if (
         accountId > MAX_ACCOUNT_ID ||
+        !(await app.accountFilter.mightExist(accountId)) ||
         !(await getOwnAccount(app.db, Number(request.session!.principal), accountId))
       ) {
         throw accountNotFound(accountId)
