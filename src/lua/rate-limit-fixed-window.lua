@@ -9,8 +9,16 @@
 -- Blocks: a policy with blockMs adds its block key after the policy keys and (policy index, block
 --          ms) after the per-policy arguments; while a block key lives, the request is rejected
 --          (nothing counted) and that policy replies remaining 0 with the block's TTL as reset and retry.
+-- Penalties: a policy with ban, exponentialBackoff or continueExceeding adds its rejections key
+--          (rejected requests of the current window, same TTL as the counter) after the policy
+--          keys and (-policy index, spec) after the per-policy arguments, spec = (ban + 1) * 4 +
+--          2 * backoff + continue (ban -1: none). A consume a policy rejects counts one rejection;
+--          the k-th restarts the window (continue) or sets its TTL to window * 2^(k-1), at most
+--          max(window, 2^31 - 1) (backoff); past `ban` rejections the policy rejects every
+--          request until the window ends (banned).
 -- Reply: { allowed 0/1, delay ms (always 0), then per policy: remaining, reset ms, retry ms, reset ms }
---        (remaining counts this request on a consume; on a peek it is the quota as it stands)
+--        (remaining counts this request on a consume; on a peek it is the quota as it stands),
+--        then, with penalties, per policy: 0, 1 banned, 2 banned from this request on
 -- The common case (one policy, consume) without tables or a second pass: same reply.
 if #KEYS == 1 and ARGV[1] == 'c' then
   local key, limit, cost = KEYS[1], tonumber(ARGV[3]), tonumber(ARGV[5])
@@ -34,19 +42,45 @@ if #KEYS == 1 and ARGV[1] == 'c' then
   return { 0, 0, remaining, ttl, ttl, ttl }
 end
 -- #include rate-limit-blocks-read
+local penalty, penalties = {}, false
+if op ~= 'r' then
+  for j = 1, #KEYS - n do
+    local at = 2 + 4 * n + 2 * j
+    local i = tonumber(ARGV[at - 1])
+    if i < 0 then
+      local spec = tonumber(ARGV[at])
+      penalty[-i] = {
+        key = KEYS[n + j],
+        ban = math.floor(spec / 4) - 1,
+        backoff = spec % 4 >= 2,
+        continue = spec % 2 == 1,
+        rejected = tonumber(redis.call('GET', KEYS[n + j]) or '0'),
+      }
+      penalties = true
+    end
+  end
+end
 local reply = { 1, 0 }
-local counts, ttls = {}, {}
+local counts, ttls, banned = {}, {}, {}
 for i = 1, n do
   local b = 3 + (i - 1) * 4
   local limit, window, cost = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
   local count
+  local pen = penalty[i]
   if op == 'c' then
     -- Count first and undo below if any policy is over: one write on the common path.
     count = redis.call('INCRBY', KEYS[i], cost)
-    if count > limit then reply[1], over[i] = 0, true end
+    -- A new window: the rejections of an older one are gone with it.
+    if pen and count == cost and pen.rejected > 0 then
+      pen.rejected = 0
+      redis.call('DEL', pen.key)
+    end
   else
     count = tonumber(redis.call('GET', KEYS[i]) or '0')
   end
+  -- Banned: every request is rejected until the window ends.
+  if pen and pen.ban >= 0 and pen.rejected > pen.ban and count > 0 then banned[i] = 1 end
+  if op == 'c' and (count > limit or banned[i]) then reply[1], over[i] = 0, true end
   local ttl = window
   if count == cost and op == 'c' then
     redis.call('PEXPIRE', KEYS[i], window)
@@ -61,7 +95,7 @@ for i = 1, n do
   if op == 'r' then
     -- A TTL above the one seen at the consume belongs to a newer window: nothing to give back there.
     if count >= cost and ttl <= tonumber(ARGV[b + 3]) then redis.call('DECRBY', KEYS[i], cost) end
-  elseif op == 'p' and count + cost > limit then
+  elseif op == 'p' and (count + cost > limit or banned[i]) then
     reply[1], over[i] = 0, true
   end
   counts[i], ttls[i] = count, ttl
@@ -69,17 +103,35 @@ end
 if op == 'r' then return reply end
 for i = 1, n do
   local b = 3 + (i - 1) * 4
-  local limit, cost = tonumber(ARGV[b]), tonumber(ARGV[b + 2])
+  local limit, window, cost = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
   local count, retry = counts[i], 0
   if op == 'c' and reply[1] == 0 then
     redis.call('DECRBY', KEYS[i], cost)
     count = count - cost
+    -- A rejection this policy decided (not one of a sibling's) is counted, and penalised.
+    local pen = penalty[i]
+    if pen and over[i] then
+      local k = pen.rejected + 1
+      local ttl = ttls[i]
+      if pen.continue then
+        ttl = window
+      elseif pen.backoff then
+        ttl = math.min(window * 2 ^ (k - 1), math.max(window, 2147483647))
+      end
+      if ttl ~= ttls[i] then redis.call('PEXPIRE', KEYS[i], ttl) end
+      redis.call('SET', pen.key, k, 'PX', ttl)
+      ttls[i] = ttl
+      if pen.ban >= 0 and k > pen.ban then banned[i] = k == pen.ban + 1 and 2 or 1 end
+    end
   end
-  if reply[1] == 0 and count + cost > limit then retry = ttls[i] end
-  reply[#reply + 1] = math.max(0, limit - count)
+  if reply[1] == 0 and (count + cost > limit or banned[i]) then retry = ttls[i] end
+  reply[#reply + 1] = banned[i] and 0 or math.max(0, limit - count)
   reply[#reply + 1] = ttls[i]
   reply[#reply + 1] = retry
   reply[#reply + 1] = ttls[i]
 end
 -- #include rate-limit-blocks-apply
+if penalties then
+  for i = 1, n do reply[#reply + 1] = banned[i] or 0 end
+end
 return reply

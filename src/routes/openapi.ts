@@ -107,7 +107,12 @@ const REASONS: Record<number, string> = {
   503: 'Service unavailable',
 }
 
-const WITH_POLICY: readonly string[] = ['rate-limited', 'rate-limit-unavailable', 'rate-limit-error']
+const WITH_POLICY: readonly string[] = [
+  'rate-limited',
+  'rate-limit-banned',
+  'rate-limit-unavailable',
+  'rate-limit-error',
+]
 
 /** RFC 9457 problem details whose `type` is one of `slugs` (any type when none are listed). */
 export function problemSchema(status: number | null, slugs: ProblemSlug[], extra: TProperties = {}) {

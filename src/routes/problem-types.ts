@@ -79,6 +79,13 @@ export const PROBLEM_TYPES = [
     source: 'idempotency',
   },
   {
+    slug: 'rate-limit-banned',
+    status: 403,
+    title: 'Forbidden',
+    when: 'a rate limit with `ban` was exceeded too many times in its window: `policy` names it, `Retry-After` says when the window (and the ban) ends',
+    source: 'rate-limit',
+  },
+  {
     slug: 'account-not-found',
     status: 404,
     title: 'Account not found',

@@ -4,7 +4,7 @@ if #KEYS > n then
     local at = 2 + 4 * n + 2 * j
     local i = tonumber(ARGV[at - 1])
     local ttl = blocked[i]
-    if not ttl and requested == 'c' and not anyBlocked and over[i] then
+    if i > 0 and not ttl and requested == 'c' and not anyBlocked and over[i] then
       ttl = tonumber(ARGV[at])
       redis.call('SET', KEYS[n + j], 1, 'PX', ttl)
     end

@@ -74,6 +74,7 @@ export class RedisServerError extends GatewayError {
  */
 export const PROBLEM_CODES: Readonly<Record<string, string>> = {
   'rate-limited': 'FRG_RATE_LIMITED',
+  'rate-limit-banned': 'FRG_RATE_LIMIT_BANNED',
   'rate-limit-unavailable': 'FRG_RATE_LIMIT_UNAVAILABLE',
   'rate-limit-error': 'FRG_RATE_LIMIT_NOT_CHECKED',
   'idempotency-key-missing': 'FRG_IDEMPOTENCY_KEY_MISSING',

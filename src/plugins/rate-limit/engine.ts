@@ -7,7 +7,7 @@ import { RateLimitArgumentError, RateLimitError } from './errors.ts'
 import { identityTag, MAX_KEY_INPUT } from './keys.ts'
 import { MemoryStore } from './memory.ts'
 import type { RateLimitMetrics } from './metrics.ts'
-import { type Policy, type Resolved, resolve, resolveDynamic, shown } from './policy.ts'
+import { checkDynamic, type Policy, type Resolved, resolve, shown } from './policy.ts'
 
 export interface Decision {
   policy: Policy
@@ -20,6 +20,8 @@ export interface Decision {
   limit: number
   /** The RateLimit-Policy item actually enforced (a local limiter advertises its share). */
   header: string
+  /** The policy's `ban` applies: the key is rejected with 403 until its window ends. */
+  isBanned: boolean
 }
 
 /** What undoes a consume for a count-only-failures policy when the response is a success. */
@@ -42,6 +44,8 @@ export interface Outcome {
   refunds: Refund[]
   /** Decided without Redis (by the policies' onRedisError). */
   degraded: boolean
+  /** The rejected decision's key (its identity) when this request began its ban: onBanReach is due. */
+  banReached: string | null
 }
 
 /**
@@ -75,6 +79,10 @@ interface Group {
   resolved: Array<Resolved | undefined> | null
   /** Some policy has blockMs: its block key goes with the call. */
   blocks: boolean
+  /** Some fixed-window policy has ban, exponentialBackoff or continueExceeding: its rejections key goes too. */
+  penalties: boolean
+  /** The identity every policy of the group keys on. */
+  identity: string
 }
 
 const cacheKey = (group: Group) => group.id + group.policies.map((p) => p.name).join(',')
@@ -218,26 +226,62 @@ export class RateLimitEngine {
     policies: readonly Policy[],
     op: 'c' | 'p',
   ): Promise<Outcome | null> {
-    const groups = new Map<string, Group>()
+    // Every policy's key, cost, limit and window first; async key and limit functions of all the
+    // policies are awaited together, then the script calls are made.
+    const asked: Array<{
+      policy: Policy
+      identity: unknown
+      cost: unknown
+      limit: unknown
+      windowMs: unknown
+    }> = []
+    let pending: Array<Promise<void>> | null = null
     for (const policy of policies) {
-      let identity: unknown
-      let cost: unknown
-      let resolved: Resolved | string | undefined
+      const item = {
+        policy,
+        identity: undefined as unknown,
+        cost: 1 as unknown,
+        limit: 0 as unknown,
+        windowMs: 0 as unknown,
+      }
       try {
         if (policy.allow?.(request)) continue
-        identity = policy.key(request, this.principal)
-        if (identity === null || identity === undefined) continue
-        cost = typeof policy.cost === 'number' ? policy.cost : policy.cost(request)
-        if (policy.dynamic) resolved = resolveDynamic(policy, request, false)
+        item.identity = policy.key(request, this.principal)
+        if (item.identity === null || item.identity === undefined) continue
+        item.cost = typeof policy.cost === 'number' ? policy.cost : policy.cost(request)
+        if (policy.dynamic) {
+          item.limit = policy.limitFn ? policy.limitFn(request) : policy.limit
+          item.windowMs = policy.windowFn ? policy.windowFn(request) : policy.windowMs
+        }
       } catch (err) {
-        throw new RateLimitError(
-          [policy.name],
-          `its allowList, key, cost, limit or windowMs function threw: ${err instanceof Error ? err.message : shown(err)}`,
-          err,
+        throw this.functionThrew(policy, err)
+      }
+      for (const field of ['identity', 'limit'] as const) {
+        const value = item[field]
+        if (!isThenable(value)) continue
+        pending ??= []
+        pending.push(
+          Promise.resolve(value).then(
+            (settled) => {
+              item[field] = settled
+            },
+            (err) => {
+              throw this.functionThrew(policy, err)
+            },
+          ),
         )
       }
+      asked.push(item)
+    }
+    if (pending) await Promise.all(pending)
+    const groups = new Map<string, Group>()
+    for (const item of asked) {
+      const { policy, identity } = item
+      let { cost } = item
+      if (identity === null || identity === undefined) continue
       if (typeof identity !== 'string')
         throw new RateLimitError([policy.name], `its key function returned ${shown(identity)}, not a string`)
+      const resolved = policy.dynamic ? checkDynamic(policy, item.limit, item.windowMs, false) : undefined
       if (typeof resolved === 'string') throw new RateLimitError([policy.name], resolved)
       // A constant cost was checked at boot. A computed one reaches Lua only as a whole number of
       // units: a fraction or a huge number breaks the script, a negative one would hand quota back.
@@ -253,7 +297,7 @@ export class RateLimitEngine {
       // It can never pass; limit + 1 says so to every script with small, exact numbers.
       const limit = resolved ? resolved.limit : policy.limit
       if ((cost as number) > limit) cost = limit + 1
-      this.addToGroup(groups, this.tagOf(identity), policy, cost as number, resolved)
+      this.addToGroup(groups, identity, policy, cost as number, resolved)
     }
     if (groups.size === 0) return null
     const outcome: Outcome = {
@@ -263,6 +307,7 @@ export class RateLimitEngine {
       delayMs: 0,
       refunds: [],
       degraded: false,
+      banReached: null,
     }
     for (const group of groups.values()) {
       await this.decideGroup(group, op, outcome)
@@ -271,19 +316,39 @@ export class RateLimitEngine {
     return outcome
   }
 
+  private functionThrew(policy: Policy, err: unknown): RateLimitError {
+    return new RateLimitError(
+      [policy.name],
+      `its allowList, key, cost, limit or windowMs function threw: ${err instanceof Error ? err.message : shown(err)}`,
+      err,
+    )
+  }
+
   private addToGroup(
     groups: Map<string, Group>,
-    tag: string,
+    identity: string,
     policy: Policy,
     cost: number,
     resolved: Resolved | undefined,
   ): void {
+    const tag = this.tagOf(identity)
     const id = `${policy.script}${tag}`
     let group = groups.get(id)
     if (!group) {
-      group = { id, tag, policies: [], costs: [], keys: [], resolved: null, blocks: false }
+      group = {
+        id,
+        tag,
+        policies: [],
+        costs: [],
+        keys: [],
+        resolved: null,
+        blocks: false,
+        penalties: false,
+        identity,
+      }
       groups.set(id, group)
     }
+    if (policy.penalties > 0) group.penalties = true
     if (resolved) {
       group.resolved ??= []
       group.resolved[group.policies.length] = resolved
@@ -319,13 +384,19 @@ export class RateLimitEngine {
           : p.args
       argv.push(args[0], args[1], group.costs[i]!, p.maxDelayMs)
     }
-    if (!group.blocks && !only) return { keys: group.keys, argv }
+    if (!group.blocks && !group.penalties && !only) return { keys: group.keys, argv }
     const keys = indexes.map((i) => group.keys[i]!)
     indexes.forEach((i, position) => {
       const p = group.policies[i]!
-      if (p.blockMs === 0) return
-      keys.push(`${this.keyOf(group.tag, p)}:block`)
-      argv.push(position + 1, p.blockMs)
+      if (p.blockMs > 0) {
+        keys.push(`${this.keyOf(group.tag, p)}:block`)
+        argv.push(position + 1, p.blockMs)
+      }
+      // The rejections of the counter's window: a negative index tells it from a block.
+      if (p.penalties > 0) {
+        keys.push(`${group.keys[i]!}:rejections`)
+        argv.push(-(position + 1), p.penalties)
+      }
     })
     return { keys, argv }
   }
@@ -358,7 +429,7 @@ export class RateLimitEngine {
     const nonce = algorithm === 'sliding-log' ? `${PROCESS_NONCE}${(++sequence).toString(36)}` : ''
     let keys: readonly string[] = group.keys
     let argv: Arg[]
-    if (!group.blocks && group.resolved === null) argv = this.simpleArgv(group, op, nonce)
+    if (!group.blocks && !group.penalties && group.resolved === null) argv = this.simpleArgv(group, op, nonce)
     else ({ keys, argv } = this.call(group, op, nonce, false, null))
     if (this.memory) {
       let reply: number[]
@@ -406,6 +477,8 @@ export class RateLimitEngine {
     const allowed = reply[0] === 1
     const delayed = allowed && reply[1]! > 0
     if (delayed) outcome.delayMs = Math.max(outcome.delayMs, reply[1]!)
+    // With penalties the fixed window replies each policy's ban state after its four numbers.
+    const penalties = reply.length > 2 + 4 * group.policies.length ? 2 + 4 * group.policies.length : 0
     group.policies.forEach((policy, i) => {
       const at = 2 + i * 4
       const resolved = group.resolved?.[i]
@@ -417,9 +490,13 @@ export class RateLimitEngine {
         retryMs: reply[at + 2]!,
         limit: resolved ? resolved.limit : policy.limit,
         header: resolved ? resolved.header : policy.header,
+        isBanned: penalties ? reply[penalties + i]! > 0 : false,
       }
       outcome.decisions.push(decision)
-      if (!allowed && decision.retryMs > 0 && !outcome.rejected) outcome.rejected = decision
+      if (!allowed && decision.retryMs > 0 && !outcome.rejected) {
+        outcome.rejected = decision
+        if (penalties && reply[penalties + i] === 2) outcome.banReached = group.identity
+      }
       if (op === 'c') {
         metrics.decision(policy.name, allowed ? (delayed ? 'delayed' : 'allowed') : 'rejected')
       }
@@ -447,6 +524,7 @@ export class RateLimitEngine {
     return (
       this.options.overLimitCacheKeys > 0 &&
       group.resolved === null &&
+      !group.penalties &&
       group.policies.every((p) => !p.isFailure && p.maxDelayMs === 0)
     )
   }
@@ -520,6 +598,7 @@ export class RateLimitEngine {
     }
     const allowed = reply === null || reply[0] === 1
     if (allowed && reply && reply[1]! > 0) outcome.delayMs = Math.max(outcome.delayMs, reply[1]!)
+    const penalties = reply && reply.length > 2 + 4 * local.length ? 2 + 4 * local.length : 0
     group.policies.forEach((policy, i) => {
       const position = local.indexOf(i)
       if (position < 0) {
@@ -533,6 +612,7 @@ export class RateLimitEngine {
           retryMs: 0,
           limit: resolved ? resolved.limit : policy.limit,
           header: resolved ? resolved.header : policy.header,
+          isBanned: false,
         })
         if (op === 'c') metrics.decision(policy.name, 'degraded_open')
         return
@@ -548,9 +628,13 @@ export class RateLimitEngine {
         retryMs: reply![at + 2]!,
         limit: shared ? shared.limit : policy.localArgs[0],
         header: shared ? shared.header : policy.localHeader,
+        isBanned: penalties ? reply![penalties + position]! > 0 : false,
       }
       outcome.decisions.push(decision)
-      if (!allowed && decision.retryMs > 0 && !outcome.rejected) outcome.rejected = decision
+      if (!allowed && decision.retryMs > 0 && !outcome.rejected) {
+        outcome.rejected = decision
+        if (penalties && reply![penalties + position] === 2) outcome.banReached = group.identity
+      }
       if (op === 'c')
         metrics.decision(policy.name, allowed ? 'degraded_local_allowed' : 'degraded_local_rejected')
     })
@@ -594,11 +678,11 @@ export class RateLimitEngine {
   }
 
   /** Resolves a policy's per-request limit and window for a programmatic call (needs the request). */
-  private resolveFor(
+  private async resolveFor(
     policy: Policy,
     request: FastifyRequest | undefined,
     caller: string,
-  ): Resolved | undefined {
+  ): Promise<Resolved | undefined> {
     if (!policy.dynamic) return undefined
     if (!request)
       throw new RateLimitArgumentError(
@@ -606,7 +690,9 @@ export class RateLimitEngine {
       )
     let resolved: Resolved | string
     try {
-      resolved = resolveDynamic(policy, request, false)
+      const limit = policy.limitFn ? await policy.limitFn(request) : policy.limit
+      const windowMs = policy.windowFn ? policy.windowFn(request) : policy.windowMs
+      resolved = checkDynamic(policy, limit, windowMs, false)
     } catch (err) {
       throw new RateLimitError(
         [policy.name],
@@ -625,10 +711,10 @@ export class RateLimitEngine {
     cost: number,
     request: FastifyRequest | undefined,
   ): Promise<RateLimitResult> {
-    const resolved = this.resolveFor(policy, request, 'consume()')
+    const resolved = await this.resolveFor(policy, request, 'consume()')
     const limit = resolved ? resolved.limit : policy.limit
     const groups = new Map<string, Group>()
-    this.addToGroup(groups, this.tagOf(identity), policy, cost > limit ? limit + 1 : cost, resolved)
+    this.addToGroup(groups, identity, policy, cost > limit ? limit + 1 : cost, resolved)
     const group = groups.values().next().value!
     const outcome: Outcome = {
       decisions: [],
@@ -637,6 +723,7 @@ export class RateLimitEngine {
       delayMs: 0,
       refunds: [],
       degraded: false,
+      banReached: null,
     }
     // Cost 0 asks without consuming: a peek.
     await this.decideGroup(group, cost === 0 ? 'p' : 'c', outcome)
@@ -665,9 +752,10 @@ export class RateLimitEngine {
 
   /** `app.rateLimiter.reset`: deletes the key's counter and block (and what this process remembers of them). */
   async reset(policy: Policy, identity: string, request: FastifyRequest | undefined): Promise<void> {
-    const resolved = this.resolveFor(policy, request, 'reset()')
+    const resolved = await this.resolveFor(policy, request, 'reset()')
     const tag = this.tagOf(identity)
     const keys = [this.counterKey(tag, policy, resolved)]
+    if (policy.penalties > 0) keys.push(`${keys[0]}:rejections`)
     if (policy.blockMs > 0) keys.push(`${this.keyOf(tag, policy)}:block`)
     const prefix = `${policy.script}${tag}`
     for (const id of this.overLimit.keys()) if (id.startsWith(prefix)) this.overLimit.delete(id)
@@ -684,6 +772,10 @@ export class RateLimitEngine {
     const call = this.redis!.set(key, '1', 'PX', ms)
     await (this.ownTimeout ? withTimeout(call, this.options.timeoutMs) : call)
   }
+}
+
+function isThenable(value: unknown): value is PromiseLike<unknown> {
+  return typeof (value as PromiseLike<unknown> | null)?.then === 'function'
 }
 
 function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T> {

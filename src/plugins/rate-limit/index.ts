@@ -50,9 +50,13 @@ export { clientAddress, type KeyFunction, keyBy } from './keys.ts'
 export type {
   Algorithm,
   AllowList,
+  AsyncKeyFunction,
+  BanHandler,
+  BanOptions,
   ErrorResponseBuilder,
   ExceededHandler,
   FailureMode,
+  LimitFunction,
   RateLimitPolicy,
 } from './policy.ts'
 export type { PrincipalFunction }
@@ -94,9 +98,9 @@ export interface RateLimitPluginOptions {
   timeoutMs?: Duration
   /** IPv6 clients are keyed by this prefix length (32-128; 128: per address). Default 64. */
   ipv6Subnet?: number
-  /** Called when a request is rejected (429), unless its policy has its own; what it throws is logged. */
+  /** Called when a request is rejected (429 or a ban's 403), unless its policy has its own; what it throws is logged. */
   onExceeded?: ExceededHandler
-  /** Builds the body of every 429, unless the violated policy has its own. */
+  /** Builds the body of every 429 (and a ban's 403: `decision.isBanned`), unless the violated policy has its own. */
   errorResponse?: ErrorResponseBuilder
 }
 
@@ -204,6 +208,17 @@ function rejection(outcome: Outcome): HttpProblem {
   const d = outcome.rejected!
   const seconds = Math.max(1, Math.ceil(d.retryMs / 1000))
   const quota = d.header.slice(d.header.indexOf(';q=') + 3).replace(';w=', ' per ')
+  if (d.isBanned)
+    return new HttpProblem(
+      403,
+      'rate-limit-banned',
+      'Forbidden',
+      `Rate limit '${d.policy.name}' (${quota} s) was exceeded too many times; banned for ${seconds} s.`,
+      {
+        headers: { 'retry-after': String(seconds) },
+        extra: { policy: d.policy.name },
+      },
+    )
   return new HttpProblem(
     429,
     'rate-limited',
@@ -309,6 +324,18 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
     const decision = outcome.unavailable ? null : outcome.rejected
     if (!decision) return sendProblem(reply, problem)
     const { policy } = decision
+    if (outcome.banReached !== null && policy.onBanReach) {
+      const key = outcome.banReached
+      const logError = (err: unknown) =>
+        request.log.error({ err, policy: policy.name }, 'rate limit: onBanReach threw')
+      try {
+        const result = policy.onBanReach(request, key) as unknown
+        if (result && typeof (result as Promise<void>).then === 'function')
+          (result as Promise<void>).catch(logError)
+      } catch (err) {
+        logError(err)
+      }
+    }
     if (policy.onExceeded) {
       const logError = (err: unknown) =>
         request.log.error({ err, policy: policy.name }, 'rate limit: onExceeded threw')
@@ -331,7 +358,7 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
       )
       return sendProblem(reply, problem)
     }
-    reply.code(429).headers(problem.headers)
+    reply.code(problem.status).headers(problem.headers)
     if (typeof body === 'string') return reply.type('text/plain; charset=utf-8').send(body)
     return reply.type('application/json; charset=utf-8').send(JSON.stringify(body ?? null))
   }

@@ -27,6 +27,20 @@ interface Entry {
   nonces: string[] | null
 }
 
+/** A fixed-window policy's penalties in one call: see src/lua/rate-limit-fixed-window.lua. */
+interface Penalty {
+  key: string
+  /** Rejections before the ban (-1: no ban). */
+  ban: number
+  backoff: boolean
+  continue: boolean
+  /** Rejections counted in the current window before this request. */
+  rejected: number
+}
+
+/** exponentialBackoff: a window grows to at most this (or the policy's window, if longer). */
+export const MAX_BACKOFF_MS = 2 ** 31 - 1
+
 /** How often expired keys are swept while nothing else touches them. */
 const SWEEP_INTERVAL_MS = 10_000
 
@@ -129,6 +143,8 @@ export class MemoryStore {
     if (op !== 'r' && keys.length > n) {
       for (let j = 1; j <= keys.length - n; j++) {
         const at = 2 + 4 * n + 2 * j - 1
+        // A negative index is a fixed window's penalty key, not a block.
+        if (Number(argv[at - 1]) < 0) continue
         const entry = this.read(keys[n + j - 1]!, 'block', now)
         if (entry === undefined) continue
         if (entry.exp === Number.POSITIVE_INFINITY) entry.exp = now + Number(argv[at])
@@ -144,6 +160,7 @@ export class MemoryStore {
     for (let j = 1; j <= keys.length - n; j++) {
       const at = 2 + 4 * n + 2 * j - 1
       const i = Number(argv[at - 1])
+      if (i < 0) continue
       let ttl = blocked?.get(i)
       if (ttl === undefined && requested === 'c' && !blocked && over[i]) {
         ttl = Number(argv[at])
@@ -195,27 +212,55 @@ export class MemoryStore {
     now: number,
     over: boolean[],
   ) {
+    const penalty: Array<Penalty | undefined> = []
+    let penalties = false
+    if (op !== 'r') {
+      for (let j = 1; j <= keys.length - n; j++) {
+        const at = 2 + 4 * n + 2 * j - 1
+        const i = Number(argv[at - 1])
+        if (i >= 0) continue
+        const spec = Number(argv[at])
+        const key = keys[n + j - 1]!
+        penalty[-i] = {
+          key,
+          ban: Math.floor(spec / 4) - 1,
+          backoff: spec % 4 >= 2,
+          continue: spec % 2 === 1,
+          rejected: this.read(key, 'fw', now)?.n ?? 0,
+        }
+        penalties = true
+      }
+    }
     const reply = [1, 0]
     const entries: Array<Entry | undefined> = []
     const counts: number[] = []
     const ttls: number[] = []
+    const banned: number[] = []
     for (let i = 1; i <= n; i++) {
       const b = 3 + (i - 1) * 4 - 1
       const key = keys[i - 1]!
       const limit = Number(argv[b])
       const window = Number(argv[b + 1])
       const cost = Number(argv[b + 2])
+      const pen = penalty[i]
       let entry = this.read(key, 'fw', now)
       let count: number
       if (op === 'c') {
         entry ??= this.create(key, 'fw', now)
         entry.n += cost
         count = entry.n
-        if (count > limit) {
-          reply[0] = 0
-          over[i] = true
+        // A new window: the rejections of an older one are gone with it.
+        if (pen && count === cost && pen.rejected > 0) {
+          pen.rejected = 0
+          this.map.delete(pen.key)
         }
       } else count = entry?.n ?? 0
+      // Banned: every request is rejected until the window ends.
+      if (pen && pen.ban >= 0 && pen.rejected > pen.ban && count > 0) banned[i] = 1
+      if (op === 'c' && (count > limit || banned[i])) {
+        reply[0] = 0
+        over[i] = true
+      }
       let ttl = window
       if (count === cost && op === 'c') entry!.exp = now + window
       else if (count > 0) {
@@ -227,7 +272,7 @@ export class MemoryStore {
       }
       if (op === 'r') {
         if (count >= cost && ttl <= Number(argv[b + 3])) entry!.n -= cost
-      } else if (op === 'p' && count + cost > limit) {
+      } else if (op === 'p' && (count + cost > limit || banned[i])) {
         reply[0] = 0
         over[i] = true
       }
@@ -239,16 +284,32 @@ export class MemoryStore {
     for (let i = 1; i <= n; i++) {
       const b = 3 + (i - 1) * 4 - 1
       const limit = Number(argv[b])
+      const window = Number(argv[b + 1])
       const cost = Number(argv[b + 2])
       let count = counts[i]!
       let retry = 0
       if (op === 'c' && reply[0] === 0) {
         entries[i]!.n -= cost
         count -= cost
+        // A rejection this policy decided (not one of a sibling's) is counted, and penalised.
+        const pen = penalty[i]
+        if (pen && over[i]) {
+          const k = pen.rejected + 1
+          let ttl = ttls[i]!
+          if (pen.continue) ttl = window
+          else if (pen.backoff) ttl = Math.min(window * 2 ** (k - 1), Math.max(window, MAX_BACKOFF_MS))
+          entries[i]!.exp = now + ttl
+          const rejections = this.read(pen.key, 'fw', now) ?? this.create(pen.key, 'fw', now)
+          rejections.n = k
+          rejections.exp = now + ttl
+          ttls[i] = ttl
+          if (pen.ban >= 0 && k > pen.ban) banned[i] = k === pen.ban + 1 ? 2 : 1
+        }
       }
-      if (reply[0] === 0 && count + cost > limit) retry = ttls[i]!
-      reply.push(Math.max(0, limit - count), ttls[i]!, retry, ttls[i]!)
+      if (reply[0] === 0 && (count + cost > limit || banned[i])) retry = ttls[i]!
+      reply.push(banned[i] ? 0 : Math.max(0, limit - count), ttls[i]!, retry, ttls[i]!)
     }
+    if (penalties) for (let i = 1; i <= n; i++) reply.push(banned[i] ?? 0)
     return reply
   }
 

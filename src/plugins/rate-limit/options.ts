@@ -1,6 +1,6 @@
 import { type OptionChecker, type OptionHints, optionChecker, optionKeys } from '../common/options.ts'
 import type { RateLimitPluginOptions } from './index.ts'
-import type { RateLimitPolicy } from './policy.ts'
+import type { BanOptions, RateLimitPolicy } from './policy.ts'
 
 // Every options object of the plugin is checked key by key: a misspelt `algoritm:` or
 // @fastify/rate-limit's `max:` would otherwise leave a route unlimited in silence. Names from
@@ -21,9 +21,15 @@ export const POLICY_KEYS = optionKeys<RateLimitPolicy>({
   maxDelayMs: true,
   allowList: true,
   blockMs: true,
+  ban: true,
+  exponentialBackoff: true,
+  continueExceeding: true,
   onExceeded: true,
   errorResponse: true,
 })
+
+/** What a policy's `ban` object may hold. */
+export const BAN_KEYS = optionKeys<BanOptions>({ after: true, onBanReach: true })
 
 /** What `defaults` may hold: every policy option but its name. */
 export const DEFAULTS_KEYS = POLICY_KEYS.filter((key) => key !== 'name')
@@ -60,18 +66,21 @@ const FASTIFY_RATE_LIMIT: OptionHints = {
     'global',
     "has no switch here: the plugin's `policies` apply to every route registered after it, its `namedPolicies` only where a route names them (config: { rateLimits: 'name' })",
   ),
-  ban: none('ban', "a policy's `blockMs` rejects a key (429) for a set time once it went over its limit"),
-  onBanReach: none(
+  ban: theirs(
+    'ban',
+    "is a fixed-window policy's `ban: { after: N, onBanReach(request, key) }` here (403 once N requests were rejected in the window)",
+  ),
+  onBanReach: theirs(
     'onBanReach',
-    "a policy's `blockMs` rejects a key for a set time; `onExceeded` is told of every 429",
+    "is the `onBanReach(request, key)` of a fixed-window policy's `ban: { after: N, onBanReach }`",
   ),
-  continueExceeding: none(
+  continueExceeding: theirs(
     'continueExceeding',
-    "rejected requests never extend a window; a policy's `blockMs` sets a fixed penalty",
+    'is set per fixed-window policy: `continueExceeding: true` (or in `defaults`)',
   ),
-  exponentialBackoff: none(
+  exponentialBackoff: theirs(
     'exponentialBackoff',
-    "rejected requests never extend a window; a policy's `blockMs` sets a fixed penalty",
+    'is set per fixed-window policy: `exponentialBackoff: true` (or in `defaults`)',
   ),
   onExceeding: none('onExceeding', 'the RateLimit header and app.rateLimiter.peek say what is left'),
   addHeaders: none(

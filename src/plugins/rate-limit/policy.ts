@@ -1,9 +1,10 @@
 import type { FastifyReply, FastifyRequest } from 'fastify'
+import type { PrincipalFunction } from '../common/principal.ts'
 import { describeValue } from '../common/redis.ts'
 import { type Duration, durationOption, parseDuration } from './duration.ts'
 import type { Decision } from './engine.ts'
 import { DEFAULT_IPV6_SUBNET, ipKey, type KeyFunction, keyBy, needsPreHandler } from './keys.ts'
-import { DEFAULTS_KEYS, POLICY_KEYS, policyCheck } from './options.ts'
+import { BAN_KEYS, DEFAULTS_KEYS, POLICY_KEYS, policyCheck } from './options.ts'
 
 export type Algorithm = 'fixed-window' | 'sliding-log' | 'sliding-counter' | 'token-bucket' | 'gcra'
 /** What a policy does while Redis cannot answer: allow, answer 503, or limit in this process. */
@@ -15,9 +16,10 @@ export interface RateLimitPolicy {
   algorithm: Algorithm
   /**
    * Cost units allowed per window; for the token bucket, its capacity (the burst). A function of the
-   * request sets it per request (per-plan quotas); its result is checked on every request.
+   * request sets it per request (per-plan quotas), sync or async (resolved once per request, with
+   * every other policy's, before the one store call); its result is checked on every request.
    */
-  limit: number | ((request: FastifyRequest) => number)
+  limit: number | LimitFunction
   /**
    * Window (GCRA: period); every algorithm except the token bucket. Milliseconds or a duration
    * string ('10s', '1 minute'), or a function of the request returning milliseconds.
@@ -25,8 +27,11 @@ export interface RateLimitPolicy {
   windowMs?: Duration | ((request: FastifyRequest) => number)
   /** Token bucket only: tokens added per second. */
   refillPerSecond?: number
-  /** Whose quota a request uses: 'ip' (default) or a function; null or undefined skips the policy. */
-  key?: 'ip' | KeyFunction
+  /**
+   * Whose quota a request uses: 'ip' (default) or a function, sync or async (resolved once per
+   * request, before the store call); null or undefined skips the policy.
+   */
+  key?: 'ip' | KeyFunction | AsyncKeyFunction
   /** Units a request consumes (default 1). */
   cost?: number | ((request: FastifyRequest) => number)
   /** 'preHandler' for keys read from the parsed, validated body. Default 'onRequest'. */
@@ -43,11 +48,44 @@ export interface RateLimitPolicy {
   allowList?: AllowList
   /** Once a key goes over its limit, reject it for this long (kept in the store: every instance honours it). */
   blockMs?: Duration
+  /**
+   * Fixed window only: once `after` requests were rejected (429) in a window, every request of
+   * the key is rejected with 403 until the window ends; `onBanReach` is called once per ban.
+   */
+  ban?: BanOptions
+  /**
+   * Fixed window only: the k-th rejected request of a window sets the window to end
+   * `windowMs * 2^(k-1)` from now (at most about 24.8 days, or windowMs if longer).
+   */
+  exponentialBackoff?: boolean
+  /** Fixed window only: every rejected request restarts the window (a full `windowMs` from now). */
+  continueExceeding?: boolean
   /** Called when this policy rejects a request (429); for logging or alerting. Overrides the plugin's. */
   onExceeded?: ExceededHandler
   /** Builds the body of this policy's 429 (status and headers stay). Overrides the plugin's. */
   errorResponse?: ErrorResponseBuilder
 }
+
+/** A per-request limit: a positive whole number, or a promise of one. */
+export type LimitFunction = (request: FastifyRequest) => number | Promise<number>
+
+/** A key function that looks the identity up (a database, a cache): null or undefined skips the policy. */
+export type AsyncKeyFunction = (
+  request: FastifyRequest,
+  principal: PrincipalFunction,
+) => Promise<string | null | undefined>
+
+/** Called once per ban with the banned request and its key (the identity); what it throws is logged. */
+export type BanHandler = (request: FastifyRequest, key: string) => void | Promise<void>
+
+export interface BanOptions {
+  /** Rejections (429) in a window after which the key gets 403 until the window ends; 0: the first rejection is a 403. */
+  after: number
+  onBanReach?: BanHandler
+}
+
+/** Most rejections `ban.after` may wait for. */
+const MAX_BAN_AFTER = 1_000_000
 
 /** Called with the rejected request and the violated policy's decision; what it throws is logged. */
 export type ExceededHandler = (request: FastifyRequest, decision: Decision) => void | Promise<void>
@@ -76,14 +114,14 @@ export interface Policy {
   script: string
   /** The limit; for a per-request limit, 0 (see `limitFn`). */
   limit: number
-  limitFn: ((request: FastifyRequest) => number) | null
+  limitFn: LimitFunction | null
   /** The window ms; for a per-request window, 0 (see `windowFn`). */
   windowMs: number
   windowFn: ((request: FastifyRequest) => number) | null
   /** A per-request limit or window: arguments, header and key are made per request. */
   dynamic: boolean
   refillPerSecond: number
-  key: KeyFunction
+  key: KeyFunction | AsyncKeyFunction
   cost: number | ((request: FastifyRequest) => number)
   hook: 'onRequest' | 'preHandler'
   isFailure: ((reply: FastifyReply) => boolean) | null
@@ -93,6 +131,13 @@ export interface Policy {
   allow: ((request: FastifyRequest) => boolean) | null
   /** 0: no blocks. */
   blockMs: number
+  /** Rejections before a ban; -1: no ban. */
+  banAfter: number
+  onBanReach: BanHandler | null
+  exponentialBackoff: boolean
+  continueExceeding: boolean
+  /** The fixed window's penalty spec, (ban + 1) * 4 + 2 * backoff + continue; 0: no penalties. */
+  penalties: number
   onExceeded: ExceededHandler | null
   errorResponse: ErrorResponseBuilder | null
   /** The RateLimit-Policy item, e.g. `"ip";q=100;w=2` (static policies). */
@@ -201,7 +246,7 @@ export function normalizePolicy(
   if (typeof key !== 'function') fail("`key` must be 'ip' or a function of the request")
   const hook = p.hook ?? 'onRequest'
   if (hook !== 'onRequest' && hook !== 'preHandler') fail("`hook` must be 'onRequest' or 'preHandler'")
-  if (hook === 'onRequest' && needsPreHandler.has(key))
+  if (hook === 'onRequest' && needsPreHandler.has(key as KeyFunction))
     fail("`key` reads the session or the body, which onRequest does not have yet: set hook: 'preHandler'")
   const onRedisError = p.onRedisError ?? 'open'
   if (!['open', 'closed', 'local'].includes(onRedisError))
@@ -214,6 +259,37 @@ export function normalizePolicy(
     fail('`maxDelayMs` applies to token-bucket and gcra only')
   }
   const blockMs = p.blockMs === undefined ? 0 : durationOption('blockMs', p.blockMs, 1, fail)
+  let banAfter = -1
+  let onBanReach: BanHandler | null = null
+  if (p.ban !== undefined) {
+    const ban = p.ban as unknown
+    if (typeof ban !== 'object' || ban === null || Array.isArray(ban))
+      fail(
+        `\`ban\` must be an object { after, onBanReach? }, got ${describeValue(ban)}${typeof ban === 'number' ? ` (@fastify/rate-limit's \`ban: ${ban}\` is \`ban: { after: ${ban} }\` here)` : ''}`,
+      )
+    policyCheck.known(ban as object, BAN_KEYS, `${where}policy '${name}': ban`)
+    const { after, onBanReach: hook } = ban as BanOptions
+    if (!Number.isSafeInteger(after) || after < 0 || after > MAX_BAN_AFTER)
+      fail(`\`ban.after\` must be a whole number of rejections from 0 to ${MAX_BAN_AFTER}`)
+    if (hook !== undefined && typeof hook !== 'function')
+      fail('`ban.onBanReach` must be a function of (request, key)')
+    banAfter = after
+    onBanReach = hook ?? null
+  }
+  for (const option of ['exponentialBackoff', 'continueExceeding'] as const) {
+    if (p[option] !== undefined && typeof p[option] !== 'boolean') fail(`\`${option}\` must be a boolean`)
+  }
+  const exponentialBackoff = p.exponentialBackoff ?? false
+  const continueExceeding = p.continueExceeding ?? false
+  if (exponentialBackoff && continueExceeding)
+    fail(
+      '`exponentialBackoff` and `continueExceeding` exclude each other (one restarts the window at its length, the other doubles it): choose one',
+    )
+  const penalised = banAfter >= 0 || exponentialBackoff || continueExceeding
+  if (penalised && p.algorithm !== 'fixed-window') {
+    const which = banAfter >= 0 ? 'ban' : exponentialBackoff ? 'exponentialBackoff' : 'continueExceeding'
+    fail(`\`${which}\` applies to fixed-window only (it counts the rejected requests of a window)`)
+  }
   for (const option of ['onExceeded', 'errorResponse'] as const) {
     if (p[option] !== undefined && typeof p[option] !== 'function')
       fail(`\`${option}\` must be a function of (request, decision)`)
@@ -244,6 +320,13 @@ export function normalizePolicy(
     maxDelayMs,
     allow: allowListPredicate(p.allowList, fail),
     blockMs,
+    banAfter,
+    onBanReach,
+    exponentialBackoff,
+    continueExceeding,
+    penalties: penalised
+      ? (banAfter + 1) * 4 + (exponentialBackoff ? 2 : 0) + (continueExceeding ? 1 : 0)
+      : 0,
     onExceeded: p.onExceeded ?? context.onExceeded,
     errorResponse: p.errorResponse ?? context.errorResponse,
     header: '',
@@ -287,17 +370,22 @@ export function resolve(policy: Policy, limit: number, windowMs: number, local: 
 /**
  * The limit and window of a dynamic policy for one request, checked like a computed cost: a
  * positive whole number each (a gcra policy at most 100 units per millisecond of window), else
- * the message of the 500 that request gets.
+ * the message of the 500 that request gets. `limit` and `windowMs` are what its functions returned
+ * (an async limit function's promise already resolved).
  */
-export function resolveDynamic(policy: Policy, request: FastifyRequest, local: boolean): Resolved | string {
-  const limit = policy.limitFn ? policy.limitFn(request) : policy.limit
+export function checkDynamic(
+  policy: Policy,
+  limit: unknown,
+  windowMs: unknown,
+  local: boolean,
+): Resolved | string {
   if (!positiveInt(limit)) return `its limit function returned ${shown(limit)}, not a positive whole number`
-  const windowMs = policy.windowFn ? policy.windowFn(request) : policy.windowMs
   if (policy.windowFn && !positiveInt(windowMs))
     return `its windowMs function returned ${shown(windowMs)}, not a positive whole number of milliseconds`
-  if (policy.algorithm === 'gcra' && limit > windowMs * 100)
-    return `its limit ${limit} is more than 100 per millisecond of its window (${windowMs} ms)`
-  return resolve(policy, limit, windowMs, local)
+  const window = windowMs as number
+  if (policy.algorithm === 'gcra' && limit > window * 100)
+    return `its limit ${limit} is more than 100 per millisecond of its window (${window} ms)`
+  return resolve(policy, limit, window, local)
 }
 
 /** A returned value in an error message, without calling anything of it. */
@@ -321,6 +409,9 @@ const OPTION_DEFAULTS: { [K in keyof Omit<RateLimitPolicy, 'name'>]-?: unknown }
   maxDelayMs: 0,
   allowList: undefined,
   blockMs: 0,
+  ban: undefined,
+  exponentialBackoff: false,
+  continueExceeding: false,
   onExceeded: undefined,
   errorResponse: undefined,
 }
@@ -350,6 +441,11 @@ export function signature(raw: RateLimitPolicy, defaults: Partial<RateLimitPolic
     let value = option === 'key' && p.key === 'ip' ? keyBy.ip : (p[option] ?? fallback)
     // A duration compares by its milliseconds: '1 minute' is 60000.
     if (DURATIONS.has(option) && typeof value === 'string') value = parseDuration(value) ?? value
+    // Its hook compares by identity like any other function.
+    if (option === 'ban' && value && typeof value === 'object') {
+      const { after, onBanReach } = value as BanOptions
+      return [after, onBanReach ? functionId(onBanReach) : null]
+    }
     if (typeof value === 'function') return functionId(value)
     // An allow list of IPs is a set: the order it was written in does not matter.
     return Array.isArray(value) ? [...value].sort() : value
