@@ -44,7 +44,8 @@ after(async () => {
       [],
       'every rate-limit key carries a TTL',
     )
-    if (keys.length) await redis.del(...keys)
+    // One DEL per key: on a Cluster the keys of different identities live in different slots.
+    await Promise.all(keys.map((k) => redis.del(k)))
   }
   redis.disconnect()
   ;(Redis.prototype as unknown as { sendCommand: SendCommand }).sendCommand = original
