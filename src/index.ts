@@ -85,6 +85,10 @@ export {
   requireSession,
   type Session,
   SessionFieldNameError,
+  SessionHandleError,
+  type SessionInfo,
+  type SessionLifetime,
+  SessionLifetimeError,
   SessionNotRegisteredError,
   type SessionPluginOptions,
   SessionPrincipalError,
@@ -93,6 +97,7 @@ export {
   type SessionValue,
   SessionValueError,
   sessionCookieName,
+  sessionHandle,
 } from './plugins/session/index.ts'
 // A Bloom filter on plain Redis (also the named exports of `fastify-redis-gateway/bloom`).
 export {

@@ -3,7 +3,8 @@
 -- concurrent requests changing different fields keep each other's changes (only the changed fields
 -- are written; the session is never read, changed and written back whole).
 -- KEYS[1] session hash
--- ARGV[1] idle timeout in ms to slide the expiry by (a touch), or 0 to leave the expiry alone
+-- ARGV[1] idle timeout in ms to slide the expiry by (a touch), or 0 to leave the expiry alone; a
+--         session created with its own idle timeout (field __idleTimeoutMs) slides by that one
 -- ARGV[2] most bytes the application fields may take together (names plus values), or 0: no bound
 -- ARGV[3] n, the number of fields to delete
 -- ARGV[4 .. 3 + n] the fields to delete
@@ -31,7 +32,8 @@ if bound > 0 and #ARGV >= first then
   local total = 0
   for i = 1, #all, 2 do
     local name = all[i]
-    if name ~= '_principal' and name ~= '_createdAt' and name ~= '_absoluteExpiresAt' then
+    if name ~= '_principal' and name ~= '_createdAt' and name ~= '_absoluteExpiresAt'
+      and name:sub(1, 2) ~= '__' then
       sizes[name] = #name + #all[i + 1]
       total = total + sizes[name]
     end
@@ -56,7 +58,8 @@ for i = first, #ARGV, 2 do
 end
 local expires = 0
 if tonumber(ARGV[1]) > 0 then
-  expires = math.min(now + tonumber(ARGV[1]), absolute)
+  local idle = tonumber(redis.call('HGET', KEYS[1], '__idleTimeoutMs') or ARGV[1])
+  expires = math.min(now + idle, absolute)
   redis.call('PEXPIREAT', KEYS[1], expires)
 end
 return expires

@@ -30,3 +30,17 @@ export class SessionNotRegisteredError extends GatewayError {
     super('FRG_SESSION_NOT_REGISTERED', message)
   }
 }
+
+/**
+ * A per-session lifetime (`regenerateSession`'s or `create`'s `lifetime`) that is not an object of
+ * positive whole milliseconds within the plugin's `maxIdleTimeoutMs` / `maxAbsoluteTimeoutMs`, or an
+ * absolute lifetime shorter than the idle one.
+ */
+export class SessionLifetimeError extends RangeError {
+  readonly code = 'FRG_SESSION_LIFETIME_INVALID'
+}
+
+/** A session handle (`listSessions`' `handle`) that is not a string of 22 base64url characters. */
+export class SessionHandleError extends TypeError {
+  readonly code = 'FRG_SESSION_HANDLE_INVALID'
+}

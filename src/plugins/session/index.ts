@@ -10,10 +10,21 @@ import { contextCovered, pluginRegistered, routeCovered } from '../common/route-
 import { type SessionPluginOptions, validateOptions } from './options.ts'
 import { requireSession, unauthenticated } from './require-session.ts'
 import { detachSession, MAX_FIELD_BYTES, MAX_SESSION_BYTES, Session, type SessionValue } from './session.ts'
-import { type SessionRecord, SessionStore, sessionStoreUnavailable } from './store.ts'
+import {
+  MAX_INDEX_SCAN,
+  MAX_LISTED_SESSIONS,
+  type SessionInfo,
+  type SessionLifetime,
+  type SessionRecord,
+  SessionStore,
+  sessionHandle,
+  sessionStoreUnavailable,
+} from './store.ts'
 
 export {
   SessionFieldNameError,
+  SessionHandleError,
+  SessionLifetimeError,
   SessionNotRegisteredError,
   SessionPrincipalError,
   SessionTooLargeError,
@@ -21,13 +32,18 @@ export {
 } from './errors.ts'
 export {
   MAX_FIELD_BYTES,
+  MAX_INDEX_SCAN,
+  MAX_LISTED_SESSIONS,
   MAX_SESSION_BYTES,
   requireSession,
   Session,
+  type SessionInfo,
+  type SessionLifetime,
   type SessionPluginOptions,
   type SessionRecord,
   SessionStore,
   type SessionValue,
+  sessionHandle,
 }
 
 /** `Session` under another name: inside the augmentation below, `Session` is fastify's own interface. */
@@ -50,9 +66,16 @@ declare module 'fastify' {
   interface FastifyReply {
     /**
      * Starts a session for `principal` with a new id, destroying the one presented (no fixation).
-     * Rejects with a 503 HttpProblem (`session-store-unavailable`, Retry-After: 1) when Redis fails.
+     * `lifetime` gives this session its own idle timeout and lifetime ("remember me"), within the
+     * plugin's `maxIdleTimeoutMs` / `maxAbsoluteTimeoutMs` (SessionLifetimeError otherwise); the
+     * cookie's Max-Age follows. Rejects with a 503 HttpProblem (`session-store-unavailable`,
+     * Retry-After: 1) when Redis fails.
      */
-    regenerateSession(principal: string, data?: Record<string, SessionValue>): Promise<RequestSession>
+    regenerateSession(
+      principal: string,
+      data?: Record<string, SessionValue>,
+      lifetime?: SessionLifetime,
+    ): Promise<RequestSession>
     /** Destroys the presented session server-side and clears the cookie; 503 HttpProblem when Redis fails. */
     destroySession(): Promise<void>
   }
@@ -121,7 +144,6 @@ async function sessionPlugin(app: FastifyInstance, rawOptions: SessionPluginOpti
     // `secure: 'auto'` gets Lax and no Partitioned.
     sameSite: secure || options.sameSite !== 'none' ? options.sameSite : ('lax' as const),
     ...(secure && options.partitioned ? { partitioned: true } : {}),
-    maxAge: Math.ceil(options.absoluteTimeoutMs / 1000),
   })
   const secureAttributes = attributes(true)
   const plainAttributes = attributes(false)
@@ -140,21 +162,27 @@ async function sessionPlugin(app: FastifyInstance, rawOptions: SessionPluginOpti
   app.decorateRequest('session', null)
   app.decorateRequest('sessionUnavailable', false)
 
-  const setCookie = (reply: FastifyReply, id: string) =>
-    reply.setCookie(cookieName, signer.sign(id), cookieOptionsFor(reply.request))
+  // Max-Age is the session's own lifetime: the plugin's, or the one its login asked for.
+  const setCookie = (reply: FastifyReply, session: Session) =>
+    reply.setCookie(cookieName, signer.sign(session.id), {
+      ...cookieOptionsFor(reply.request),
+      maxAge: Math.ceil((session.absoluteExpiresAt - session.createdAt) / 1000),
+    })
 
   /** A request's anonymous session: stored, and its cookie set, on its first change. */
   const anonymousSession = (request: FastifyRequest, reply: FastifyReply) =>
     store.unsavedAnonymous({
-      stored: (id) => setCookie(reply, id),
+      stored: (session) => setCookie(reply, session),
       // The presented session could not be loaded: storing a new one would silently replace it.
       blocked: () => (request.sessionUnavailable ? sessionStoreUnavailable() : null),
     })
 
-  app.decorateReply('regenerateSession', async function (this: FastifyReply, principal, data) {
+  app.decorateReply('regenerateSession', async function (this: FastifyReply, principal, data, lifetime) {
     // A session was presented but could not be loaded: it cannot be destroyed either, and a login
     // that left it alive would break the promise that the pre-login id is dead.
     if (this.request.sessionUnavailable) throw sessionStoreUnavailable()
+    // A wrong lifetime is the caller's mistake: refused before the presented session is touched.
+    store.checkLifetime(lifetime)
     const previous = this.request.session
     // The presented id (signed in or anonymous) is deleted before the new one exists: after login it
     // is dead server-side. Unsaved changes of the previous session are dropped with it.
@@ -163,9 +191,9 @@ async function sessionPlugin(app: FastifyInstance, rawOptions: SessionPluginOpti
       if (previous.id !== '') await store.destroy(previous.id, previous.principal || undefined)
       this.request.session = null
     }
-    const created = await store.create(principal, data)
+    const created = await store.create(principal, data, lifetime)
     this.request.session = created
-    setCookie(this, created.id)
+    setCookie(this, created)
     // Login is rare and already slow (scrypt): a cheap place to keep the index bounded.
     await store.pruneIndex(principal).catch((err) => this.log.warn({ err }, 'session index prune failed'))
     return created
@@ -214,7 +242,7 @@ async function sessionPlugin(app: FastifyInstance, rawOptions: SessionPluginOpti
           (session) => {
             request.session = session
             // Signed with a retired secret: re-sign with the current one.
-            if (session && unsigned.renew) setCookie(reply, session.id)
+            if (session && unsigned.renew) setCookie(reply, session)
           },
           (err) => {
             request.sessionUnavailable = true

@@ -35,6 +35,13 @@ export interface SessionPluginOptions {
   /** Lifetime from login regardless of activity. Default 8 hours. */
   absoluteTimeoutMs?: number
   /**
+   * Longest idle timeout a login may give its session (`reply.regenerateSession`'s `lifetime`, e.g.
+   * "remember me"). Default `idleTimeoutMs`: no login may ask for more.
+   */
+  maxIdleTimeoutMs?: number
+  /** Longest lifetime a login may give its session. Default `absoluteTimeoutMs`: no login may ask for more. */
+  maxAbsoluteTimeoutMs?: number
+  /**
    * A request slides the idle expiry only when this instance last did so for that session at least
    * this long ago, so most requests write nothing to Redis; a session then expires between
    * `idleTimeoutMs - touchAfterMs` and `idleTimeoutMs` after its last request. 0 slides it on every
@@ -58,6 +65,8 @@ export interface ValidOptions {
   saveUninitialized: boolean
   idleTimeoutMs: number
   absoluteTimeoutMs: number
+  maxIdleTimeoutMs: number
+  maxAbsoluteTimeoutMs: number
   touchAfterMs: number | undefined
   keyPrefix: string
   connectTimeoutMs: number
@@ -75,6 +84,8 @@ const PLUGIN_OPTIONS = optionKeys<SessionPluginOptions>({
   saveUninitialized: true,
   idleTimeoutMs: true,
   absoluteTimeoutMs: true,
+  maxIdleTimeoutMs: true,
+  maxAbsoluteTimeoutMs: true,
   touchAfterMs: true,
   keyPrefix: true,
   connectTimeoutMs: true,
@@ -119,6 +130,20 @@ export function validateOptions(options: SessionPluginOptions): ValidOptions {
   if (!Number.isSafeInteger(absoluteTimeoutMs) || absoluteTimeoutMs < idleTimeoutMs) {
     fail('`absoluteTimeoutMs` must be an integer no smaller than `idleTimeoutMs`')
   }
+  const maxIdleTimeoutMs = options.maxIdleTimeoutMs ?? idleTimeoutMs
+  if (!Number.isSafeInteger(maxIdleTimeoutMs) || maxIdleTimeoutMs < idleTimeoutMs)
+    fail(
+      `\`maxIdleTimeoutMs\` must be an integer no smaller than \`idleTimeoutMs\` (${idleTimeoutMs}), got ${shown(maxIdleTimeoutMs)}`,
+    )
+  const maxAbsoluteTimeoutMs = options.maxAbsoluteTimeoutMs ?? absoluteTimeoutMs
+  if (
+    !Number.isSafeInteger(maxAbsoluteTimeoutMs) ||
+    maxAbsoluteTimeoutMs < absoluteTimeoutMs ||
+    maxAbsoluteTimeoutMs < maxIdleTimeoutMs
+  )
+    fail(
+      `\`maxAbsoluteTimeoutMs\` must be an integer no smaller than \`absoluteTimeoutMs\` (${absoluteTimeoutMs}) and \`maxIdleTimeoutMs\` (${maxIdleTimeoutMs}), got ${shown(maxAbsoluteTimeoutMs)}`,
+    )
   // Its default lives in the store (SessionStore is usable on its own).
   const touchAfterMs = options.touchAfterMs
   if (
@@ -164,6 +189,8 @@ export function validateOptions(options: SessionPluginOptions): ValidOptions {
     cookieName,
     idleTimeoutMs,
     absoluteTimeoutMs,
+    maxIdleTimeoutMs,
+    maxAbsoluteTimeoutMs,
     touchAfterMs,
     keyPrefix,
     connectTimeoutMs,

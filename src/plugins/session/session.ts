@@ -123,7 +123,7 @@ export interface SessionSaver {
 /** Hooks the plugin gives the anonymous session of a request. */
 export interface AnonymousSessionHooks {
   /** Called once it is stored: the plugin sets the cookie. */
-  stored(id: string): void
+  stored(session: Session): void
   /** Why it may not be stored (the presented session could not be loaded), else null. */
   blocked(): Error | null
 }
@@ -283,7 +283,7 @@ export class Session implements SessionRecord {
     this.createdAt = record.createdAt
     this.expiresAt = record.expiresAt
     this.absoluteExpiresAt = record.absoluteExpiresAt
-    this.#hooks?.stored(record.id)
+    this.#hooks?.stored(this)
     return true
   }
 

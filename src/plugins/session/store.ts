@@ -1,7 +1,12 @@
-import { randomBytes } from 'node:crypto'
+import { createHash, randomBytes } from 'node:crypto'
 import { type RedisClient, runScript } from '../../lua/index.ts'
 import { HttpProblem } from '../common/problem.ts'
-import { SessionPrincipalError, SessionTooLargeError } from './errors.ts'
+import {
+  SessionHandleError,
+  SessionLifetimeError,
+  SessionPrincipalError,
+  SessionTooLargeError,
+} from './errors.ts'
 import {
   type AnonymousSessionHooks,
   checkFieldName,
@@ -25,6 +30,44 @@ export interface SessionTimes {
 }
 
 const SESSION_ID = /^[A-Za-z0-9_-]{43}$/
+const SESSION_HANDLE = /^[A-Za-z0-9_-]{22}$/
+
+/** Most sessions `listSessions` answers with (the newest first). */
+export const MAX_LISTED_SESSIONS = 100
+/** Most index entries `listSessions` looks at in one call (`destroySession` reads the whole index, as `destroyAll` does). */
+export const MAX_INDEX_SCAN = 1000
+
+/** The hash field holding a session's own idle timeout, when it was given one at login. */
+const IDLE_FIELD = '__idleTimeoutMs'
+
+/**
+ * A session's non-secret handle: 128 bits of SHA-256 of its id, base64url (22 characters). The id
+ * is the bearer secret the cookie carries; the handle names the session in a listing and cannot be
+ * turned back into the id, so showing it (to the user, in a URL, in logs) lets nobody use the session.
+ */
+export function sessionHandle(id: string): string {
+  return createHash('sha256').update(id).digest().subarray(0, 16).toString('base64url')
+}
+
+/** A session's lifetime chosen at login ("remember me", or shorter for a sensitive login). */
+export interface SessionLifetime {
+  /** Its idle timeout, instead of the plugin's `idleTimeoutMs`; at most `maxIdleTimeoutMs`. */
+  idleTimeoutMs?: number
+  /** Its lifetime from login, instead of `absoluteTimeoutMs`; at most `maxAbsoluteTimeoutMs`, at least its idle timeout. */
+  absoluteTimeoutMs?: number
+}
+
+/** One of a principal's live sessions, as `listSessions` describes it. */
+export interface SessionInfo {
+  /** The non-secret handle (`sessionHandle(id)`): what `destroySession` takes. Never the id. */
+  handle: string
+  createdAt: number
+  /** When the session ends if no further request touches it (its key's TTL, on the Redis clock). */
+  expiresAt: number
+  absoluteExpiresAt: number
+  /** Its idle timeout: the plugin's, or the one given at login. */
+  idleTimeoutMs: number
+}
 
 export interface SessionStoreOptions {
   keyPrefix: string
@@ -35,6 +78,10 @@ export interface SessionStoreOptions {
    * this long ago (0: on every load). Default idleTimeoutMs / 20.
    */
   touchAfterMs?: number
+  /** Longest idle timeout a login may ask for (`create`'s `lifetime`). Default `idleTimeoutMs`. */
+  maxIdleTimeoutMs?: number
+  /** Longest lifetime a login may ask for (`create`'s `lifetime`). Default `absoluteTimeoutMs`. */
+  maxAbsoluteTimeoutMs?: number
 }
 
 /** Sessions whose last touch this process remembers (about 100 bytes each). */
@@ -106,8 +153,8 @@ export class SessionStore implements SessionSaver {
   readonly redis: RedisClient
   readonly options: SessionStoreOptions
   readonly #touchAfterMs: number
-  /** When this process last slid each session's idle expiry (its own touches only). */
-  readonly #touchedAt = new Map<string, number>()
+  /** When this process last slid each session's idle expiry (its own touches only), and by how much. */
+  readonly #touchedAt = new Map<string, { at: number; idle: number }>()
 
   constructor(redis: RedisClient, options: SessionStoreOptions) {
     this.redis = redis
@@ -115,11 +162,11 @@ export class SessionStore implements SessionSaver {
     this.#touchAfterMs = options.touchAfterMs ?? Math.floor(options.idleTimeoutMs / 20)
   }
 
-  #touched(id: string, at: number): void {
+  #touched(id: string, at: number, idle: number): void {
     this.#touchedAt.delete(id)
     if (this.#touchedAt.size >= REMEMBERED_TOUCHES)
       this.#touchedAt.delete(this.#touchedAt.keys().next().value!)
-    this.#touchedAt.set(id, at)
+    this.#touchedAt.set(id, { at, idle })
   }
 
   sessionKey(id: string): string {
@@ -134,6 +181,11 @@ export class SessionStore implements SessionSaver {
     return SESSION_ID.test(id)
   }
 
+  /** True for a string of the handles' form (22 base64url characters): what a route may accept. */
+  static isWellFormedHandle(handle: unknown): handle is string {
+    return typeof handle === 'string' && SESSION_HANDLE.test(handle)
+  }
+
   /**
    * Loads and touches (TTL only); null for unknown, expired or malformed ids. Plain commands sent
    * together, no script (Redis would run each command of a script through Lua, about 1 µs apiece):
@@ -141,18 +193,20 @@ export class SessionStore implements SessionSaver {
    * this process did so less than `touchAfterMs` ago: the idle expiry is then at most that much
    * early, and most loads write nothing. The absolute lifetime is checked here, on this process's
    * clock: a session past it is deleted and refused, and one whose idle expiry would pass it gets
-   * its expiry moved back to it.
+   * its expiry moved back to it. A session given its own idle timeout at login is slid by that one:
+   * the first load in a process, which does not know it yet, slides by the plugin's and then again
+   * by the session's.
    */
   async load(id: string): Promise<Session | null> {
     if (!SESSION_ID.test(id)) return null
     const key = this.sessionKey(id)
-    const { idleTimeoutMs } = this.options
     const sentAt = Date.now()
-    const lastTouch = this.#touchedAt.get(id)
-    const touch = lastTouch === undefined || sentAt - lastTouch >= this.#touchAfterMs
+    const last = this.#touchedAt.get(id)
+    const touch = last === undefined || sentAt - last.at >= this.#touchAfterMs
+    const slidBy = last?.idle ?? this.options.idleTimeoutMs
     const fields = await guarded(() =>
       touch
-        ? Promise.all([this.redis.hgetall(key), this.redis.pexpire(key, idleTimeoutMs)]).then(([f]) => f)
+        ? Promise.all([this.redis.hgetall(key), this.redis.pexpire(key, slidBy)]).then(([f]) => f)
         : this.redis.hgetall(key),
     )
     const absoluteExpiresAt = Number(fields._absoluteExpiresAt)
@@ -166,7 +220,12 @@ export class SessionStore implements SessionSaver {
       await this.redis.del(key).catch(() => {})
       return null
     }
-    if (touch) this.#touched(id, sentAt)
+    const idleTimeoutMs = Number(fields[IDLE_FIELD]) || this.options.idleTimeoutMs
+    if (touch) {
+      this.#touched(id, sentAt, idleTimeoutMs)
+      // Not awaited: should it fail, the session ends sooner than it should, never later.
+      if (idleTimeoutMs !== slidBy) this.redis.pexpire(key, idleTimeoutMs).catch(() => {})
+    }
     // A touch in the last idle period of its lifetime only. Not awaited: the check above refuses
     // the session at its absolute end whatever its TTL, so this only frees the memory on time.
     if (touch && now + idleTimeoutMs > absoluteExpiresAt)
@@ -183,30 +242,73 @@ export class SessionStore implements SessionSaver {
         raw.set(name, value)
       }
     }
-    const expiresAt = Math.min((touch ? sentAt : lastTouch!) + idleTimeoutMs, absoluteExpiresAt)
+    const expiresAt = Math.min((touch ? sentAt : last!.at) + idleTimeoutMs, absoluteExpiresAt)
     return new Session(this, { id, principal, createdAt, expiresAt, absoluteExpiresAt }, raw)
   }
 
   /**
    * A new session with a fresh 256-bit id, recorded in the principal's index. `data` holds JSON
-   * values (validated like `Session#set`).
+   * values (validated like `Session#set`). `lifetime` gives this session its own idle timeout and
+   * lifetime, within `maxIdleTimeoutMs` and `maxAbsoluteTimeoutMs` (SessionLifetimeError otherwise).
    */
-  async create(principal: string, data: Record<string, SessionValue> = {}): Promise<Session> {
-    if (typeof principal !== 'string' || principal.length === 0 || principal.length > 128)
-      throw new SessionPrincipalError(
-        `Session principal must be a string of 1-128 characters, got ${typeof principal === 'string' ? `one of ${principal.length}` : `a ${principal === null ? 'null' : typeof principal}`}`,
+  async create(
+    principal: string,
+    data: Record<string, SessionValue> = {},
+    lifetime?: SessionLifetime,
+  ): Promise<Session> {
+    checkPrincipal(principal)
+    const { idleTimeoutMs, absoluteTimeoutMs, own } = this.#lifetime(lifetime)
+    const fields = encodeFields(data)
+    if (own) fields.push([IDLE_FIELD, String(idleTimeoutMs)])
+    return this.#create(principal, fields, idleTimeoutMs, absoluteTimeoutMs)
+  }
+
+  /** Throws the SessionLifetimeError `create` would throw for `lifetime`. */
+  checkLifetime(lifetime: SessionLifetime | undefined): void {
+    this.#lifetime(lifetime)
+  }
+
+  /** The idle timeout and lifetime of a new session, checked against the maxima. */
+  #lifetime(lifetime: SessionLifetime | undefined): {
+    idleTimeoutMs: number
+    absoluteTimeoutMs: number
+    own: boolean
+  } {
+    const { idleTimeoutMs, absoluteTimeoutMs } = this.options
+    if (lifetime === undefined) return { idleTimeoutMs, absoluteTimeoutMs, own: false }
+    const fail = (message: string): never => {
+      throw new SessionLifetimeError(`Session lifetime: ${message}`)
+    }
+    if (typeof lifetime !== 'object' || lifetime === null || Array.isArray(lifetime))
+      fail(`expected an object with idleTimeoutMs and/or absoluteTimeoutMs, got ${shown(lifetime)}`)
+    for (const key of Object.keys(lifetime))
+      if (key !== 'idleTimeoutMs' && key !== 'absoluteTimeoutMs')
+        fail(`unknown key \`${key}\` (valid: idleTimeoutMs, absoluteTimeoutMs)`)
+    const maxIdle = this.options.maxIdleTimeoutMs ?? idleTimeoutMs
+    const maxAbsolute = this.options.maxAbsoluteTimeoutMs ?? absoluteTimeoutMs
+    const idle = lifetime.idleTimeoutMs ?? idleTimeoutMs
+    const absolute = lifetime.absoluteTimeoutMs ?? absoluteTimeoutMs
+    if (!Number.isSafeInteger(idle) || idle <= 0 || idle > maxIdle)
+      fail(
+        `\`idleTimeoutMs\` must be a whole number of ms from 1 to maxIdleTimeoutMs (${maxIdle}), got ${shown(idle)}`,
       )
-    return this.#create(principal, encodeFields(data))
+    if (!Number.isSafeInteger(absolute) || absolute <= 0 || absolute > maxAbsolute)
+      fail(
+        `\`absoluteTimeoutMs\` must be a whole number of ms from 1 to maxAbsoluteTimeoutMs (${maxAbsolute}), got ${shown(absolute)}`,
+      )
+    if (absolute < idle)
+      fail(`\`absoluteTimeoutMs\` (${absolute}) must be no smaller than the idle timeout (${idle})`)
+    return { idleTimeoutMs: idle, absoluteTimeoutMs: absolute, own: lifetime.idleTimeoutMs !== undefined }
   }
 
   /** A new anonymous session (no principal, in no index) holding `data`. */
   createAnonymous(data: Record<string, SessionValue> = {}): Promise<Session> {
-    return this.#create('', encodeFields(data))
+    return this.#create('', encodeFields(data), this.options.idleTimeoutMs, this.options.absoluteTimeoutMs)
   }
 
   /** @internal How an anonymous `request.session` stores itself on its first change. */
   createAnonymousEncoded(fields: Array<[string, string]>): Promise<Session> {
-    return this.#create('', fields)
+    return this.#create('', fields, this.options.idleTimeoutMs, this.options.absoluteTimeoutMs)
   }
 
   /** @internal An anonymous session of a request, stored on its first change. */
@@ -219,9 +321,13 @@ export class SessionStore implements SessionSaver {
     )
   }
 
-  async #create(principal: string, fields: Array<[string, string]>): Promise<Session> {
+  async #create(
+    principal: string,
+    fields: Array<[string, string]>,
+    idleTimeoutMs: number,
+    absoluteTimeoutMs: number,
+  ): Promise<Session> {
     const id = randomBytes(32).toString('base64url')
-    const { idleTimeoutMs, absoluteTimeoutMs } = this.options
     // The hash first, then the index (two keys, two slots: no order between them otherwise). An id
     // in the index then always names a session that exists or existed, so neither pruneIndex nor
     // destroyAll can drop an id whose session is still to appear and would be unreachable.
@@ -245,8 +351,9 @@ export class SessionStore implements SessionSaver {
     })
     const [createdAt, expiresAt, absoluteExpiresAt] = times.map(Number) as [number, number, number]
     // Created with the idle expiry: a touch as of its sending.
-    this.#touched(id, sentAt)
-    const raw = fields.length > 0 ? new Map(fields) : null
+    this.#touched(id, sentAt, idleTimeoutMs)
+    const appFields = fields.filter(([name]) => name !== IDLE_FIELD)
+    const raw = appFields.length > 0 ? new Map(appFields) : null
     return new Session(this, { id, principal, createdAt, expiresAt, absoluteExpiresAt }, raw)
   }
 
@@ -330,4 +437,88 @@ export class SessionStore implements SessionSaver {
       if (dead.length) await this.redis.srem(index, ...dead)
     })
   }
+
+  /**
+   * The principal's live sessions ("devices"), newest first, at most MAX_LISTED_SESSIONS: each by
+   * its handle (never its id), times and idle timeout. Reads the principal's index (at most
+   * MAX_INDEX_SCAN of its ids), asks every session key at once (one script each: the keys live in
+   * their own slots) and drops from the index the ids of sessions that ended, as `pruneIndex` does.
+   */
+  async listSessions(principal: string): Promise<SessionInfo[]> {
+    checkPrincipal(principal)
+    const index = this.indexKey(principal)
+    return guarded(async () => {
+      const ids = await this.#indexIds(index)
+      const replies = await Promise.all(
+        ids.map((id) =>
+          runScript<[string, string, string, string, number] | null>(this.redis, 'sessionDescribe', [
+            this.sessionKey(id),
+          ]),
+        ),
+      )
+      const sessions: SessionInfo[] = []
+      const dead: string[] = []
+      replies.forEach((reply, i) => {
+        const id = ids[i]!
+        if (!reply) {
+          dead.push(id)
+          return
+        }
+        // Only ids this principal's logins added are in its index; checked all the same.
+        if (reply[0] !== principal) return
+        sessions.push({
+          handle: sessionHandle(id),
+          createdAt: Number(reply[1]),
+          expiresAt: Number(reply[4]),
+          absoluteExpiresAt: Number(reply[2]),
+          idleTimeoutMs: Number(reply[3]) || this.options.idleTimeoutMs,
+        })
+      })
+      if (dead.length) await this.redis.srem(index, ...dead)
+      sessions.sort((a, b) => b.createdAt - a.createdAt)
+      return sessions.slice(0, MAX_LISTED_SESSIONS)
+    })
+  }
+
+  /**
+   * Ends the principal's session named by `handle` (from `listSessions`) and removes it from the
+   * index; true when a session was ended. A handle that names no session of this principal (another
+   * principal's, an ended one, a made-up one) ends nothing: false. Throws SessionHandleError for a
+   * handle not of the handles' form, SessionPrincipalError for a principal that is not one.
+   */
+  async destroySession(principal: string, handle: string): Promise<boolean> {
+    checkPrincipal(principal)
+    if (!SessionStore.isWellFormedHandle(handle))
+      throw new SessionHandleError(
+        `Session handle must be a string of 22 base64url characters, got ${typeof handle === 'string' ? `one of ${(handle as string).length}` : shown(handle)}`,
+      )
+    const index = this.indexKey(principal)
+    return guarded(async () => {
+      // The whole index (as destroyAll reads it): every handle a listing showed is found.
+      const ids = await this.redis.smembers(index)
+      const id = ids.find((candidate) => sessionHandle(candidate) === handle)
+      if (id === undefined) return false
+      this.#touchedAt.delete(id)
+      const [deleted] = await Promise.all([this.redis.del(this.sessionKey(id)), this.redis.srem(index, id)])
+      return deleted === 1
+    })
+  }
+
+  /**
+   * The index's ids, at most MAX_INDEX_SCAN of them: all of them (SRANDMEMBER with a positive count
+   * answers the whole set when it is smaller), else that many distinct ones in no particular order.
+   */
+  #indexIds(index: string): Promise<string[]> {
+    return this.redis.srandmember(index, MAX_INDEX_SCAN)
+  }
 }
+
+function checkPrincipal(principal: unknown): asserts principal is string {
+  if (typeof principal !== 'string' || principal.length === 0 || principal.length > 128)
+    throw new SessionPrincipalError(
+      `Session principal must be a string of 1-128 characters, got ${typeof principal === 'string' ? `one of ${principal.length}` : shown(principal)}`,
+    )
+}
+
+const shown = (value: unknown) =>
+  typeof value === 'number' ? String(value) : value === null ? 'null' : `a ${typeof value}`
