@@ -3,6 +3,7 @@
 export {
   type CacheApi,
   CacheKeyInvalidError,
+  type CacheKeyPart,
   type CacheLoadErrorMode,
   CacheLoadTimeoutError,
   type CachePluginOptions,
@@ -11,6 +12,7 @@ export {
   CacheTagInvalidError,
   CacheUnavailableError,
   CacheValueNotJsonError,
+  cacheKey,
   default as cache,
   type GetOrLoadOptions,
 } from './plugins/cache/index.ts'

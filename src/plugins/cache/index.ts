@@ -50,6 +50,7 @@ export {
   CacheUnavailableError,
   CacheValueNotJsonError,
 } from './errors.ts'
+export { type CacheKeyPart, cacheKey } from './key.ts'
 
 export interface CachePluginOptions {
   /** false: every read calls its loader and nothing touches Redis (default true). */
