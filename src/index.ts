@@ -74,6 +74,7 @@ export {
   type RouteRateLimit,
 } from './plugins/rate-limit/index.ts'
 export {
+  type AnyRedisClient,
   batchWrites,
   boundCommands,
   createRedisClient,
