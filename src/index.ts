@@ -3,6 +3,7 @@
 export {
   type CacheApi,
   CacheKeyInvalidError,
+  type CacheKeyPart,
   type CacheLoadErrorMode,
   CacheLoadTimeoutError,
   type CachePluginOptions,
@@ -11,6 +12,7 @@ export {
   CacheTagInvalidError,
   CacheUnavailableError,
   CacheValueNotJsonError,
+  cacheKey,
   default as cache,
   type GetOrLoadOptions,
 } from './plugins/cache/index.ts'
@@ -72,6 +74,7 @@ export {
   type RouteRateLimit,
 } from './plugins/rate-limit/index.ts'
 export {
+  type AnyRedisClient,
   batchWrites,
   boundCommands,
   createRedisClient,

@@ -5,6 +5,21 @@ import type { Cluster, Redis } from 'ioredis'
 /** Any ioredis client a user created: a single node or a Cluster. */
 export type RedisClient = Redis | Cluster
 
+/**
+ * A client of a package with the ioredis API under its own types: iovalkey's `Redis` and `Cluster`
+ * (its classes are not assignable to ioredis's, which have members of their own). What `isRedisClient`
+ * checks at run time, plus the methods every caller of the library relies on.
+ */
+export interface IoredisCompatibleClient {
+  readonly status: string
+  sendCommand(...args: never[]): unknown
+  call(...args: never[]): unknown
+  duplicate(...args: never[]): unknown
+}
+
+/** What a plugin's `redis` option and a primitive accept: an ioredis client or an iovalkey one. */
+export type AnyRedisClient = RedisClient | IoredisCompatibleClient
+
 export const isCluster = (redis: RedisClient): redis is Cluster =>
   'nodes' in redis && typeof redis.nodes === 'function'
 

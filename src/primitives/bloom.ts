@@ -1,5 +1,5 @@
 import { hash } from 'node:crypto'
-import { type RedisClient, runScript } from '../lua/index.ts'
+import { type AnyRedisClient, runScript } from '../lua/index.ts'
 import { GatewayError } from '../plugins/common/errors.ts'
 import { optionChecker, optionKeys } from '../plugins/common/options.ts'
 import { randomToken } from '../plugins/common/random-token.ts'
@@ -163,8 +163,8 @@ export function bloomSize(expectedItems: number, falsePositiveRate: number, maxB
   return { hashes, shards, shardBits, keyBits: shardBits + HEADER_BITS }
 }
 
-export function createBloomFilter(redis: RedisClient, options: BloomFilterOptions): BloomFilter {
-  checkRedisClient('bloom filter', redis)
+export function createBloomFilter(client: AnyRedisClient, options: BloomFilterOptions): BloomFilter {
+  const redis = checkRedisClient('bloom filter', client)
   const check = optionChecker('bloom filter')
   const {
     key,

@@ -14,11 +14,13 @@ export class InvalidArgumentError extends TypeError {
   readonly code = 'FRG_INVALID_ARGUMENT'
 }
 
-export function checkRedisClient(owner: string, redis: unknown): asserts redis is RedisClient {
+/** `redis`, checked to be an ioredis client or an iovalkey one (the same API), typed as ioredis's. */
+export function checkRedisClient(owner: string, redis: unknown): RedisClient {
   if (!isRedisClient(redis))
     throw new RedisClientError(
       `${owner}: \`redis\` must be an ioredis client (new Redis() or new Cluster()), got ${describeValue(redis)}`,
     )
+  return redis
 }
 
 /** `value`, checked to be an options object holding only `known` keys (pass `options ?? {}` where they are optional). */

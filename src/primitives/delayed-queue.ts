@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto'
-import { type RedisClient, runScript } from '../lua/index.ts'
+import { type AnyRedisClient, runScript } from '../lua/index.ts'
 import { type OptionChecker, optionChecker, optionKeys } from '../plugins/common/options.ts'
 import { checkedOptions, checkRedisClient, InvalidArgumentError, shown } from './checks.ts'
 
@@ -154,8 +154,8 @@ function functionOrUndefined<T>(check: OptionChecker, value: T | undefined, opti
 
 const defaultRetryDelay = (attempt: number) => Math.min(60_000, 1000 * 2 ** Math.min(attempt - 1, 16))
 
-export function createDelayedQueue(redis: RedisClient, options: DelayedQueueOptions): DelayedQueue {
-  checkRedisClient('delayed queue', redis)
+export function createDelayedQueue(client: AnyRedisClient, options: DelayedQueueOptions): DelayedQueue {
+  const redis = checkRedisClient('delayed queue', client)
   const check = optionChecker('delayed queue')
   checkedOptions(check, options, QUEUE_OPTIONS)
   const name = nonEmpty(check, options.name, 'name')

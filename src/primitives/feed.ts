@@ -1,4 +1,4 @@
-import { isCluster, type RedisClient, runScript } from '../lua/index.ts'
+import { type AnyRedisClient, isCluster, runScript } from '../lua/index.ts'
 import { GatewayError } from '../plugins/common/errors.ts'
 import { type OptionChecker, optionChecker, optionKeys } from '../plugins/common/options.ts'
 import { checkedOptions, checkRedisClient, InvalidArgumentError, shown } from './checks.ts'
@@ -323,8 +323,8 @@ function singleFlight<T>(fn: (key: string) => Promise<T>): (key: string) => Prom
   }
 }
 
-export function createFeed(redis: RedisClient, options: FeedOptions): Feed {
-  checkRedisClient('feed', redis)
+export function createFeed(client: AnyRedisClient, options: FeedOptions): Feed {
+  const redis = checkRedisClient('feed', client)
   const check = optionChecker('feed')
   const {
     source,

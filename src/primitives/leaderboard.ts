@@ -1,4 +1,4 @@
-import { type RedisClient, runScript } from '../lua/index.ts'
+import { type AnyRedisClient, runScript } from '../lua/index.ts'
 import { optionChecker, optionKeys } from '../plugins/common/options.ts'
 import { checkedOptions, checkRedisClient, InvalidArgumentError, shown } from './checks.ts'
 
@@ -59,8 +59,8 @@ function checkName(name: unknown): asserts name is string {
 /** Scores are stored negated (src/lua/leaderboard-add.lua); `-0` never occurs, amounts are positive. */
 const scoreOf = (stored: string) => -Number(stored)
 
-export function createLeaderboard(redis: RedisClient, options: LeaderboardOptions = {}): Leaderboard {
-  checkRedisClient('leaderboard', redis)
+export function createLeaderboard(client: AnyRedisClient, options: LeaderboardOptions = {}): Leaderboard {
+  const redis = checkRedisClient('leaderboard', client)
   const check = optionChecker('leaderboard')
   const { keyPrefix = 'lb:' } = checkedOptions(check, options, LEADERBOARD_OPTIONS)
   if (typeof keyPrefix !== 'string') check.fail(`\`keyPrefix\` must be a string, got ${shown(keyPrefix)}`)

@@ -1,4 +1,4 @@
-import { type RedisClient, runScript } from '../lua/index.ts'
+import { type AnyRedisClient, runScript } from '../lua/index.ts'
 import { GatewayError } from '../plugins/common/errors.ts'
 import { optionChecker, optionKeys } from '../plugins/common/options.ts'
 import { randomToken } from '../plugins/common/random-token.ts'
@@ -124,8 +124,8 @@ function withLockOptions(options: WithLockOptions) {
 
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms))
 
-export function createLock(redis: RedisClient, options: LockOptions = {}): Lock {
-  checkRedisClient('lock', redis)
+export function createLock(client: AnyRedisClient, options: LockOptions = {}): Lock {
+  const redis = checkRedisClient('lock', client)
   const check = optionChecker('lock')
   const { keyPrefix = 'lock:' } = checkedOptions(check, options, LOCK_OPTIONS)
   if (typeof keyPrefix !== 'string') check.fail(`\`keyPrefix\` must be a string, got ${shown(keyPrefix)}`)

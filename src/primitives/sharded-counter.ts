@@ -1,4 +1,4 @@
-import { isCluster, type RedisClient, runScript } from '../lua/index.ts'
+import { type AnyRedisClient, isCluster, runScript } from '../lua/index.ts'
 import { type OptionChecker, optionChecker, optionKeys } from '../plugins/common/options.ts'
 import { checkedOptions, checkRedisClient, InvalidArgumentError, shown } from './checks.ts'
 
@@ -86,8 +86,8 @@ function checkItem(check: OptionChecker, item: ShardedCounterItem): void {
     throw new InvalidArgumentError('sharded counter: `member` and `id` must be non-empty when given')
 }
 
-export function createShardedCounter(redis: RedisClient, options: ShardedCounterOptions): ShardedCounter {
-  checkRedisClient('sharded counter', redis)
+export function createShardedCounter(client: AnyRedisClient, options: ShardedCounterOptions): ShardedCounter {
+  const redis = checkRedisClient('sharded counter', client)
   const check = optionChecker('sharded counter')
   const { key, shards = 16, ttlMs = 0 } = checkedOptions(check, options, COUNTER_OPTIONS)
   if (typeof key !== 'function') check.fail(`\`key\` must be a function of the shard, got ${shown(key)}`)

@@ -1,5 +1,5 @@
 import type { Redis } from 'ioredis'
-import { isCluster, type RedisClient, runScript } from '../lua/index.ts'
+import { type AnyRedisClient, isCluster, type RedisClient, runScript } from '../lua/index.ts'
 import { type OptionChecker, optionChecker, optionKeys } from '../plugins/common/options.ts'
 import { checkedOptions, checkRedisClient, shown } from './checks.ts'
 
@@ -182,8 +182,8 @@ function checkConsumerOptions(options: StreamConsumerOptions): void {
  * (their consumer crashed or failed them), and a dead-letter stream (capped at about
  * `deadLetterMaxLen` entries) once an entry was delivered `maxDeliveries` times. Several groups may read one stream, each at its own pace.
  */
-export function createStreamConsumer(redis: RedisClient, options: StreamConsumerOptions): StreamConsumer {
-  checkRedisClient('createStreamConsumer', redis)
+export function createStreamConsumer(client: AnyRedisClient, options: StreamConsumerOptions): StreamConsumer {
+  const redis = checkRedisClient('createStreamConsumer', client)
   checkConsumerOptions(options)
   const {
     stream,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The consumer test: pack the package, install the tarball into an empty folder with only fastify and
-# ioredis, and run plain JavaScript apps that use each plugin alone, on every supported Node; then
+# ioredis (plus iovalkey for one app), and run plain JavaScript apps that use each plugin alone, on every supported Node; then
 # type-check a TypeScript consumer against the shipped .d.ts. Needs Redis (REDIS_URL, default local).
 # CONSUMER_NODE_VERSIONS="22 24 26" (default) picks the Node majors, from the npm registry's `node` package.
 set -euo pipefail
@@ -39,12 +39,16 @@ run_apps() { # folder, node major
 
 echo "== install (ioredis 6)"
 install_into "$work/v6" 6
+echo "== install iovalkey next to ioredis 6 (an optional peer: the iovalkey app and the typed consumer use it)"
+(cd "$work/v6" && npm install --no-audit --no-fund --silent iovalkey@^0.4.0)
 echo "== install (ioredis 5)"
 install_into "$work/v5" 5
 
 echo "== run"
 for major in ${CONSUMER_NODE_VERSIONS:-22 24 26}; do run_apps "$work/v6" "$major"; done
 run_apps "$work/v5" 22
+echo "-- the plugins on an iovalkey client, Node 22"
+(cd "$work/v6" && npx -y -p node@22 node apps/iovalkey.mjs)
 
 echo "== typecheck a TypeScript consumer against the shipped types"
 (cd "$work/v6" && npm install --no-audit --no-fund --silent typescript@5.9 @types/node@22 &&

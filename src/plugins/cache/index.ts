@@ -11,6 +11,7 @@ import fp from 'fastify-plugin'
 import { observePluginRedis, whenMetricsReady } from '../common/metrics.ts'
 import { optionChecker, optionKeys } from '../common/options.ts'
 import {
+  type AnyRedisClient,
   bootPluginRedis,
   DEFAULT_CONNECT_TIMEOUT_MS,
   describeValue,
@@ -50,6 +51,7 @@ export {
   CacheUnavailableError,
   CacheValueNotJsonError,
 } from './errors.ts'
+export { type CacheKeyPart, cacheKey } from './key.ts'
 
 export interface CachePluginOptions {
   /** false: every read calls its loader and nothing touches Redis (default true). */
@@ -58,7 +60,7 @@ export interface CachePluginOptions {
    * Any ioredis Redis or Cluster; defaults to the redis plugin's `app.redis`. Give the cache a
    * Redis of its own (with an eviction policy) by passing a client connected to it. Never closed by this plugin.
    */
-  redis?: RedisClient
+  redis?: AnyRedisClient
   /**
    * Set when this Redis also holds sessions, idempotency records or rate limits: registration then
    * fails if the instance may evict (any maxmemory-policy but noeviction), since eviction would drop them.

@@ -1,9 +1,14 @@
 import type { FastifyInstance } from 'fastify'
 import type { Redis } from 'ioredis'
-import { isCluster, type RedisClient } from '../../lua/index.ts'
+import {
+  type AnyRedisClient,
+  type IoredisCompatibleClient,
+  isCluster,
+  type RedisClient,
+} from '../../lua/index.ts'
 import { RedisClientError, RedisServerError } from './errors.ts'
 
-export type { RedisClient }
+export type { AnyRedisClient, IoredisCompatibleClient, RedisClient }
 
 declare module 'fastify' {
   interface FastifyInstance {
@@ -30,7 +35,7 @@ export function isRedisClient(value: unknown): value is RedisClient {
 export function pluginRedis(
   app: FastifyInstance,
   plugin: string,
-  option: RedisClient | undefined,
+  option: AnyRedisClient | undefined,
 ): RedisClient {
   if (option !== undefined) {
     if (isRedisClient(option)) return option
@@ -357,7 +362,7 @@ export async function bootPluginRedis(
   app: FastifyInstance,
   plugin: string,
   settings: {
-    redis: RedisClient | undefined
+    redis: AnyRedisClient | undefined
     connectTimeoutMs: number | undefined
     eviction: EvictionCheck
     fix?: string

@@ -1,7 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises'
 import type { FastifyInstance } from 'fastify'
 import { Counter, type Registry } from 'prom-client'
-import type { RedisClient } from '../../lua/index.ts'
+import type { AnyRedisClient, RedisClient } from '../../lua/index.ts'
 import { RedisClientError } from '../common/errors.ts'
 import { adoptMetric } from '../common/metrics.ts'
 import { optionChecker, optionKeys } from '../common/options.ts'
@@ -27,10 +27,10 @@ import { type IdempotencyLogger, IdempotencyStore, ownerToken, type StoredRespon
 
 export interface MakeIdempotentOptions<A extends unknown[]> {
   /**
-   * Any ioredis Redis or Cluster. Never closed here. A Redis that may evict (any maxmemory-policy but noeviction)
+   * Any ioredis or iovalkey Redis or Cluster. Never closed here. A Redis that may evict (any maxmemory-policy but noeviction)
    * is refused at the first call unless `allowEviction`.
    */
-  redis: RedisClient
+  redis: AnyRedisClient
   /**
    * Run on a Redis whose maxmemory-policy may evict (anything but noeviction): an evicted record lets a retry run `fn`
    * again, so only for functions with a guard of their own. Default false.

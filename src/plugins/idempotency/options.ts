@@ -1,7 +1,7 @@
 import type { FastifyReply, FastifyRequest } from 'fastify'
 import { type OptionChecker, optionChecker, optionKeys } from '../common/options.ts'
 import type { PrincipalFunction } from '../common/principal.ts'
-import { DEFAULT_CONNECT_TIMEOUT_MS, describeValue, type RedisClient } from '../common/redis.ts'
+import { type AnyRedisClient, DEFAULT_CONNECT_TIMEOUT_MS, describeValue } from '../common/redis.ts'
 
 /** When Redis cannot be asked: 'closed' answers 503; 'open' runs the handler on its own guard. */
 export type IdempotencyFailureMode = 'closed' | 'open'
@@ -40,7 +40,7 @@ export interface IdempotencyPluginOptions {
    * Any ioredis Redis or Cluster; defaults to the redis plugin's `app.redis`. Never closed by this
    * plugin. A Redis that may evict (any maxmemory-policy but noeviction) is refused unless `allowEviction`.
    */
-  redis?: RedisClient
+  redis?: AnyRedisClient
   /**
    * Boot on a Redis whose maxmemory-policy may evict (anything but noeviction): an evicted record lets a retry run the
    * handler again, so only for routes with a guard of their own. Default false.

@@ -10,7 +10,7 @@ import fp from 'fastify-plugin'
 import { observePluginRedis, whenMetricsReady } from '../common/metrics.ts'
 import { checkPrincipalOption, type PrincipalFunction, resolvePrincipal } from '../common/principal.ts'
 import { HttpProblem, sendProblem } from '../common/problem.ts'
-import { bootPluginRedis, describeValue, type RedisClient } from '../common/redis.ts'
+import { type AnyRedisClient, bootPluginRedis, describeValue } from '../common/redis.ts'
 import { pluginRegistered, routeCovered } from '../common/route-coverage.ts'
 import { type Duration, durationOption, parseDuration } from './duration.ts'
 import { type Decision, type Outcome, RateLimitEngine, type RateLimitResult, type Refund } from './engine.ts'
@@ -73,7 +73,7 @@ export interface RateLimitPluginOptions {
   /** `store: 'memory'`: keys kept at most; past it the least recently used key is dropped. Default 100000. */
   memoryMaxKeys?: number
   /** Any ioredis Redis or Cluster; defaults to the redis plugin's `app.redis`. Never closed by this plugin. */
-  redis?: RedisClient
+  redis?: AnyRedisClient
   /** How long registration waits for the client to be ready (shared by every plugin on it); 0: do not wait. Default 5000. */
   connectTimeoutMs?: number
   /** Who the caller is, for `keyBy.customer`; default: this suite's session plugin if registered, else nobody. */

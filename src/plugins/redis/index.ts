@@ -2,12 +2,12 @@ import type { Writable } from 'node:stream'
 import type { FastifyInstance } from 'fastify'
 import fp from 'fastify-plugin'
 import { Cluster, type Command, Redis } from 'ioredis'
-import type { RedisClient } from '../../lua/index.ts'
+import type { AnyRedisClient, RedisClient } from '../../lua/index.ts'
 import { RedisConnectionError } from '../common/errors.ts'
 import { optionChecker, optionKeys } from '../common/options.ts'
 import { boundCommands, connectRedis, describeValue, isRedisClient, redisAddress } from '../common/redis.ts'
 
-export type { RedisClient }
+export type { AnyRedisClient, RedisClient }
 export { boundCommands, connectRedis }
 
 export interface RedisConnectionOptions {
@@ -21,8 +21,8 @@ export interface RedisConnectionOptions {
 }
 
 export interface RedisPluginOptions extends RedisConnectionOptions {
-  /** Use this client (any ioredis Redis or Cluster) instead of creating one; the caller then closes it. */
-  redis?: RedisClient
+  /** Use this client (an ioredis or iovalkey Redis or Cluster) instead of creating one; the caller then closes it. */
+  redis?: AnyRedisClient
 }
 
 /**
@@ -124,7 +124,8 @@ function checkOptions(options: RedisPluginOptions): void {
 async function redisPlugin(app: FastifyInstance, options: RedisPluginOptions) {
   checkOptions(options)
   const owned = !options.redis
-  const client = options.redis ?? createRedisClient(options)
+  // Checked above (checkOptions): an ioredis client, or an iovalkey one with the same API.
+  const client = (options.redis as RedisClient | undefined) ?? createRedisClient(options)
   try {
     await connectRedis(client)
   } catch (err) {

@@ -1,11 +1,11 @@
 import { optionChecker, optionKeys } from '../common/options.ts'
-import { DEFAULT_CONNECT_TIMEOUT_MS, describeValue, type RedisClient } from '../common/redis.ts'
+import { type AnyRedisClient, DEFAULT_CONNECT_TIMEOUT_MS, describeValue } from '../common/redis.ts'
 
 export interface SessionPluginOptions {
   /** Signing secrets, each at least 32 characters; the first signs, all verify (rotation). */
   secrets: string[]
   /** Any ioredis Redis or Cluster; defaults to the redis plugin's `app.redis`. Never closed by this plugin. */
-  redis?: RedisClient
+  redis?: AnyRedisClient
   /**
    * Cookie name. With `secure: true` it gets the `__Host-` prefix (`Path=/`, no `Domain`), or
    * `__Secure-` when `domain` or another `path` is set; no prefix otherwise. Default `sid`.

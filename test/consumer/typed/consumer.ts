@@ -1,9 +1,11 @@
 // Type-checked against the shipped .d.ts only: what a TypeScript user of the package writes.
 import Fastify from 'fastify'
 import {
+  type AnyRedisClient,
   type BloomAnswer,
   type CachePluginOptions,
   cache,
+  cacheKey,
   createBloomFilter,
   type Decision,
   GatewayError,
@@ -22,6 +24,7 @@ import {
 } from 'fastify-redis-gateway'
 import redisPlugin, { createRedisClient, type RedisClient } from 'fastify-redis-gateway/redis'
 import { Redis } from 'ioredis'
+import { Redis as Valkey } from 'iovalkey'
 
 const client: RedisClient = new Redis()
 const principal: PrincipalFunction = (request) => request.headers['x-user'] as string | undefined
@@ -84,3 +87,13 @@ const ids = createBloomFilter(client, { key: 'ids', expectedItems: 1_000_000, fa
 const one: BloomAnswer = await ids.check('42')
 const many: boolean[] = await ids.mightContain(['42', '43'])
 console.log(one, many.length, ids.bytes)
+
+// An iovalkey client where an ioredis one goes, with no cast; a cache key built from any parts.
+const valkey = new Valkey({ lazyConnect: true })
+const onValkey: CachePluginOptions = { redis: valkey }
+await Fastify().register(cache, onValkey)
+await Fastify().register(session, { redis: valkey, secrets: ['x'.repeat(32)] })
+const valkeyClient: AnyRedisClient = valkey
+createBloomFilter(valkeyClient, { key: 'ids-vk', expectedItems: 1000, falsePositiveRate: 0.01 })
+const reportKey: string = cacheKey('report', 'tenant/acme', 42)
+console.log(reportKey.length)
