@@ -1,5 +1,6 @@
 -- Describes one session for its principal's listing ("devices"), from one key.
 -- KEYS[1] session hash
+-- ARGV none
 -- Reply: false when the session does not exist or its absolute lifetime has passed (it is then
 --        deleted); else { principal, created_at_ms, absolute_expires_at_ms, idle_timeout_ms or '',
 --        expires_at_ms } with the expiry read from the key's TTL on the Redis clock.
