@@ -55,8 +55,11 @@ export interface RateLimitPluginOptions extends RateLimitOptions {
   nameSpace?: string
   /** Keys kept by the in-process store (least recently used dropped first). Default 5000. */
   cache?: number
-  /** Custom store classes are not supported (see the migration guide). */
-  store?: unknown
+  /**
+   * @fastify/rate-limit's custom store class (`new Store(options)` with `incr`, `read`, `child`):
+   * routes then count in it instead of Redis or this process (see the migration guide).
+   */
+  store?: CustomStoreClass
 }
 
 /** What a `createRateLimit` limiter answers: allowed (allow list) or counted. */
@@ -73,6 +76,14 @@ export type CreateRateLimitResult =
       isExceeded: boolean
       isBanned: boolean
     }
+
+type StoreCallback = (err: Error | null, result?: { current: number; ttl: number }) => void
+interface CustomStore {
+  incr(key: string | number, callback: StoreCallback, timeWindow: number, max: number): void
+  read?(key: string | number, callback: StoreCallback, timeWindow: number, max: number): void
+  child(options: Record<string, unknown>): CustomStore
+}
+export type CustomStoreClass = new (options: Record<string, unknown>) => CustomStore
 
 export type Hook = (request: FastifyRequest, reply: FastifyReply) => Promise<void>
 
@@ -307,18 +318,18 @@ interface Limiter {
   params: Params
   name: string
   policies: Map<string, Policy>
+  /** A custom store's child for this limiter (null: the engine counts). */
+  store: CustomStore | null
 }
 
 let registrations = 0
 
 async function fastifyRateLimit(fastify: FastifyInstance, settings: RateLimitPluginOptions) {
   settings ??= {}
-  if (settings.store !== undefined)
-    throw new Error(
-      '@fastify/rate-limit compat: a custom `store` is not supported: counters live in Redis (`redis`) or in this process (see docs/migrating-from-fastify-rate-limit.md)',
-    )
   const base = globalParams(settings)
-  pendingPolicyOptions(base)
+  // A custom store counts by itself: the options it needs are its own business, not the engine's.
+  const store = typeof settings.store === 'function' ? new settings.store({ ...base }) : null
+  if (!store) pendingPolicyOptions(base)
   const redis = settings.redis
     ? await bootPluginRedis(fastify, 'rate-limit compat', {
         redis: settings.redis,
@@ -345,10 +356,33 @@ async function fastifyRateLimit(fastify: FastifyInstance, settings: RateLimitPlu
   fastify.decorateRequest(ran as unknown as string, false)
 
   let unnamed = 0
-  const limiter = (params: Params, name: string): Limiter => {
+  const limiter = (params: Params, name: string, routeInfo?: object): Limiter => {
+    if (store) {
+      const own = name === 'global' ? store : store.child({ ...params, routeInfo: routeInfo ?? {} })
+      return { params, name, policies: new Map(), store: own }
+    }
     const extra = pendingPolicyOptions(params)
     if (Object.keys(extra).length > 0) params = { ...params, ...{ policyExtra: extra } }
-    return { params, name, policies: new Map() }
+    return { params, name, policies: new Map(), store: null }
+  }
+
+  /** Counts in a custom store: its `{ current, ttl }` as the engine's result. */
+  const countInStore = async (
+    own: CustomStore,
+    key: string | number,
+    max: number,
+    timeWindow: number,
+    increment: boolean,
+  ): Promise<{ remaining: number | null; ttl: number; allowed: boolean } | null> => {
+    const method = increment ? own.incr : own.read
+    if (typeof method !== 'function')
+      throw new Error(
+        'The configured rate-limit store does not implement a `read` method, which is required to use `{ increment: false }`',
+      )
+    const { current, ttl } = await new Promise<{ current: number; ttl: number }>((resolve, reject) =>
+      method.call(own, key, (err, result) => (err ? reject(err) : resolve(result!)), timeWindow, max),
+    )
+    return { remaining: max - current, ttl, allowed: current <= max }
   }
   const policyOf = (l: Limiter, max: number, windowMs: number): Policy => {
     const id = `${max}/${windowMs}`
@@ -375,41 +409,66 @@ async function fastifyRateLimit(fastify: FastifyInstance, settings: RateLimitPlu
     increment = true,
   ): Promise<CreateRateLimitResult> {
     const { params } = l
-    let key = String(
-      params.keyGenerator ? await params.keyGenerator(request) : normalizeIP(request.ip, params.ipv6Subnet),
-    )
+    // Handed to allowList and the callbacks as keyGenerator returned it; counted as its string.
+    let key: string | number = params.keyGenerator
+      ? await params.keyGenerator(request)
+      : normalizeIP(request.ip, params.ipv6Subnet)
     const groupId = (request.routeOptions.config as { rateLimit?: { groupId?: string } } | undefined)
       ?.rateLimit?.groupId
     if (groupId) key += groupId
     if (params.allowList) {
       if (typeof params.allowList === 'function') {
-        if (await params.allowList(request, key)) return { isAllowed: true, key }
-      } else if (params.allowList.includes(key)) return { isAllowed: true, key }
+        if (await params.allowList(request, key as string)) return { isAllowed: true, key: key as string }
+      } else if (params.allowList.includes(key as string)) return { isAllowed: true, key: key as string }
     }
-    const max = typeof params.max === 'number' ? params.max : await params.max(request, key)
+    const max = typeof params.max === 'number' ? params.max : await params.max(request, key as string)
     const timeWindow =
-      typeof params.timeWindow === 'number' ? params.timeWindow : await params.timeWindow(request, key)
+      typeof params.timeWindow === 'number'
+        ? params.timeWindow
+        : await params.timeWindow(request, key as string)
+    if (l.store) {
+      let counted: { remaining: number | null; ttl: number; allowed: boolean } | null = null
+      try {
+        counted = await countInStore(l.store, key, max, timeWindow, increment)
+      } catch (err) {
+        if (!params.skipOnError || (err as Error).message.includes('`read` method')) throw err
+      }
+      const ttl = counted?.ttl ?? 0
+      return {
+        isAllowed: false,
+        key: key as string,
+        max,
+        timeWindow,
+        remaining: Math.max(0, counted?.remaining ?? max),
+        ttl,
+        ttlInSeconds: Math.ceil(ttl / 1000),
+        isExceeded: counted ? !counted.allowed : false,
+        // upstream: current - max > ban
+        isBanned: counted !== null && params.ban !== -1 && -counted.remaining! > params.ban,
+      }
+    }
     const policy = policyOf(l, max, timeWindow)
     // max 0: every request is over; a cost above the limit is never allowed (and counts nothing).
     const cost = increment ? (max === 0 ? 2 : 1) : 0
-    const result: RateLimitResult = await engine.consume(policy, key, cost, request)
+    const result: RateLimitResult = await engine.consume(policy, String(key), cost, request)
     if (result.remaining === null && !result.allowed) {
       // A policy with onRedisError 'closed' (skipOnError false) while Redis cannot be asked.
       throw unavailableError()
     }
     const open = result.remaining === null
     const remaining = max === 0 ? 0 : open ? max : result.remaining!
-    const ttl = open ? 0 : result.resetMs
+    // A read of a key with nothing counted reports no window, as upstream's read.
+    const ttl = open || (!increment && remaining >= max) ? 0 : result.resetMs
     const banned = (result as RateLimitResult & { banned?: boolean }).banned === true
     return {
       isAllowed: false,
-      key,
+      key: key as string,
       max,
       timeWindow,
       remaining: Math.max(0, remaining),
       ttl,
       ttlInSeconds: Math.ceil(ttl / 1000),
-      isExceeded: increment ? !result.allowed : remaining <= 0,
+      isExceeded: !result.allowed,
       isBanned: banned,
     }
   }
@@ -490,7 +549,7 @@ async function fastifyRateLimit(fastify: FastifyInstance, settings: RateLimitPlu
         const where = `${[route.method].flat().join(',')}${route.url}`
         // Routes naming one groupId share its counter; any other route counts on its own.
         const name = params.groupId ? counterName('g', params.groupId) : counterName('r', where)
-        addRouteHook(limiter(params, name), route)
+        addRouteHook(limiter(params, name, route), route)
       } else if (config !== false) {
         throw new Error('Unknown value for route rate-limit configuration')
       }
