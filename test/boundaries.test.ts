@@ -4,9 +4,11 @@ import { dirname, join, relative, resolve } from 'node:path'
 import { test } from 'node:test'
 import { fileURLToPath } from 'node:url'
 
-// The library (src/index.ts, src/plugins, src/primitives, src/lua) stands without the demo, each
-// plugin on its own folder plus the common one, the primitives on their own folder, lua and the
-// shared plugin helpers, and the demo reaches the library only through its public entry.
+// The library (src/index.ts, src/plugins, src/primitives, src/lua, src/compat) stands without the
+// demo, each plugin on its own folder plus the common one, the primitives on their own folder, lua
+// and the shared plugin helpers, each compat module (another package's API on one of our plugins)
+// on that plugin, the common one and lua, and the demo reaches the library only through its public
+// entry.
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '..')
 const src = join(root, 'src')
 
@@ -30,7 +32,13 @@ const isLibrary = (path: string) =>
   path === 'index.ts' ||
   path.startsWith('plugins/') ||
   path.startsWith('primitives/') ||
-  path.startsWith('lua/')
+  path.startsWith('lua/') ||
+  path.startsWith('compat/')
+
+/** Each compat module and the one plugin it is built on. */
+const COMPAT_PLUGINS: Record<string, string> = {
+  'compat/fastify-rate-limit.ts': 'rate-limit',
+}
 
 /** What `file` (relative to src/) may import, or null when it may import anything. */
 function allowed(file: string): ((target: string) => boolean) | null {
@@ -42,6 +50,15 @@ function allowed(file: string): ((target: string) => boolean) | null {
   if (file.startsWith('primitives/'))
     return (t) => t.startsWith('primitives/') || t.startsWith('lua/') || t.startsWith('plugins/common/')
   if (file.startsWith('lua/')) return (t) => t.startsWith('lua/')
+  // A compat module stands on the plugin whose API it translates: src/compat/<plugin>-*.ts or a
+  // module named after another package, mapped below.
+  if (file.startsWith('compat/')) {
+    const plugin = COMPAT_PLUGINS[file]
+    return (t) =>
+      (plugin !== undefined && t.startsWith(`plugins/${plugin}/`)) ||
+      t.startsWith('plugins/common/') ||
+      t.startsWith('lua/')
+  }
   if (file === 'index.ts') return (t) => isLibrary(t)
   // The demo: anything of its own, and of the library only the public entry.
   return (t) => !isLibrary(t) || t === 'index.ts'
@@ -116,4 +133,26 @@ test('the check catches a primitive importing the demo or a plugin, and the demo
   )
   assert.deepEqual(probe('primitives/delayed-queue.ts', "import { createLock } from './lock.ts'"), [])
   assert.deepEqual(probe('index.ts', "export { createLock } from './primitives/lock.ts'"), [])
+})
+
+test('the check lets a compat module use its plugin, common and lua only, and keeps the demo out of it', () => {
+  const probe = (file: string, line: string) =>
+    relativeImports(join(src, file), line).filter((target) => {
+      const may = allowed(file)
+      return may && !may(target)
+    })
+  const compat = 'compat/fastify-rate-limit.ts'
+  assert.deepEqual(probe(compat, "import { RateLimitEngine } from '../plugins/rate-limit/engine.ts'"), [])
+  assert.deepEqual(probe(compat, "import { bootPluginRedis } from '../plugins/common/redis.ts'"), [])
+  assert.deepEqual(probe(compat, "import { x } from '../plugins/cache/index.ts'"), ['plugins/cache/index.ts'])
+  assert.deepEqual(probe(compat, "import { buildApp } from '../app.ts'"), ['app.ts'])
+  assert.deepEqual(probe(compat, "import { createLock } from '../primitives/lock.ts'"), [
+    'primitives/lock.ts',
+  ])
+  assert.deepEqual(probe('compat/other.ts', "import { x } from '../plugins/rate-limit/index.ts'"), [
+    'plugins/rate-limit/index.ts',
+  ])
+  assert.deepEqual(probe('app.ts', "import plugin from './compat/fastify-rate-limit.ts'"), [
+    'compat/fastify-rate-limit.ts',
+  ])
 })
