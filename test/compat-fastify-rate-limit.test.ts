@@ -7,7 +7,6 @@ import rateLimit, {
   type RateLimitDecorators,
 } from '../src/compat/fastify-rate-limit.ts'
 import type { RedisClient } from '../src/lua/index.ts'
-import { POLICY_KEYS } from '../src/plugins/rate-limit/options.ts'
 import { connectRedis, createRedisClient } from '../src/plugins/redis/index.ts'
 import { testRedisConnection, uniquePrefix } from './helpers.ts'
 
@@ -168,19 +167,34 @@ test('normalizeIP as upstream: IPv4 as is, mapped IPv6 as IPv4, IPv6 by its /64'
   assert.equal(normalizeIP('2001:db8:abcd:12::1', 128), '2001:db8:abcd:12::1')
 })
 
-test('ban, continueExceeding and exponentialBackoff are refused by name until the policy has them', async () => {
-  const pending = [{ ban: 2 }, { continueExceeding: true }, { exponentialBackoff: true }]
-  for (const option of pending.filter(
-    (o) => !(POLICY_KEYS as readonly string[]).includes(Object.keys(o)[0]!),
-  )) {
-    const app = Fastify()
-    await assert.rejects(
-      async () => {
-        await app.register(rateLimit, { max: 1, ...option })
-        await app.ready()
-      },
-      new RegExp(`\`${Object.keys(option)[0]}\` is not supported yet`),
-    )
-    await app.close()
+test('ban: 429 until `ban` rejections, then 403 with onBanReach; exponentialBackoff doubles the wait', async () => {
+  const banned: string[] = []
+  const app = Fastify()
+  await app.register(rateLimit, {
+    max: 1,
+    timeWindow: 60_000,
+    ban: 1,
+    onBanReach: (_request, key) => {
+      banned.push(key)
+    },
+  })
+  app.get('/', async () => 'ok')
+  const statuses = []
+  for (let i = 0; i < 4; i++) statuses.push((await app.inject('/')).statusCode)
+  assert.deepEqual(statuses, [200, 429, 403, 403])
+  assert.deepEqual(banned, ['127.0.0.1', '127.0.0.1'], 'called on every banned request, as upstream')
+  await app.close()
+
+  const backoff = Fastify()
+  await backoff.register(rateLimit, { max: 1, timeWindow: 10_000, exponentialBackoff: true })
+  backoff.get('/', async () => 'ok')
+  assert.equal((await backoff.inject('/')).statusCode, 200)
+  const waits = []
+  for (let i = 0; i < 3; i++) {
+    const res = await backoff.inject('/')
+    assert.equal(res.statusCode, 429)
+    waits.push(Number(res.headers['retry-after']))
   }
+  assert.deepEqual(waits, [10, 20, 40])
+  await backoff.close()
 })

@@ -7,7 +7,6 @@ import { parseDuration } from '../plugins/rate-limit/duration.ts'
 import { RateLimitEngine, type RateLimitResult } from '../plugins/rate-limit/engine.ts'
 import { clientAddress } from '../plugins/rate-limit/keys.ts'
 import { createMetrics } from '../plugins/rate-limit/metrics.ts'
-import { POLICY_KEYS } from '../plugins/rate-limit/options.ts'
 import { normalizePolicy, type Policy, type RateLimitPolicy } from '../plugins/rate-limit/policy.ts'
 
 // @fastify/rate-limit 11's options, decorators, route config and headers on this suite's
@@ -119,26 +118,17 @@ const DRAFT_HEADERS = {
 const noop = () => {}
 
 /**
- * Options of @fastify/rate-limit that the fixed-window policy does not have yet, and the policy
- * option each one becomes once it does. The only place that knows: when the policy accepts an
- * option (it is among POLICY_KEYS), it is passed through; until then it is refused by name.
+ * @fastify/rate-limit's penalties as the fixed-window policy's own options. `onBanReach` stays
+ * here: upstream calls it on every banned request, the policy's once per ban. With both
+ * `continueExceeding` and `exponentialBackoff`, upstream lets the first win; the policy refuses
+ * the pair, so only it is passed.
  */
-function pendingPolicyOptions(params: Params): Record<string, unknown> {
-  const wanted: Record<string, unknown> = {}
-  if (params.ban >= 0) {
-    wanted.ban = { after: params.ban }
-    if (params.onBanReach !== noop) wanted.onBanReach = params.onBanReach
-  }
-  if (params.exponentialBackoff) wanted.exponentialBackoff = true
-  if (params.continueExceeding) wanted.continueExceeding = true
-  const known = POLICY_KEYS as readonly string[]
-  for (const option of Object.keys(wanted)) {
-    if (!known.includes(option))
-      throw new Error(
-        `@fastify/rate-limit compat: \`${option}\` is not supported yet (see docs/migrating-from-fastify-rate-limit.md)`,
-      )
-  }
-  return wanted
+function penaltyOptions(params: Params): Record<string, unknown> {
+  const options: Record<string, unknown> = {}
+  if (params.ban >= 0) options.ban = { after: params.ban }
+  if (params.continueExceeding) options.continueExceeding = true
+  else if (params.exponentialBackoff) options.exponentialBackoff = true
+  return options
 }
 
 /** @fastify/rate-limit's normalizeIP: IPv4 lower-cased, mapped IPv6 as IPv4, IPv6 as its /subnet start. */
@@ -329,7 +319,7 @@ async function fastifyRateLimit(fastify: FastifyInstance, settings: RateLimitPlu
   const base = globalParams(settings)
   // A custom store counts by itself: the options it needs are its own business, not the engine's.
   const store = typeof settings.store === 'function' ? new settings.store({ ...base }) : null
-  if (!store) pendingPolicyOptions(base)
+  if (!store) penaltyOptions(base)
   const redis = settings.redis
     ? await bootPluginRedis(fastify, 'rate-limit compat', {
         redis: settings.redis,
@@ -361,7 +351,7 @@ async function fastifyRateLimit(fastify: FastifyInstance, settings: RateLimitPlu
       const own = name === 'global' ? store : store.child({ ...params, routeInfo: routeInfo ?? {} })
       return { params, name, policies: new Map(), store: own }
     }
-    const extra = pendingPolicyOptions(params)
+    const extra = penaltyOptions(params)
     if (Object.keys(extra).length > 0) params = { ...params, ...{ policyExtra: extra } }
     return { params, name, policies: new Map(), store: null }
   }
@@ -459,7 +449,7 @@ async function fastifyRateLimit(fastify: FastifyInstance, settings: RateLimitPlu
     const remaining = max === 0 ? 0 : open ? max : result.remaining!
     // A read of a key with nothing counted reports no window, as upstream's read.
     const ttl = open || (!increment && remaining >= max) ? 0 : result.resetMs
-    const banned = (result as RateLimitResult & { banned?: boolean }).banned === true
+    const banned = result.banned
     return {
       isAllowed: false,
       key: key as string,
@@ -507,7 +497,7 @@ async function fastifyRateLimit(fastify: FastifyInstance, settings: RateLimitPlu
       if (r.isBanned) {
         context.statusCode = 403
         context.ban = true
-        if (!(POLICY_KEYS as readonly string[]).includes('onBanReach')) params.onBanReach(request, r.key)
+        params.onBanReach(request, r.key)
       }
       throw params.errorResponseBuilder(request, context)
     }

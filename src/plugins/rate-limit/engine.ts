@@ -67,6 +67,10 @@ export interface RateLimitResult {
   delayMs: number
   /** Decided without Redis, by the policy's onRedisError. */
   degraded: boolean
+  /** The policy's `ban` applies to the key: rejected with 403 until its window ends. */
+  banned: boolean
+  /** This call began the ban (the policy's `onBanReach` is due). */
+  banReached: boolean
 }
 
 interface Group {
@@ -736,6 +740,8 @@ export class RateLimitEngine {
         resetMs: 0,
         delayMs: 0,
         degraded: true,
+        banned: false,
+        banReached: false,
       }
     }
     const d = outcome.decisions[0]!
@@ -747,6 +753,8 @@ export class RateLimitEngine {
       resetMs: d.resetMs,
       delayMs: outcome.delayMs,
       degraded: outcome.degraded,
+      banned: d.isBanned,
+      banReached: outcome.banReached !== null,
     }
   }
 
