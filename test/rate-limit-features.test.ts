@@ -348,7 +348,7 @@ for (const store of ['redis', 'memory'] as const) {
         blockMs: 60_000,
       }
 
-      test('consume answers { allowed, remaining, retryAfterMs, limit, resetMs, delayMs, degraded }', async () => {
+      test('consume answers { allowed, remaining, retryAfterMs, limit, resetMs, delayMs, degraded, banned, banReached }', async () => {
         const { app } = await build(store, {}, { namedPolicies: [login] })
         const results: RateLimitResult[] = []
         for (let i = 0; i < 4; i++) results.push(await app.rateLimiter.consume('login', 'username:ann'))
@@ -363,6 +363,8 @@ for (const store of ['redis', 'memory'] as const) {
         )
         assert.deepEqual(Object.keys(results[0]!).sort(), [
           'allowed',
+          'banReached',
+          'banned',
           'degraded',
           'delayMs',
           'limit',
@@ -373,6 +375,7 @@ for (const store of ['redis', 'memory'] as const) {
         assert.equal(results[0]!.retryAfterMs, 0)
         assert.equal(results[0]!.delayMs, 0)
         assert.equal(results[0]!.degraded, false)
+        assert.equal(results[3]!.banned, false, 'no ban on this policy')
         assert.ok(results[0]!.resetMs > 59_000)
         assert.ok(results[3]!.retryAfterMs > 59_000, 'the block started')
         // Cost 0 only looks; a cost above the limit never passes and consumes nothing.
