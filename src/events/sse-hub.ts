@@ -63,8 +63,12 @@ export interface SseClient {
   queuedAtLive?: number
 }
 
-/** How many notifications per client the repeat check remembers (a refill repeats recent ones). */
-const SHOWN_REMEMBERED = 1000
+/**
+ * How many notifications per open stream the repeat check remembers. It is the last line of
+ * defence (the notifier's record in Postgres keeps a refill from appending repeats at all), and it
+ * is held per open stream: 200 keys are about 16 KB, so 10,000 open streams hold about 160 MB.
+ */
+const SHOWN_REMEMBERED = 200
 
 /**
  * Records that `client` is shown `n`; false when it already was (same event and event id). The
