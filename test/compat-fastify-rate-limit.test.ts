@@ -198,3 +198,25 @@ test('ban: 429 until `ban` rejections, then 403 with onBanReach; exponentialBack
   assert.deepEqual(waits, [10, 20, 40])
   await backoff.close()
 })
+
+test('an unknown option fails the boot with a did-you-mean, globally and on a route (upstream ignores it)', async () => {
+  const global = Fastify()
+  await assert.rejects(
+    async () => {
+      await global.register(rateLimit, { max: 2, timeWindo: 1000 } as never)
+      await global.ready()
+    },
+    { code: 'FRG_UNKNOWN_OPTION', message: /unknown option `timeWindo`\. Did you mean `timeWindow`\?/ },
+  )
+  await global.close()
+  const route = Fastify()
+  await route.register(rateLimit, { max: 2 })
+  await assert.rejects(
+    async () => {
+      route.get('/', { config: { rateLimit: { mx: 1 } as never } }, async () => 'ok')
+      await route.ready()
+    },
+    { code: 'FRG_UNKNOWN_OPTION', message: /`mx`\. Did you mean `max`\?/ },
+  )
+  await route.close()
+})

@@ -2,6 +2,7 @@ import { createHash } from 'node:crypto'
 import { isIPv6 } from 'node:net'
 import type { FastifyInstance, FastifyReply, FastifyRequest, RouteOptions } from 'fastify'
 import fp from 'fastify-plugin'
+import { optionChecker, optionKeys } from '../plugins/common/options.ts'
 import { bootPluginRedis, type RedisClient } from '../plugins/common/redis.ts'
 import { parseDuration } from '../plugins/rate-limit/duration.ts'
 import { RateLimitEngine, type RateLimitResult } from '../plugins/rate-limit/engine.ts'
@@ -276,7 +277,35 @@ function globalParams(settings: RateLimitPluginOptions): Params {
   }
 }
 
+/**
+ * Upstream ignores an option it does not know; here a typo (`timeWindo`) would silently leave the
+ * default window in place, so unknown options fail the boot with a did-you-mean.
+ */
+const check = optionChecker('@fastify/rate-limit compat')
+const ROUTE_OPTIONS = optionKeys<RateLimitOptions>({
+  max: true,
+  timeWindow: true,
+  keyGenerator: true,
+  allowList: true,
+  groupId: true,
+  hook: true,
+  skipOnError: true,
+  errorResponseBuilder: true,
+  addHeaders: true,
+  addHeadersOnExceeding: true,
+  enableDraftSpec: true,
+  ipv6Subnet: true,
+  ban: true,
+  onBanReach: true,
+  onExceeding: true,
+  onExceeded: true,
+  continueExceeding: true,
+  exponentialBackoff: true,
+})
+const PLUGIN_OPTIONS = [...ROUTE_OPTIONS, 'global', 'redis', 'nameSpace', 'cache', 'store']
+
 function mergeParams(base: Params, options: RateLimitOptions): Params {
+  check.known(options, ROUTE_OPTIONS, 'route options')
   const result = { ...base, ...options } as Params & Record<string, unknown>
   result.timeWindow = windowOf(result.timeWindow)
   result.max = finiteNonNegative(result.max)
@@ -316,6 +345,7 @@ let registrations = 0
 
 async function fastifyRateLimit(fastify: FastifyInstance, settings: RateLimitPluginOptions) {
   settings ??= {}
+  check.known(settings, PLUGIN_OPTIONS)
   const base = globalParams(settings)
   // A custom store counts by itself: the options it needs are its own business, not the engine's.
   const store = typeof settings.store === 'function' ? new settings.store({ ...base }) : null
