@@ -339,6 +339,8 @@ interface Limiter {
   policies: Map<string, Policy>
   /** A custom store's child for this limiter (null: the engine counts). */
   store: CustomStore | null
+  /** The policy when max and timeWindow are numbers: found once, not per request. */
+  fixedPolicy: Policy | null
 }
 
 let registrations = 0
@@ -379,11 +381,14 @@ async function fastifyRateLimit(fastify: FastifyInstance, settings: RateLimitPlu
   const limiter = (params: Params, name: string, routeInfo?: object): Limiter => {
     if (store) {
       const own = name === 'global' ? store : store.child({ ...params, routeInfo: routeInfo ?? {} })
-      return { params, name, policies: new Map(), store: own }
+      return { params, name, policies: new Map(), store: own, fixedPolicy: null }
     }
     const extra = penaltyOptions(params)
     if (Object.keys(extra).length > 0) params = { ...params, ...{ policyExtra: extra } }
-    return { params, name, policies: new Map(), store: null }
+    const l: Limiter = { params, name, policies: new Map(), store: null, fixedPolicy: null }
+    if (typeof params.max === 'number' && typeof params.timeWindow === 'number')
+      l.fixedPolicy = policyOf(l, params.max, params.timeWindow)
+    return l
   }
 
   /** Counts in a custom store: its `{ current, ttl }` as the engine's result. */
@@ -423,18 +428,27 @@ async function fastifyRateLimit(fastify: FastifyInstance, settings: RateLimitPlu
     return policy
   }
 
+  /**
+   * Counts one request. `routeGroupId` is the route's `config.rateLimit.groupId` when the hook was
+   * attached to a known route (null: none); undefined asks the request (the decorators' hooks may
+   * run on any route), which builds Fastify's routeOptions object: kept off the per-route path.
+   */
   async function apply(
     l: Limiter,
     request: FastifyRequest,
-    increment = true,
+    increment: boolean,
+    routeGroupId: string | null | undefined,
   ): Promise<CreateRateLimitResult> {
     const { params } = l
     // Handed to allowList and the callbacks as keyGenerator returned it; counted as its string.
     let key: string | number = params.keyGenerator
       ? await params.keyGenerator(request)
       : normalizeIP(request.ip, params.ipv6Subnet)
-    const groupId = (request.routeOptions.config as { rateLimit?: { groupId?: string } } | undefined)
-      ?.rateLimit?.groupId
+    const groupId =
+      routeGroupId === undefined
+        ? (request.routeOptions.config as { rateLimit?: { groupId?: string } } | undefined)?.rateLimit
+            ?.groupId
+        : routeGroupId
     if (groupId) key += groupId
     if (params.allowList) {
       if (typeof params.allowList === 'function') {
@@ -467,7 +481,7 @@ async function fastifyRateLimit(fastify: FastifyInstance, settings: RateLimitPlu
         isBanned: counted !== null && params.ban !== -1 && -counted.remaining! > params.ban,
       }
     }
-    const policy = policyOf(l, max, timeWindow)
+    const policy = l.fixedPolicy ?? policyOf(l, max, timeWindow)
     // max 0: every request is over; a cost above the limit is never allowed (and counts nothing).
     const cost = increment ? (max === 0 ? 2 : 1) : 0
     const result: RateLimitResult = await engine.consume(policy, String(key), cost, request)
@@ -493,12 +507,12 @@ async function fastifyRateLimit(fastify: FastifyInstance, settings: RateLimitPlu
     }
   }
 
-  const handler = (l: Limiter): Hook =>
+  const handler = (l: Limiter, routeGroupId?: string | null): Hook =>
     async function rateLimitHook(request, reply) {
       const req = request as unknown as Record<symbol, boolean>
       if (req[ran]) return
       req[ran] = true
-      const r = await apply(l, request)
+      const r = await apply(l, request, true, routeGroupId)
       if (r.isAllowed) return
       const { params } = l
       const { labels } = params
@@ -543,7 +557,7 @@ async function fastifyRateLimit(fastify: FastifyInstance, settings: RateLimitPlu
     // Typed by whichever declaration of the name is in the program (ours or @fastify/rate-limit's).
     const createRateLimit: RateLimitDecorators['createRateLimit'] = (options) => {
       const l = forOptions(options)
-      return (request, callOptions) => apply(l, request, callOptions?.increment !== false)
+      return (request, callOptions) => apply(l, request, callOptions?.increment !== false, undefined)
     }
     fastify.decorate('createRateLimit', createRateLimit as never)
   }
@@ -554,7 +568,8 @@ async function fastifyRateLimit(fastify: FastifyInstance, settings: RateLimitPlu
 
   const addRouteHook = (l: Limiter, route: RouteOptions) => {
     const hook = l.params.hook as 'onRequest'
-    const h = handler(l)
+    const config = (route.config as { rateLimit?: { groupId?: unknown } } | undefined)?.rateLimit
+    const h = handler(l, typeof config?.groupId === 'string' ? config.groupId : null)
     const existing = route[hook]
     if (Array.isArray(existing)) existing.push(h)
     else if (typeof existing === 'function') route[hook] = [existing, h]
