@@ -124,8 +124,8 @@ describe('cacheKey with getOrLoad', () => {
   })
   after(async () => {
     await app.close()
-    const keys = await scanKeys(redis, keyPrefix)
-    if (keys.length) await redis.del(...keys)
+    // One DEL per key: on a Cluster the keys live in different slots.
+    await Promise.all((await scanKeys(redis, keyPrefix)).map((key) => redis.del(key)))
     redis.disconnect()
   })
 
