@@ -71,20 +71,10 @@ const MAX_ROUNDS = 100
 
 export function createDelayedQueue(client: AnyRedisClient, options: DelayedQueueOptions): DelayedQueue {
   const redis = checkRedisClient('delayed queue', client)
-  const {
-    name,
-    instanceId,
-    keyPrefix,
-    visibilityTimeoutMs,
-    heartbeatTtlMs,
-    moveIntervalMs,
-    watchdogIntervalMs,
-    adoptIntervalMs,
-    batch,
-    onError,
-  } = resolveQueueOptions(options)
+  const settings = resolveQueueOptions(options)
+  const { name, instanceId, visibilityTimeoutMs, heartbeatTtlMs, batch, onError } = settings
 
-  const base = `${keyPrefix}{${name}}`
+  const base = `${settings.keyPrefix}{${name}}`
   const keys: DelayedQueueKeys = {
     ready: `${base}:ready`,
     instances: `${base}:instances`,
@@ -252,9 +242,9 @@ export function createDelayedQueue(client: AnyRedisClient, options: DelayedQueue
     started = true
     stopping = undefined
     every('heartbeat', Math.max(1, Math.floor(heartbeatTtlMs / 3)), heartbeat)
-    every('move', moveIntervalMs, moveAllDue)
-    every('watchdog', watchdogIntervalMs, returnStuck)
-    every('adopt', adoptIntervalMs, adoptOrphans)
+    every('move', settings.moveIntervalMs, moveAllDue)
+    every('watchdog', settings.watchdogIntervalMs, returnStuck)
+    every('adopt', settings.adoptIntervalMs, adoptOrphans)
   }
 
   function stop(): Promise<number> {
