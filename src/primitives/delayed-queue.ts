@@ -1,66 +1,21 @@
-import { randomBytes } from 'node:crypto'
 import { type AnyRedisClient, runScript } from '../lua/index.ts'
-import { type OptionChecker, optionChecker, optionKeys } from '../plugins/common/options.ts'
-import { checkedOptions, checkRedisClient, InvalidArgumentError, shown } from './checks.ts'
+import { checkRedisClient, InvalidArgumentError, shown } from './checks.ts'
+import { type Consumer, startConsumer } from './delayed-queue/consume.ts'
+import {
+  type ConsumeOptions,
+  type DelayedQueueOptions,
+  type DelayedQueueTask,
+  resolveQueueOptions,
+} from './delayed-queue/options.ts'
+
+export type { Consumer } from './delayed-queue/consume.ts'
+export type { ConsumeOptions, DelayedQueueOptions, DelayedQueueTask } from './delayed-queue/options.ts'
 
 // A delayed job queue on Redis. Each instance schedules into its own sorted set (no two movers ever
 // race over one set, so no lock is needed), moves what is due into one shared ready list, and
 // workers take from it with an atomic move into their instance's processing list. A watchdog returns
 // what stays taken too long; a heartbeat with a TTL says an instance lives, and a live instance adopts
 // the sets of one whose heartbeat is gone. Every key of a queue carries the hash tag `{<name>}`.
-
-export interface DelayedQueueOptions {
-  /** The queue's name; every instance of one queue uses the same name (and keyPrefix). */
-  name: string
-  /**
-   * This instance's id (default: random). A stable id (a pod or host name) lets a restarted instance
-   * carry on with its own delayed set; two live processes must never share one.
-   */
-  instanceId?: string
-  /** Prefix of every key (default `dq:`). */
-  keyPrefix?: string
-  /** A taken id not acknowledged within this many ms goes back to ready (default 30 000). */
-  visibilityTimeoutMs?: number
-  /** Heartbeat key TTL (default 15 000); the heartbeat is refreshed every third of it. */
-  heartbeatTtlMs?: number
-  /** How often `start()` moves due ids to ready (default 1000). */
-  moveIntervalMs?: number
-  /** How often `start()` runs the watchdog (default half the visibility timeout, at most 5000). */
-  watchdogIntervalMs?: number
-  /** How often `start()` looks for orphaned instances (default `heartbeatTtlMs`). */
-  adoptIntervalMs?: number
-  /** Ids per script call (mover, watchdog, adoption), 1 to 1000 (default 100). */
-  batch?: number
-  /** Called with the errors of background work (timers and consumers), which never throws. */
-  onError?: (error: unknown, task: DelayedQueueTask) => void
-}
-
-export type DelayedQueueTask =
-  | 'move'
-  | 'heartbeat'
-  | 'watchdog'
-  | 'adopt'
-  | 'take'
-  | 'ack'
-  | 'nack'
-  | 'retryDelay'
-
-export interface ConsumeOptions {
-  /** Items handled at once by this consumer (default 1). */
-  concurrency?: number
-  /** Pause when nothing is ready, or after a failed take, in ms (default 100). */
-  pollMs?: number
-  /**
-   * Delay before a failed item is due again, by its failed attempt number in this process (1, 2, ...):
-   * default 1 s doubling up to 60 s.
-   */
-  retryDelayMs?: (attempt: number, id: string, error: unknown) => number
-}
-
-export interface Consumer {
-  /** Stops taking; resolves once the items in hand have been handled and acknowledged (or nacked). */
-  stop(): Promise<void>
-}
 
 /** The keys of one queue (all in the slot of the hash tag `{<name>}`). */
 export interface DelayedQueueKeys {
@@ -114,74 +69,12 @@ export interface DelayedQueue {
 
 const MAX_ROUNDS = 100
 
-const QUEUE_OPTIONS = optionKeys<DelayedQueueOptions>({
-  name: true,
-  instanceId: true,
-  keyPrefix: true,
-  visibilityTimeoutMs: true,
-  heartbeatTtlMs: true,
-  moveIntervalMs: true,
-  watchdogIntervalMs: true,
-  adoptIntervalMs: true,
-  batch: true,
-  onError: true,
-})
-const CONSUME_OPTIONS = optionKeys<ConsumeOptions>({ concurrency: true, pollMs: true, retryDelayMs: true })
-
-function positiveInt(
-  check: OptionChecker,
-  value: unknown,
-  option: string,
-  min = 1,
-  max = Number.MAX_SAFE_INTEGER,
-) {
-  if (!Number.isInteger(value) || (value as number) < min || (value as number) > max)
-    check.fail(`\`${option}\` must be an integer from ${min} to ${max}, got ${shown(value)}`)
-  return value as number
-}
-
-function nonEmpty(check: OptionChecker, value: unknown, option: string): string {
-  if (typeof value !== 'string' || value.length === 0)
-    check.fail(`\`${option}\` must be a non-empty string, got ${shown(value)}`)
-  return value
-}
-
-function functionOrUndefined<T>(check: OptionChecker, value: T | undefined, option: string, of: string) {
-  if (value !== undefined && typeof value !== 'function')
-    check.fail(`\`${option}\` must be a function of ${of}, got ${shown(value)}`)
-  return value
-}
-
-const defaultRetryDelay = (attempt: number) => Math.min(60_000, 1000 * 2 ** Math.min(attempt - 1, 16))
-
 export function createDelayedQueue(client: AnyRedisClient, options: DelayedQueueOptions): DelayedQueue {
   const redis = checkRedisClient('delayed queue', client)
-  const check = optionChecker('delayed queue')
-  checkedOptions(check, options, QUEUE_OPTIONS)
-  const name = nonEmpty(check, options.name, 'name')
-  const instanceId = nonEmpty(check, options.instanceId ?? randomBytes(8).toString('hex'), 'instanceId')
-  const keyPrefix = options.keyPrefix ?? 'dq:'
-  if (typeof keyPrefix !== 'string') check.fail(`\`keyPrefix\` must be a string, got ${shown(keyPrefix)}`)
-  const visibilityTimeoutMs = positiveInt(check, options.visibilityTimeoutMs ?? 30_000, 'visibilityTimeoutMs')
-  const heartbeatTtlMs = positiveInt(check, options.heartbeatTtlMs ?? 15_000, 'heartbeatTtlMs', 3)
-  const moveIntervalMs = positiveInt(check, options.moveIntervalMs ?? 1000, 'moveIntervalMs')
-  const watchdogIntervalMs = positiveInt(
-    check,
-    options.watchdogIntervalMs ?? Math.max(1, Math.min(5000, Math.floor(visibilityTimeoutMs / 2))),
-    'watchdogIntervalMs',
-  )
-  const adoptIntervalMs = positiveInt(check, options.adoptIntervalMs ?? heartbeatTtlMs, 'adoptIntervalMs')
-  const batch = positiveInt(check, options.batch ?? 100, 'batch', 1, 1000)
-  const report =
-    functionOrUndefined(check, options.onError, 'onError', 'the error and the task') ?? (() => {})
-  // A throwing onError must not break the timers or the consumers.
-  const onError = (error: unknown, task: DelayedQueueTask) => {
-    try {
-      report(error, task)
-    } catch {}
-  }
+  const settings = resolveQueueOptions(options)
+  const { name, instanceId, visibilityTimeoutMs, heartbeatTtlMs, batch, onError } = settings
 
-  const base = `${keyPrefix}{${name}}`
+  const base = `${settings.keyPrefix}{${name}}`
   const keys: DelayedQueueKeys = {
     ready: `${base}:ready`,
     instances: `${base}:instances`,
@@ -262,14 +155,14 @@ export function createDelayedQueue(client: AnyRedisClient, options: DelayedQueue
     let returned = 0
     for (const instance of await instances()) {
       for (let round = 0; round < MAX_ROUNDS; round++) {
-        const n = await runScript<number>(
+        const returnedNow = await runScript<number>(
           redis,
           'delayedQueueReturnStuck',
           [keys.processing(instance), keys.taken(instance), keys.ready],
           [visibilityTimeoutMs, batch],
         )
-        returned += n
-        if (n === 0) break
+        returned += returnedNow
+        if (returnedNow === 0) break
       }
     }
     return returned
@@ -289,7 +182,7 @@ export function createDelayedQueue(client: AnyRedisClient, options: DelayedQueue
     for (const orphan of await instances()) {
       if (orphan === instanceId) continue
       for (let round = 0; round < MAX_ROUNDS; round++) {
-        const [status, n] = await runScript<[number, number]>(
+        const [status, adoptedNow] = await runScript<[number, number]>(
           redis,
           'delayedQueueAdopt',
           [
@@ -303,7 +196,7 @@ export function createDelayedQueue(client: AnyRedisClient, options: DelayedQueue
           ],
           [orphan, batch, instanceId],
         )
-        adopted += n
+        adopted += adoptedNow
         if (status !== 0) break
       }
     }
@@ -349,9 +242,9 @@ export function createDelayedQueue(client: AnyRedisClient, options: DelayedQueue
     started = true
     stopping = undefined
     every('heartbeat', Math.max(1, Math.floor(heartbeatTtlMs / 3)), heartbeat)
-    every('move', moveIntervalMs, moveAllDue)
-    every('watchdog', watchdogIntervalMs, returnStuck)
-    every('adopt', adoptIntervalMs, adoptOrphans)
+    every('move', settings.moveIntervalMs, moveAllDue)
+    every('watchdog', settings.watchdogIntervalMs, returnStuck)
+    every('adopt', settings.adoptIntervalMs, adoptOrphans)
   }
 
   function stop(): Promise<number> {
@@ -380,84 +273,10 @@ export function createDelayedQueue(client: AnyRedisClient, options: DelayedQueue
   }
 
   function consume(handler: (id: string) => unknown, consumeOptions: ConsumeOptions = {}): Consumer {
-    if (typeof handler !== 'function')
-      throw new InvalidArgumentError(
-        `delayed queue: \`handler\` must be a function of the id, got ${shown(handler)}`,
-      )
-    const consumeCheck = optionChecker('delayed queue consume')
-    checkedOptions(consumeCheck, consumeOptions, CONSUME_OPTIONS)
-    const concurrency = positiveInt(consumeCheck, consumeOptions.concurrency ?? 1, 'concurrency')
-    const pollMs = positiveInt(consumeCheck, consumeOptions.pollMs ?? 100, 'pollMs')
-    const retryDelayMs =
-      functionOrUndefined(
-        consumeCheck,
-        consumeOptions.retryDelayMs,
-        'retryDelayMs',
-        'the attempt, the id and the error',
-      ) ?? defaultRetryDelay
-    // Failed attempts per id in this process (an id that fails here again backs off longer).
-    const attempts = new Map<string, number>()
-    let halted = false
-    const wakers = new Set<() => void>()
-    const pause = () =>
-      new Promise<void>((resolve) => {
-        const timer = setTimeout(done, pollMs)
-        function done() {
-          clearTimeout(timer)
-          wakers.delete(done)
-          resolve()
-        }
-        wakers.add(done)
-      })
-
-    async function handle(id: string) {
-      let failed = false
-      let error: unknown
-      try {
-        await handler(id)
-      } catch (err) {
-        failed = true
-        error = err
-      }
-      if (!failed) {
-        attempts.delete(id)
-        await ack(id).catch((err) => onError(err, 'ack'))
-        return
-      }
-      const attempt = (attempts.get(id) ?? 0) + 1
-      attempts.delete(id)
-      attempts.set(id, attempt)
-      if (attempts.size > 10_000) attempts.delete(attempts.keys().next().value!)
-      let delay = 0
-      try {
-        delay = Math.max(0, Number(retryDelayMs(attempt, id, error)) || 0)
-      } catch (err) {
-        onError(err, 'retryDelay')
-      }
-      await nack(id, delay).catch((err) => onError(err, 'nack'))
-    }
-
-    async function worker() {
-      while (!halted) {
-        let id: string | null
-        try {
-          id = await take()
-        } catch (err) {
-          onError(err, 'take')
-          await pause()
-          continue
-        }
-        if (id === null) await pause()
-        else await handle(id)
-      }
-    }
-
-    const running = Promise.all(Array.from({ length: concurrency }, worker))
+    const started = startConsumer({ take, ack, nack, onError }, handler, consumeOptions)
     const consumer: Consumer = {
       async stop() {
-        halted = true
-        for (const wake of [...wakers]) wake()
-        await running
+        await started.stop()
         consumers.delete(consumer)
       },
     }

@@ -2,7 +2,7 @@ import type { FastifyRequest } from 'fastify'
 import { HttpProblem } from '../common/problem.ts'
 import { SessionNotRegisteredError } from './errors.ts'
 import type { Session } from './session.ts'
-import { sessionStoreUnavailable } from './store.ts'
+import { sessionStoreUnavailable } from './unavailable.ts'
 
 /** The 401 a request without a signed-in session gets where one is required. */
 export const unauthenticated = () =>

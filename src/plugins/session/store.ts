@@ -1,12 +1,14 @@
 import { createHash, randomBytes } from 'node:crypto'
 import { type RedisClient, runScript } from '../../lua/index.ts'
-import { HttpProblem } from '../common/problem.ts'
 import {
-  SessionHandleError,
-  SessionLifetimeError,
-  SessionPrincipalError,
-  SessionTooLargeError,
-} from './errors.ts'
+  checkHandle,
+  checkPrincipal,
+  isWellFormedHandle,
+  isWellFormedId,
+  resolveLifetime,
+  type SessionLifetime,
+} from './checks.ts'
+import { SessionTooLargeError } from './errors.ts'
 import {
   type AnonymousSessionHooks,
   checkFieldName,
@@ -19,7 +21,10 @@ import {
   type SessionSaver,
   type SessionValue,
 } from './session.ts'
+import { guarded } from './unavailable.ts'
 
+export type { SessionLifetime } from './checks.ts'
+export { sessionStoreUnavailable } from './unavailable.ts'
 export type { SessionRecord, SessionValue }
 
 export interface SessionTimes {
@@ -28,9 +33,6 @@ export interface SessionTimes {
   expiresAt: number
   absoluteExpiresAt: number
 }
-
-const SESSION_ID = /^[A-Za-z0-9_-]{43}$/
-const SESSION_HANDLE = /^[A-Za-z0-9_-]{22}$/
 
 /** Most sessions `listSessions` answers with (the newest first). */
 export const MAX_LISTED_SESSIONS = 100
@@ -47,14 +49,6 @@ const IDLE_FIELD = '__idleTimeoutMs'
  */
 export function sessionHandle(id: string): string {
   return createHash('sha256').update(id).digest().subarray(0, 16).toString('base64url')
-}
-
-/** A session's lifetime chosen at login ("remember me", or shorter for a sensitive login). */
-export interface SessionLifetime {
-  /** Its idle timeout, instead of the plugin's `idleTimeoutMs`; at most `maxIdleTimeoutMs`. */
-  idleTimeoutMs?: number
-  /** Its lifetime from login, instead of `absoluteTimeoutMs`; at most `maxAbsoluteTimeoutMs`, at least its idle timeout. */
-  absoluteTimeoutMs?: number
 }
 
 /** One of a principal's live sessions, as `listSessions` describes it. */
@@ -103,46 +97,6 @@ function encodeFields(data: Record<string, SessionValue>): Array<[string, string
   return fields
 }
 
-/** Server states that pass on their own (loading, failover, a busy script, memory full): worth a retry. */
-const TRANSIENT_REPLY = /^(LOADING|BUSY|CLUSTERDOWN|MASTERDOWN|TRYAGAIN|READONLY|NOREPLICAS|OOM) /
-/** ioredis' own messages when it cannot reach Redis or a reply does not come in time. */
-const UNREACHABLE =
-  /timed out|Socket timeout|writeable|Connection is|Cluster is|isn't ready|startup nodes|Node is disconnected|Cluster redirections|ECONN|EPIPE|ETIMEDOUT|EHOSTUNREACH|ENETUNREACH|ENOTFOUND|EAI_AGAIN/
-
-/** True when `err` says Redis could not be asked, as opposed to a bad argument or a script's own error. */
-export function isRedisUnavailable(err: unknown): boolean {
-  if (!(err instanceof Error)) return false
-  if (err.name === 'ReplyError') return TRANSIENT_REPLY.test(err.message)
-  if (['AbortError', 'MaxRetriesPerRequestError', 'ClusterAllFailedError'].includes(err.name)) return true
-  const code = (err as NodeJS.ErrnoException).code ?? ''
-  return UNREACHABLE.test(err.message) || UNREACHABLE.test(code)
-}
-
-/** The 503 every session operation answers when Redis cannot be asked: the client may retry soon. */
-export function sessionStoreUnavailable(cause?: unknown): HttpProblem {
-  const problem = new HttpProblem(
-    503,
-    'session-store-unavailable',
-    'Service unavailable',
-    'Sessions cannot be checked now.',
-    { headers: { 'retry-after': '1' } },
-  )
-  if (cause !== undefined) problem.cause = cause
-  return problem
-}
-
-/**
- * Runs a store operation; a Redis failure becomes the 503 problem, so an app that lets it through
- * answers 503 with Retry-After instead of a 500 carrying the driver's message.
- */
-async function guarded<T>(operation: () => Promise<T>): Promise<T> {
-  try {
-    return await operation()
-  } catch (err) {
-    throw isRedisUnavailable(err) ? sessionStoreUnavailable(err) : err
-  }
-}
-
 /**
  * Server-side sessions: one Hash per session under its own hash tag, plus a Set per principal
  * listing its session ids. Every operation is one script or single-key command, so it runs
@@ -178,12 +132,12 @@ export class SessionStore implements SessionSaver {
   }
 
   static isWellFormedId(id: string): boolean {
-    return SESSION_ID.test(id)
+    return isWellFormedId(id)
   }
 
   /** True for a string of the handles' form (22 base64url characters): what a route may accept. */
   static isWellFormedHandle(handle: unknown): handle is string {
-    return typeof handle === 'string' && SESSION_HANDLE.test(handle)
+    return isWellFormedHandle(handle)
   }
 
   /**
@@ -198,7 +152,7 @@ export class SessionStore implements SessionSaver {
    * by the session's.
    */
   async load(id: string): Promise<Session | null> {
-    if (!SESSION_ID.test(id)) return null
+    if (!isWellFormedId(id)) return null
     const key = this.sessionKey(id)
     const sentAt = Date.now()
     const last = this.#touchedAt.get(id)
@@ -257,48 +211,15 @@ export class SessionStore implements SessionSaver {
     lifetime?: SessionLifetime,
   ): Promise<Session> {
     checkPrincipal(principal)
-    const { idleTimeoutMs, absoluteTimeoutMs, own } = this.#lifetime(lifetime)
+    const { idleTimeoutMs, absoluteTimeoutMs, ownIdleTimeout } = resolveLifetime(lifetime, this.options)
     const fields = encodeFields(data)
-    if (own) fields.push([IDLE_FIELD, String(idleTimeoutMs)])
+    if (ownIdleTimeout) fields.push([IDLE_FIELD, String(idleTimeoutMs)])
     return this.#create(principal, fields, idleTimeoutMs, absoluteTimeoutMs)
   }
 
   /** Throws the SessionLifetimeError `create` would throw for `lifetime`. */
   checkLifetime(lifetime: SessionLifetime | undefined): void {
-    this.#lifetime(lifetime)
-  }
-
-  /** The idle timeout and lifetime of a new session, checked against the maxima. */
-  #lifetime(lifetime: SessionLifetime | undefined): {
-    idleTimeoutMs: number
-    absoluteTimeoutMs: number
-    own: boolean
-  } {
-    const { idleTimeoutMs, absoluteTimeoutMs } = this.options
-    if (lifetime === undefined) return { idleTimeoutMs, absoluteTimeoutMs, own: false }
-    const fail = (message: string): never => {
-      throw new SessionLifetimeError(`Session lifetime: ${message}`)
-    }
-    if (typeof lifetime !== 'object' || lifetime === null || Array.isArray(lifetime))
-      fail(`expected an object with idleTimeoutMs and/or absoluteTimeoutMs, got ${shown(lifetime)}`)
-    for (const key of Object.keys(lifetime))
-      if (key !== 'idleTimeoutMs' && key !== 'absoluteTimeoutMs')
-        fail(`unknown key \`${key}\` (valid: idleTimeoutMs, absoluteTimeoutMs)`)
-    const maxIdle = this.options.maxIdleTimeoutMs ?? idleTimeoutMs
-    const maxAbsolute = this.options.maxAbsoluteTimeoutMs ?? absoluteTimeoutMs
-    const idle = lifetime.idleTimeoutMs ?? idleTimeoutMs
-    const absolute = lifetime.absoluteTimeoutMs ?? absoluteTimeoutMs
-    if (!Number.isSafeInteger(idle) || idle <= 0 || idle > maxIdle)
-      fail(
-        `\`idleTimeoutMs\` must be a whole number of ms from 1 to maxIdleTimeoutMs (${maxIdle}), got ${shown(idle)}`,
-      )
-    if (!Number.isSafeInteger(absolute) || absolute <= 0 || absolute > maxAbsolute)
-      fail(
-        `\`absoluteTimeoutMs\` must be a whole number of ms from 1 to maxAbsoluteTimeoutMs (${maxAbsolute}), got ${shown(absolute)}`,
-      )
-    if (absolute < idle)
-      fail(`\`absoluteTimeoutMs\` (${absolute}) must be no smaller than the idle timeout (${idle})`)
-    return { idleTimeoutMs: idle, absoluteTimeoutMs: absolute, own: lifetime.idleTimeoutMs !== undefined }
+    resolveLifetime(lifetime, this.options)
   }
 
   /** A new anonymous session (no principal, in no index) holding `data`. */
@@ -383,7 +304,7 @@ export class SessionStore implements SessionSaver {
     deleted: string[],
     touch: boolean,
   ): Promise<number | null> {
-    if (!SESSION_ID.test(id)) return null
+    if (!isWellFormedId(id)) return null
     const args: Array<string | number> = [
       touch ? this.options.idleTimeoutMs : 0,
       MAX_SESSION_BYTES,
@@ -488,10 +409,7 @@ export class SessionStore implements SessionSaver {
    */
   async destroySession(principal: string, handle: string): Promise<boolean> {
     checkPrincipal(principal)
-    if (!SessionStore.isWellFormedHandle(handle))
-      throw new SessionHandleError(
-        `Session handle must be a string of 22 base64url characters, got ${typeof handle === 'string' ? `one of ${(handle as string).length}` : shown(handle)}`,
-      )
+    checkHandle(handle)
     const index = this.indexKey(principal)
     return guarded(async () => {
       // The whole index (as destroyAll reads it): every handle a listing showed is found.
@@ -512,13 +430,3 @@ export class SessionStore implements SessionSaver {
     return this.redis.srandmember(index, MAX_INDEX_SCAN)
   }
 }
-
-function checkPrincipal(principal: unknown): asserts principal is string {
-  if (typeof principal !== 'string' || principal.length === 0 || principal.length > 128)
-    throw new SessionPrincipalError(
-      `Session principal must be a string of 1-128 characters, got ${typeof principal === 'string' ? `one of ${principal.length}` : shown(principal)}`,
-    )
-}
-
-const shown = (value: unknown) =>
-  typeof value === 'number' ? String(value) : value === null ? 'null' : `a ${typeof value}`

@@ -1,0 +1,88 @@
+import { SessionHandleError, SessionLifetimeError, SessionPrincipalError } from './errors.ts'
+
+// What the session store checks of what its caller hands it: a session's id or handle, a
+// principal, and the lifetime a login asks for.
+
+const SESSION_ID = /^[A-Za-z0-9_-]{43}$/
+const SESSION_HANDLE = /^[A-Za-z0-9_-]{22}$/
+
+/** True for a string of the ids' form (43 base64url characters: 256 random bits). */
+export const isWellFormedId = (id: string): boolean => SESSION_ID.test(id)
+
+/** True for a string of the handles' form (22 base64url characters): what a route may accept. */
+export const isWellFormedHandle = (handle: unknown): handle is string =>
+  typeof handle === 'string' && SESSION_HANDLE.test(handle)
+
+/** A wrong value as a message shows it: a number as written, anything else by its type. */
+const shown = (value: unknown) =>
+  typeof value === 'number' ? String(value) : value === null ? 'null' : `a ${typeof value}`
+
+export function checkPrincipal(principal: unknown): asserts principal is string {
+  if (typeof principal !== 'string' || principal.length === 0 || principal.length > 128)
+    throw new SessionPrincipalError(
+      `Session principal must be a string of 1-128 characters, got ${typeof principal === 'string' ? `one of ${principal.length}` : shown(principal)}`,
+    )
+}
+
+export function checkHandle(handle: unknown): asserts handle is string {
+  if (!isWellFormedHandle(handle))
+    throw new SessionHandleError(
+      `Session handle must be a string of 22 base64url characters, got ${typeof handle === 'string' ? `one of ${(handle as string).length}` : shown(handle)}`,
+    )
+}
+
+/** A session's lifetime chosen at login ("remember me", or shorter for a sensitive login). */
+export interface SessionLifetime {
+  /** Its idle timeout, instead of the plugin's `idleTimeoutMs`; at most `maxIdleTimeoutMs`. */
+  idleTimeoutMs?: number
+  /** Its lifetime from login, instead of `absoluteTimeoutMs`; at most `maxAbsoluteTimeoutMs`, at least its idle timeout. */
+  absoluteTimeoutMs?: number
+}
+
+/** The store's timeouts and the most a login may ask for (each maximum defaults to its timeout). */
+export interface LifetimeLimits {
+  idleTimeoutMs: number
+  absoluteTimeoutMs: number
+  maxIdleTimeoutMs?: number
+  maxAbsoluteTimeoutMs?: number
+}
+
+/**
+ * The idle timeout and lifetime of a new session, `lifetime` checked against the maxima
+ * (SessionLifetimeError otherwise); `ownIdleTimeout` when the login gave its own idle timeout,
+ * which the session then stores.
+ */
+export function resolveLifetime(
+  lifetime: SessionLifetime | undefined,
+  limits: LifetimeLimits,
+): { idleTimeoutMs: number; absoluteTimeoutMs: number; ownIdleTimeout: boolean } {
+  const { idleTimeoutMs, absoluteTimeoutMs } = limits
+  if (lifetime === undefined) return { idleTimeoutMs, absoluteTimeoutMs, ownIdleTimeout: false }
+  const fail = (message: string): never => {
+    throw new SessionLifetimeError(`Session lifetime: ${message}`)
+  }
+  if (typeof lifetime !== 'object' || lifetime === null || Array.isArray(lifetime))
+    fail(`expected an object with idleTimeoutMs and/or absoluteTimeoutMs, got ${shown(lifetime)}`)
+  for (const key of Object.keys(lifetime))
+    if (key !== 'idleTimeoutMs' && key !== 'absoluteTimeoutMs')
+      fail(`unknown key \`${key}\` (valid: idleTimeoutMs, absoluteTimeoutMs)`)
+  const maxIdle = limits.maxIdleTimeoutMs ?? idleTimeoutMs
+  const maxAbsolute = limits.maxAbsoluteTimeoutMs ?? absoluteTimeoutMs
+  const idle = lifetime.idleTimeoutMs ?? idleTimeoutMs
+  const absolute = lifetime.absoluteTimeoutMs ?? absoluteTimeoutMs
+  if (!Number.isSafeInteger(idle) || idle <= 0 || idle > maxIdle)
+    fail(
+      `\`idleTimeoutMs\` must be a whole number of ms from 1 to maxIdleTimeoutMs (${maxIdle}), got ${shown(idle)}`,
+    )
+  if (!Number.isSafeInteger(absolute) || absolute <= 0 || absolute > maxAbsolute)
+    fail(
+      `\`absoluteTimeoutMs\` must be a whole number of ms from 1 to maxAbsoluteTimeoutMs (${maxAbsolute}), got ${shown(absolute)}`,
+    )
+  if (absolute < idle)
+    fail(`\`absoluteTimeoutMs\` (${absolute}) must be no smaller than the idle timeout (${idle})`)
+  return {
+    idleTimeoutMs: idle,
+    absoluteTimeoutMs: absolute,
+    ownIdleTimeout: lifetime.idleTimeoutMs !== undefined,
+  }
+}

@@ -1,0 +1,194 @@
+import { runScript } from '../../lua/index.ts'
+import { type FeedContext, KEYS_PER_CALL, singleFlight } from './context.ts'
+import { FeedRebuildError } from './errors.ts'
+import { byPull, type FollowGraph } from './follow-graph.ts'
+import {
+  type Cursor,
+  decodeCursor,
+  encodeCursor,
+  feedMember,
+  isNewer,
+  newestFirst,
+  parseFeedMember,
+  type SourcePage,
+  toItems,
+} from './items.ts'
+import { checkId, resolveReadOptions } from './options.ts'
+import type { Timelines } from './timelines.ts'
+import type { FeedItem, FeedPage, FeedReadOptions } from './types.ts'
+
+// A reader's read: its feed (rebuilt by pull when missing), its own timeline and those of the
+// pulled producers it follows, merged newest first without the removed items, paged by keyset.
+
+/** The reader's feed as a source: a page of its pushed items and the pulled producers it names. */
+interface FeedSourcePage extends SourcePage {
+  pulled: string[]
+}
+
+export function createFeedReader(
+  context: FeedContext,
+  graph: FollowGraph,
+  timelines: Timelines,
+): (reader: string, readOptions?: FeedReadOptions) => Promise<FeedPage> {
+  const { redis, settings, producerKeys, producerTag, readerKeys, readerKeyList, scriptGroups, source } =
+    context
+  const { feedTtlMs, feedMaxItems, markActiveEveryMs } = settings
+
+  const rebuild = singleFlight(async (reader: string) => {
+    const keys = readerKeyList(reader)
+    for (let attempt = 0; attempt < 3; attempt++) {
+      const now = Date.now()
+      const expireAt = now + feedTtlMs
+      await runScript(redis, 'feedBuild', keys, ['start', expireAt])
+      const following = await source.following(reader)
+      // Before the items are asked for: a fan-out that misses the reader from now on can only be of
+      // an item stored before, which the application's answer holds.
+      const modes = await graph.producerModes(reader, following, 0, String(now))
+      const pulled = following.filter((_, i) => byPull(modes[i]!))
+      const pushed = following.filter((_, i) => !byPull(modes[i]!))
+      const items = pushed.length > 0 ? await source.items(pushed, feedMaxItems) : []
+      const args: Array<string | number> = [
+        'finish',
+        expireAt,
+        now,
+        feedMaxItems,
+        following.length,
+        ...following,
+      ]
+      args.push(pulled.length, ...pulled)
+      for (const item of items) args.push(item.at, feedMember(item))
+      if ((await runScript<number>(redis, 'feedBuild', keys, args)) === 1) return
+    }
+    throw new FeedRebuildError(`the feed of '${reader}'`)
+  })
+
+  /** Up to `limit` pushed items of `reader`'s feed after the cursor; builds or marks first when due. */
+  async function feedPage(
+    reader: string,
+    after: Cursor | null,
+    limit: number,
+    withPulled: boolean,
+  ): Promise<FeedSourcePage> {
+    const keys = readerKeyList(reader)
+    for (let attempt = 0; attempt < 4; attempt++) {
+      const reply = await runScript<[number, ...unknown[]]>(redis, 'feedRead', keys, [
+        Date.now(),
+        markActiveEveryMs,
+        after?.at ?? '',
+        after?.id ?? '',
+        limit,
+        withPulled ? 1 : 0,
+      ])
+      if (reply[0] === 2) {
+        const [, exhausted, pulled, flat] = reply as [number, number, string[], string[]]
+        const items = toItems(flat, parseFeedMember)
+        return { items, exhausted: exhausted === 1, last: items.at(-1), pulled }
+      }
+      if (reply[0] === 1) await graph.markActive(reader)
+      else await rebuild(reader)
+    }
+    throw new FeedRebuildError(`the feed of '${reader}'`)
+  }
+
+  /** The ids among `items` their producers removed: one script call per hash slot, all in flight together. */
+  async function removedAmong(items: FeedItem[]): Promise<Set<string>> {
+    const byProducer = new Map<string, string[]>()
+    for (const item of items) {
+      const ids = byProducer.get(item.producer)
+      if (ids) ids.push(item.id)
+      else byProducer.set(item.producer, [item.id])
+    }
+    const removed = new Set<string>()
+    await Promise.all(
+      scriptGroups([...byProducer], ([producer]) => producerTag(producer), KEYS_PER_CALL).map(
+        async (group) => {
+          const args: Array<string | number> = []
+          for (const [, ids] of group) args.push(ids.length, ...ids)
+          const found = await runScript<string[]>(
+            redis,
+            'feedRemoved',
+            group.map(([producer]) => producerKeys(producer).deleted),
+            args,
+          )
+          for (const id of found) removed.add(String(id))
+        },
+      ),
+    )
+    return removed
+  }
+
+  return async function read(reader: string, readOptions: FeedReadOptions = {}): Promise<FeedPage> {
+    checkId('reader', reader)
+    const { limit, cursor } = resolveReadOptions(readOptions)
+    let after = cursor === null || cursor === undefined ? null : decodeCursor(cursor)
+    const page: FeedItem[] = []
+    const seen = new Set<string>()
+    let pulled: string[] | null = null
+    for (;;) {
+      const need = limit - page.length
+      let feed: FeedSourcePage
+      let own: SourcePage
+      let pulledPages: SourcePage[]
+      let removed: Set<string>
+      if (pulled === null) {
+        // First round: the feed (which names the pulled producers) and the reader's own timeline
+        // together, then the pulled timelines and the removal checks together.
+        let ownPages: SourcePage[]
+        ;[feed, ownPages] = await Promise.all([
+          feedPage(reader, after, need, true),
+          timelines.pages([reader], after, need),
+        ])
+        own = ownPages[0]!
+        pulled = feed.pulled.filter((producer) => producer !== reader)
+        ;[pulledPages, removed] = await Promise.all([
+          pulled.length > 0 ? timelines.pages(pulled, after, need) : [],
+          removedAmong(feed.items),
+        ])
+      } else {
+        let timelinePages: SourcePage[]
+        ;[feed, timelinePages] = await Promise.all([
+          feedPage(reader, after, need, false),
+          timelines.pages([reader, ...pulled], after, need),
+        ])
+        ;[own, ...pulledPages] = timelinePages as [SourcePage, ...SourcePage[]]
+        removed = await removedAmong(feed.items)
+      }
+      if (removed.size > 0) {
+        // Found once, gone from this feed: the next reads need not check it again.
+        const gone = feed.items.filter((item) => removed.has(item.id)).map(feedMember)
+        await redis.zrem(readerKeys(reader).feed, ...gone)
+      }
+      const sources: SourcePage[] = [
+        { ...feed, items: feed.items.filter((item) => !removed.has(item.id)) },
+        own,
+        ...pulledPages,
+      ]
+      // Every source is complete down to its last item, or all of it: the merge is exact down to
+      // the newest of those last items (the cut).
+      let cut: FeedItem | undefined
+      for (const sourcePage of sources)
+        if (!sourcePage.exhausted && sourcePage.last && (!cut || isNewer(sourcePage.last, cut)))
+          cut = sourcePage.last
+      const merged = sources
+        .flatMap((sourcePage) => sourcePage.items)
+        .filter((item) => !cut || !isNewer(cut, item))
+        .sort(newestFirst)
+      let rest = false
+      for (const item of merged) {
+        if (seen.has(item.id)) continue
+        if (page.length === limit) {
+          rest = true
+          break
+        }
+        seen.add(item.id)
+        page.push(item)
+      }
+      if (page.length === limit) {
+        const more = rest || cut !== undefined
+        return { items: page, cursor: more ? encodeCursor(page.at(-1)!) : null }
+      }
+      if (!cut) return { items: page, cursor: null }
+      after = { at: cut.at, id: cut.id }
+    }
+  }
+}
