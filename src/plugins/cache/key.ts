@@ -1,6 +1,35 @@
 import { createHash } from 'node:crypto'
-import { CACHE_KEY } from './cache.ts'
-import { CacheKeyInvalidError } from './errors.ts'
+import { CacheKeyInvalidError, CacheTagInvalidError, tagListError } from './errors.ts'
+
+/**
+ * Logical keys are `<namespace>:<id>` with a short, fixed alphabet: they are built by the code
+ * from ids it has parsed and bounded, never copied from a request, and they cannot carry a
+ * hash-tag brace.
+ */
+export const CACHE_KEY = /^[a-z][a-z0-9-]{0,31}:[A-Za-z0-9_.-]{1,64}$/
+
+/** Tags: a namespace (`products`) or a key-like `<namespace>:<id>` (`user:42`); same alphabet, no braces. */
+export const CACHE_TAG = /^[a-z][a-z0-9-]{0,31}(:[A-Za-z0-9_.-]{1,64})?$/
+
+const MAX_TAGS = 16
+
+export function checkKey(key: string): void {
+  if (typeof key !== 'string' || !CACHE_KEY.test(key)) throw new CacheKeyInvalidError(key)
+}
+
+/** Validated, deduplicated and sorted (a canonical order for the recorded generations); none: undefined. */
+export function checkTags(tags: readonly string[]): string[] | undefined {
+  if (!Array.isArray(tags) || tags.length > MAX_TAGS) throw tagListError(tags, MAX_TAGS)
+  for (const tag of tags)
+    if (typeof tag !== 'string' || !CACHE_TAG.test(tag)) throw new CacheTagInvalidError(tag)
+  return tags.length ? [...new Set(tags)].sort() : undefined
+}
+
+/** A key's (or a tag's) namespace, `account` for `account:42`: the label of its metrics. */
+export function namespaceOf(key: string): string {
+  const colon = key.indexOf(':')
+  return colon < 0 ? key : key.slice(0, colon)
+}
 
 /** One part of a key built by `cacheKey`: a string, or a number or bigint (written as `String()` does). */
 export type CacheKeyPart = string | number | bigint
