@@ -25,9 +25,12 @@ import { startBenchServices } from '../lib/services.ts'
 import { compareGenerators, generatorReport, measureWrk, WRK_MISSING, wrkAvailable } from '../lib/wrk.ts'
 
 const SECRET = 'bench-secret-0123456789-abcdefghijklmnop'
-/** Throughput targets: the chain over the peer stack, and over a bare route returning the same JSON. */
+/**
+ * Throughput target of the chain over the peer stack. Ratios to the bare route are reported, not
+ * judged: the bare route is bounded by the load generator, which shares the two CPUs, so they move
+ * with the generator; the CPU per request beside them does not.
+ */
 const PEER_TARGET = 2.5
-const BARE_TARGET = 0.45
 const entry = (path: string) => new URL(path, import.meta.url).pathname
 
 async function login(url: string, username: string): Promise<{ cookie: string; customerId: number }> {
@@ -215,7 +218,7 @@ const chain: Scenario = async ({ quick }) => {
     const ratios: RatioBar[] = [
       { label: 'gateway chain / peer stack', ...ratio(ours, theirs), target: PEER_TARGET },
       { label: 'gateway chain / cache off', ...ratio(ours, uncached) },
-      { label: 'gateway chain / bare route', ...ratio(ours, floor), target: BARE_TARGET },
+      { label: 'gateway chain / bare route', ...ratio(ours, floor) },
       { label: 'peer stack / bare route', ...ratio(theirs, floor) },
       // The ceiling of chain / bare route on this machine: a route that only waits on Redis once.
       { label: 'bare route + one Redis GET / bare route', ...ratio(oneTrip, floor) },
