@@ -13,20 +13,24 @@ const HEADLINE_END = '<!-- /headline -->'
 const REPOSITORY_RESULTS =
   'https://github.com/fastify-redis-gateway/fastify-redis-gateway/blob/main/load/results/'
 
-const summary = writeSummary(scenarioNames(), { quick: false })
 const rows = headlineRows(storedResults(scenarioNames(), false))
 
-/** Replaces the table between the markers of one README; the file must have them. */
-function rewrite(readme: URL, resultsLink: string): void {
+/** The text of one README with the table between its markers replaced; it must have them. */
+function withHeadline(readme: URL, resultsLink: string): string {
   const text = readFileSync(readme, 'utf8')
   const start = text.indexOf(HEADLINE_START)
   const end = text.indexOf(HEADLINE_END)
   if (start < 0 || end < start) throw new Error(`${readme.pathname} has no headline markers`)
   const table = headlineTable(rows, (scenario) => `${resultsLink}${scenario}.md`)
-  writeFileSync(readme, `${text.slice(0, start)}${HEADLINE_START}\n\n${table}\n\n${text.slice(end)}`)
-  console.log(`headline table: ${readme.pathname}`)
+  return `${text.slice(0, start)}${HEADLINE_START}\n\n${table}\n\n${text.slice(end)}`
 }
 
-rewrite(new URL('../README.md', import.meta.url), REPOSITORY_RESULTS)
-rewrite(new URL('./README.md', import.meta.url), 'results/')
+// Both checked before either is written: a missing marker changes nothing.
+const readmes = [
+  { file: new URL('../README.md', import.meta.url), resultsLink: REPOSITORY_RESULTS },
+  { file: new URL('./README.md', import.meta.url), resultsLink: 'results/' },
+].map(({ file, resultsLink }) => ({ file, text: withHeadline(file, resultsLink) }))
+const summary = writeSummary(scenarioNames(), { quick: false })
+for (const { file, text } of readmes) writeFileSync(file, text)
+console.log(`headline tables: ${readmes.map((r) => r.file.pathname).join(', ')}`)
 console.log(`summary: ${summary.md}\nchart:   ${summary.svg}`)
