@@ -153,24 +153,24 @@ const micros = (value: number | null | undefined) =>
   value === undefined ? 'not measured' : value === null ? '–' : value.toFixed(0)
 
 /**
- * The headline rows as a Markdown table; `link` gives each scenario's result file as the table is
- * read (relative in load/README.md, a full address in README.md).
+ * The headline rows as a Markdown table, its columns padded as the formatter (biome) lays tables
+ * out; `link` gives each scenario's result file as the table is read (relative in load/README.md,
+ * a full address in README.md).
  */
 export function headlineTable(rows: HeadlineRow[], link: (scenario: string) => string): string {
-  const lines = [
-    '| scenario | contender | | req/s | server CPU µs/req | Redis CPU µs/req | run |',
-    '|---|---|---|---|---|---|---|',
-    ...rows.map((row) =>
-      [
-        `[${row.scenario}](${link(row.scenario)})`,
-        row.contender,
-        row.role,
-        Math.round(row.perSecond).toLocaleString('en-US'),
-        micros(row.serverCpuMicros),
-        micros(row.redisCpuMicros),
-        row.at.slice(0, 10),
-      ].join(' | '),
-    ),
-  ]
-  return lines.map((line) => (line.startsWith('|') ? line : `| ${line} |`)).join('\n')
+  const header = ['scenario', 'contender', '', 'req/s', 'server CPU µs/req', 'Redis CPU µs/req', 'run']
+  const cells = rows.map((row) => [
+    `[${row.scenario}](${link(row.scenario)})`,
+    row.contender,
+    row.role,
+    Math.round(row.perSecond).toLocaleString('en-US'),
+    micros(row.serverCpuMicros),
+    micros(row.redisCpuMicros),
+    row.at.slice(0, 10),
+  ])
+  const length = (text: string) => [...text].length
+  const widths = header.map((_, i) => Math.max(3, ...[header, ...cells].map((line) => length(line[i]!))))
+  const line = (values: string[]) =>
+    `| ${values.map((value, i) => value + ' '.repeat(widths[i]! - length(value))).join(' | ')} |`
+  return [line(header), line(widths.map((width) => '-'.repeat(width))), ...cells.map(line)].join('\n')
 }
