@@ -5,18 +5,20 @@
 // false-positive rate), MEMORY USAGE of every key, and a rebuild of the N ids from an async
 // generator. Then single-item checks from 64 concurrent callers, and what one negative-cache key
 // per absent id would cost instead. Default N = 1,000,000 (--quick: 100,000). Writes
-// load/results/<date>-bloom.{json,md}.
+// load/results/bloom.{json,md}; any other N is a smoke run, written to load/results/quick/.
 import { parseArgs } from 'node:util'
 import { Redis } from 'ioredis'
 import { startRedisServer } from '../src/embedded/redis-server.ts'
 import { type BloomFilter, createBloomFilter } from '../src/index.ts'
+import { redisCpuSeconds } from './lib/cpu-time.ts'
 import { pinLoadGenerator, pinUnderTest, placement } from './lib/cpus.ts'
 import { writeResults } from './lib/runner.ts'
 
 const { values } = parseArgs({
   options: { items: { type: 'string' }, quick: { type: 'boolean', default: false } },
 })
-const N = Number(values.items ?? (values.quick ? 100_000 : 1_000_000))
+const FULL_ITEMS = 1_000_000
+const N = Number(values.items ?? (values.quick ? 100_000 : FULL_ITEMS))
 if (!Number.isSafeInteger(N) || N < 10_000) throw new Error('--items must be an integer of 10,000 or more')
 const BATCH = 1000
 const IN_FLIGHT = 4
@@ -31,13 +33,6 @@ const CONFIGS = [
 pinLoadGenerator()
 const server = await startRedisServer()
 const redis = new Redis(server.url)
-
-/** redis-server's CPU seconds (user + sys, all threads). */
-async function redisCpu(): Promise<number> {
-  const info = await redis.info('cpu')
-  const field = (name: string) => Number(new RegExp(`${name}:([0-9.]+)`).exec(info)?.[1] ?? 0)
-  return field('used_cpu_user') + field('used_cpu_sys')
-}
 
 /** Microseconds Redis spent per EVALSHA since the last reset (the time one batch holds Redis). */
 async function perScriptCall(): Promise<{ calls: number; usecPerCall: number }> {
@@ -64,7 +59,7 @@ async function phase<T>(
   each: (answer: T) => void,
 ): Promise<Phase> {
   await redis.config('RESETSTAT')
-  const cpuBefore = await redisCpu()
+  const cpuBefore = await redisCpuSeconds(redis)
   const started = performance.now()
   for (let at = 0; at < total; at += BATCH * IN_FLIGHT) {
     const batches = []
@@ -73,7 +68,7 @@ async function phase<T>(
     for (const answers of await Promise.all(batches)) for (const answer of answers) each(answer)
   }
   const seconds = (performance.now() - started) / 1000
-  const cpu = (await redisCpu()) - cpuBefore
+  const cpu = (await redisCpuSeconds(redis)) - cpuBefore
   return {
     perSecond: total / seconds,
     redisCpuMicrosPerItem: (cpu * 1e6) / total,
@@ -178,7 +173,7 @@ async function singles(n: number) {
   const total = Math.min(n, 200_000)
   const drive = async (one: (i: number) => Promise<unknown>) => {
     let next = 0
-    const cpuBefore = await redisCpu()
+    const cpuBefore = await redisCpuSeconds(redis)
     const started = performance.now()
     await Promise.all(
       Array.from({ length: 64 }, async () => {
@@ -186,7 +181,10 @@ async function singles(n: number) {
       }),
     )
     const seconds = (performance.now() - started) / 1000
-    return { perSecond: total / seconds, redisCpuMicros: (((await redisCpu()) - cpuBefore) * 1e6) / total }
+    return {
+      perSecond: total / seconds,
+      redisCpuMicros: (((await redisCpuSeconds(redis)) - cpuBefore) * 1e6) / total,
+    }
   }
   // Half present, half absent; then, for scale, a GET of one small key the same way.
   const checks = await drive((i) => bloom.mightContain(i % 2 === 0 ? `user:${i}` : `nobody:${i}`))
@@ -246,8 +244,9 @@ try {
   ].join('\n')
   const paths = writeResults(
     'bloom',
-    { at: new Date().toISOString(), items: N, batch: BATCH, inFlight: IN_FLIGHT, results, single, negative },
+    { items: N, batch: BATCH, inFlight: IN_FLIGHT, results, single, negative },
     `## Bloom filter\n\n${markdown}`,
+    { quick: N !== FULL_ITEMS },
   )
   console.log(`${markdown}\n\n(${paths.md})`)
 } finally {

@@ -12,6 +12,7 @@ import { performance } from 'node:perf_hooks'
 import { Redis } from 'ioredis'
 import { startRedisServer } from '../src/embedded/redis-server.ts'
 import { createFeed, type Feed, type FeedItem, type FeedSource } from '../src/index.ts'
+import { redisCpuSeconds } from './lib/cpu-time.ts'
 import { formatTable, writeResults } from './lib/runner.ts'
 
 const quick = process.argv.includes('--quick')
@@ -384,12 +385,6 @@ async function measureReads(redis: Redis, source: MemorySource, feed: Feed) {
   }
 }
 
-async function redisCpu(redis: Redis): Promise<number> {
-  const info = await redis.info('cpu')
-  const field = (name: string) => Number(new RegExp(`${name}:([0-9.]+)`).exec(info)?.[1] ?? 0)
-  return field('used_cpu_user') + field('used_cpu_sys')
-}
-
 async function measureFanout(redis: Redis, source: MemorySource, feed: Feed) {
   const followers = quick ? 200 : 1000
   const posts = quick ? 5 : 20
@@ -402,7 +397,7 @@ async function measureFanout(redis: Redis, source: MemorySource, feed: Feed) {
     await Promise.all(Array.from({ length: Math.min(50, followers - i) }, (_, j) => feed.read(`fan${i + j}`)))
   const now = Date.now()
   for (let i = 0; i < posts; i++) await feed.publish({ id: `hub-post-${i}`, producer: 'hub', at: now + i })
-  const cpu0 = await redisCpu(redis)
+  const cpu0 = await redisCpuSeconds(redis)
   const t0 = performance.now()
   const worker = feed.createFanoutWorker({ consumer: 'bench', blockMs: 100 })
   await worker.start()
@@ -416,7 +411,7 @@ async function measureFanout(redis: Redis, source: MemorySource, feed: Feed) {
     writes,
     seconds,
     writesPerSecond: writes / seconds,
-    redisCpuMicrosPerWrite: (((await redisCpu(redis)) - cpu0) * 1e6) / writes,
+    redisCpuMicrosPerWrite: (((await redisCpuSeconds(redis)) - cpu0) * 1e6) / writes,
   }
 }
 
@@ -582,7 +577,7 @@ async function main() {
       '',
     )
     console.log(md.slice(-3).join('\n'))
-    const { json, md: mdPath } = writeResults('feed', { quick, day, memory, runs }, md.join('\n'))
+    const { json, md: mdPath } = writeResults('feed', { quick, day, memory, runs }, md.join('\n'), { quick })
     console.log(`results: ${json}, ${mdPath}`)
   } finally {
     redis.disconnect()

@@ -1,21 +1,18 @@
 // Runs benchmark scenarios: `tsx load/run.ts [--quick] [name ...]`; no names runs every file in
-// load/scenarios/. Each scenario writes load/results/<date>-<name>.{json,md}; the run then writes
-// one summary of all of them: <date>-summary.md (every table and the chart), <date>.json and
-// <date>-ratios.svg. A scenario that fails is reported in the summary and the others still run.
-import { readdirSync } from 'node:fs'
+// load/scenarios/. Each scenario writes load/results/<name>.{json,md} (quick runs: under
+// load/results/quick/, git-ignored); the run then rebuilds summary.md (the headline rows, every
+// scenario's tables, the chart) and ratios.svg from the latest result of every scenario. A scenario
+// that fails is reported in the summary and the others still run.
 import pg from 'pg'
 import { pinLoadGenerator, pinPostgres, placement } from './lib/cpus.ts'
 import { stopAllServers, writeResults } from './lib/runner.ts'
-import type { Scenario } from './lib/scenario.ts'
+import { type Scenario, scenarioNames } from './lib/scenario.ts'
 import { ADMIN_DATABASE_URL } from './lib/services.ts'
 import { type ScenarioOutcome, writeSummary } from './lib/summary.ts'
 
 const args = process.argv.slice(2)
 const quick = args.includes('--quick')
-const available = readdirSync(new URL('./scenarios/', import.meta.url))
-  .filter((f) => f.endsWith('.ts'))
-  .map((f) => f.replace(/\.ts$/, ''))
-  .sort()
+const available = scenarioNames()
 const names = args.filter((a) => !a.startsWith('--'))
 const unknown = names.filter((n) => !available.includes(n))
 if (unknown.length) {
@@ -37,7 +34,6 @@ process.once('SIGINT', () => {
   stopAllServers().finally(() => process.exit(130))
 })
 
-const startedAt = new Date().toISOString()
 const outcomes: ScenarioOutcome[] = []
 for (const name of names.length ? names : available) {
   const started = performance.now()
@@ -47,8 +43,9 @@ for (const name of names.length ? names : available) {
     const result = await scenario({ quick })
     const paths = writeResults(
       name,
-      { scenario: name, quick, at: new Date().toISOString(), placement: placement(), ...result },
+      { scenario: name, quick, placement: placement(), ...result },
       `## ${result.title}\n\n${result.markdown}\n\nCPU placement: ${placement()}.`,
+      { quick },
     )
     const seconds = (performance.now() - started) / 1000
     outcomes.push({ name, result, seconds })
@@ -60,10 +57,9 @@ for (const name of names.length ? names : available) {
   }
 }
 
-const command = `npm run ${quick ? 'bench:quick' : 'bench'}${names.length ? ` -- ${names.join(' ')}` : ''}`
-const summary = writeSummary(outcomes, { quick, command, startedAt, placement: placement() })
+const summary = writeSummary(available, { quick, failed: outcomes.filter((o) => o.error) })
 const total = outcomes.reduce((sum, o) => sum + o.seconds, 0)
-console.log(`\nSummary: ${summary.md}\nChart:   ${summary.svg}\nData:    ${summary.json}`)
+console.log(`\nSummary: ${summary.md}\nChart:   ${summary.svg}`)
 console.log(`${outcomes.length} scenario(s) in ${total.toFixed(0)} s`)
 // Servers left by a failed scenario must not outlive the run; failures set the exit code.
 await stopAllServers()

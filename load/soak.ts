@@ -1,4 +1,5 @@
-// Soak: `npm run soak [-- --minutes 5]`. Mixed load (reads, transfers, duplicate keys, retries)
+// Soak: `npm run soak [-- --minutes 5]` (`-- --quick`: half a minute, a smoke run written to
+// load/results/quick/). Mixed load (reads, transfers, duplicate keys, retries)
 // against the gateway in its own process, on a private redis-server and a fresh database; then
 // every invariant is checked, and the app's memory growth and Redis's key count are reported.
 // Exits non-zero when an invariant fails or a Redis key has no TTL.
@@ -18,8 +19,11 @@ import {
 import { startServer, writeResults } from './lib/runner.ts'
 import { startBenchServices } from './lib/services.ts'
 
-const { values } = parseArgs({ options: { minutes: { type: 'string', default: '5' } } })
-const minutes = Number(values.minutes)
+const { values } = parseArgs({
+  options: { minutes: { type: 'string' }, quick: { type: 'boolean', default: false } },
+})
+const quick = values.quick
+const minutes = Number(values.minutes ?? (quick ? 0.5 : 5))
 if (!(minutes > 0)) throw new Error('--minutes must be a positive number')
 
 const rssMiB = (pid: number) =>
@@ -91,7 +95,7 @@ try {
     console.log(JSON.stringify(report, null, 2))
     const growth = report.memory.growthMiB.toFixed(1)
     const md = `Soak of ${minutes} min: ${report.requests} requests, ${attempts.length} transfers attempted; invariants ${JSON.stringify(invariants)}; app RSS ${first.rssMiB.toFixed(1)} -> ${last.rssMiB.toFixed(1)} MiB (${growth} MiB); Redis keys ${first.redisKeys} -> ${last.redisKeys}, ${withoutTtl} without TTL.`
-    console.log(`(${writeResults('soak', report, md).md})`)
+    console.log(`(${writeResults('soak', report, md, { quick }).md})`)
     const ok =
       invariants.totalUnchanged &&
       invariants.negativeBalances === 0 &&

@@ -3,6 +3,7 @@
 // the time went.
 import { readFileSync } from 'node:fs'
 import type { Redis } from 'ioredis'
+import { processCpuSeconds, redisCpuSeconds } from './cpu-time.ts'
 import { pinned } from './cpus.ts'
 import { median } from './runner.ts'
 
@@ -44,21 +45,6 @@ function cpuTicks() {
 const busyShare = (before: { busy: number; total: number }, after: { busy: number; total: number }) =>
   (after.busy - before.busy) / Math.max(1, after.total - before.total)
 
-/** CPU ticks (user and system, all threads) of one process, from /proc/<pid>/stat; 0 off Linux. */
-function processTicks(pid: number): number {
-  const stat = readProc(`/proc/${pid}/stat`)
-  if (!stat) return 0
-  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
-  return Number(fields[11]) + Number(fields[12])
-}
-
-/** CPU seconds redis-server has used (user and system, INFO cpu). */
-async function redisCpuSeconds(redis: Redis): Promise<number> {
-  const info = await redis.info('cpu')
-  const read = (name: string) => Number(new RegExp(`^${name}:([0-9.]+)`, 'm').exec(info)?.[1] ?? 0)
-  return read('used_cpu_user') + read('used_cpu_sys')
-}
-
 /** What one run cost the CPUs under test, per unit of work done. */
 export interface CpuCost {
   units: number
@@ -85,22 +71,23 @@ export async function costOf<T>(
   const unitsBefore = await probes.units()
   const redisBefore = await redisCpuSeconds(probes.redis)
   const cpuBefore = cpuTicks()
-  const serverBefore = processTicks(probes.serverPid)
+  const serverBefore = processCpuSeconds(probes.serverPid) ?? 0
   const result = await run()
   const cpuAfter = cpuTicks()
-  const serverAfter = processTicks(probes.serverPid)
+  const serverAfter = processCpuSeconds(probes.serverPid) ?? 0
   const redisAfter = await redisCpuSeconds(probes.redis)
   const units = (await probes.units()) - unitsBefore
-  const per = (ticks: number) => (units ? (ticks * TICK_MICROS) / units : 0)
+  const perTicks = (ticks: number) => (units ? (ticks * TICK_MICROS) / units : 0)
+  const perSecond = (seconds: number) => (units ? (seconds * 1e6) / units : 0)
   return {
     result,
     cost: {
       units,
       busy: busyShare(cpuBefore.underTest, cpuAfter.underTest),
       loadGeneratorBusy: busyShare(cpuBefore.loadGenerator, cpuAfter.loadGenerator),
-      underTestMicros: per(cpuAfter.underTest.busy - cpuBefore.underTest.busy),
-      serverMicros: per(serverAfter - serverBefore),
-      redisMicros: units ? ((redisAfter - redisBefore) * 1e6) / units : 0,
+      underTestMicros: perTicks(cpuAfter.underTest.busy - cpuBefore.underTest.busy),
+      serverMicros: perSecond(serverAfter - serverBefore),
+      redisMicros: perSecond(redisAfter - redisBefore),
     },
   }
 }

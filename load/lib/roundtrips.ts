@@ -1,5 +1,5 @@
-import { readdirSync, readFileSync } from 'node:fs'
 import { Redis } from 'ioredis'
+import { processCpuSeconds, redisCpuSeconds } from './cpu-time.ts'
 import { type LoadSpec, measure, redisCommandCount } from './runner.ts'
 
 export interface RoundTrips {
@@ -57,25 +57,6 @@ async function readCounters(url: string): Promise<BenchCounters | undefined> {
   return last
 }
 
-async function redisCpuSeconds(redis: Redis): Promise<number> {
-  const info = await redis.info('cpu')
-  const read = (name: string) => Number(new RegExp(`^${name}:([0-9.]+)`, 'm').exec(info)?.[1] ?? 0)
-  return read('used_cpu_user') + read('used_cpu_sys')
-}
-
-/** Nanoseconds on CPU of every thread of a process (GC and libuv threads too); undefined off Linux. */
-function processCpuNanos(pid: number | undefined): number | undefined {
-  if (pid === undefined) return undefined
-  try {
-    return readdirSync(`/proc/${pid}/task`).reduce(
-      (sum, task) => sum + Number(readFileSync(`/proc/${pid}/task/${task}/schedstat`, 'utf8').split(' ')[0]),
-      0,
-    )
-  } catch {
-    return undefined
-  }
-}
-
 /**
  * Work per request against a private Redis, in two short runs. The first counts what Redis
  * executed, the CPU Redis and the server spent and the Postgres statements. The second counts round
@@ -95,9 +76,9 @@ export async function roundTrips(
     const countersBefore = await readCounters(url)
     const executedBefore = await redisCommandCount(stats)
     const redisCpuBefore = await redisCpuSeconds(stats)
-    const serverCpuBefore = processCpuNanos(options.pid)
+    const serverCpuBefore = options.pid === undefined ? undefined : processCpuSeconds(options.pid)
     const sample = await measure(url, run)
-    const serverCpuAfter = processCpuNanos(options.pid)
+    const serverCpuAfter = options.pid === undefined ? undefined : processCpuSeconds(options.pid)
     const redisCpu = (await redisCpuSeconds(stats)) - redisCpuBefore
     const executed = (await redisCommandCount(stats)) - executedBefore
     const countersAfter = await readCounters(url)
@@ -110,7 +91,7 @@ export async function roundTrips(
       failures: sample.non2xx + sample.errors + sample.timeouts,
     }
     if (serverCpuBefore !== undefined && serverCpuAfter !== undefined) {
-      result.serverCpuMicros = per((serverCpuAfter - serverCpuBefore) / 1000)
+      result.serverCpuMicros = per((serverCpuAfter - serverCpuBefore) * 1e6)
     }
     const sequential = await roundTripsPerRequest(url, run)
     if (sequential !== undefined) result.redisRoundTrips = sequential

@@ -2,6 +2,7 @@ import { type ChildProcess, spawn } from 'node:child_process'
 import { mkdirSync, writeFileSync } from 'node:fs'
 import autocannon from 'autocannon'
 import { Redis } from 'ioredis'
+import { processCpuSeconds, redisCpuSeconds } from './cpu-time.ts'
 import { pinUnderTest } from './cpus.ts'
 
 /** A server under test, in its own process so that it and autocannon each get a core. */
@@ -86,6 +87,10 @@ export interface Sample {
   non2xx: number
   errors: number
   timeouts: number
+  /** CPU µs of the server process (all threads) per request served, over this run's window. */
+  serverCpuMicros?: number
+  /** CPU µs of redis-server per request served, over this run's window (INFO cpu). */
+  redisCpuMicros?: number
 }
 
 export async function measure(url: string, spec: LoadSpec): Promise<Sample> {
@@ -113,12 +118,24 @@ export interface Contender {
   name: string
   url: string
   spec: LoadSpec
+  /** The server process, whose CPU per request `interleave` records in each run. */
+  pid?: number
+}
+
+export interface Spread {
+  median: number
+  min: number
+  max: number
 }
 
 export interface Summary {
   name: string
-  rps: { median: number; min: number; max: number }
-  p99: { median: number; min: number; max: number }
+  rps: Spread
+  p99: Spread
+  /** Over rounds, when the runs recorded it (the contender's pid was given). */
+  serverCpuMicros?: Spread
+  /** Over rounds, when the runs recorded it (interleave's redisUrl was given). */
+  redisCpuMicros?: Spread
   samples: Sample[]
 }
 
@@ -129,7 +146,7 @@ export const median = (values: number[]): number => {
 }
 
 /** Median, lowest and highest of some per-round figures. */
-export const spread = (values: number[]) => ({
+export const spread = (values: number[]): Spread => ({
   median: median(values),
   min: Math.min(...values),
   max: Math.max(...values),
@@ -157,34 +174,74 @@ export async function interleave(
      * split into two groups by order, and their median lands on the boundary.
      */
     sameOrder?: boolean
+    /** The redis-server the contenders use: its CPU per request is recorded in each run. */
+    redisUrl?: string
   } = {},
 ): Promise<Summary[]> {
   const rounds = options.rounds ?? 5
   const run = options.measure ?? measure
-  for (const c of contenders) await run(c.url, { ...c.spec, durationSec: options.warmupSec ?? 1 })
-  const samples = new Map<string, Sample[]>(contenders.map((c) => [c.name, []]))
-  for (let round = 0; round < rounds; round++) {
-    const order = options.sameOrder || round % 2 === 0 ? contenders : [...contenders].reverse()
-    for (const c of order) {
-      await options.beforeRun?.()
-      const sample = await run(c.url, c.spec)
-      samples.get(c.name)!.push(sample)
-      const bad = sample.non2xx + sample.errors + sample.timeouts
-      console.error(
-        `${options.label ?? ''} round ${round + 1}/${rounds} ${c.name}: ${Math.round(sample.rps)} req/s, p99 ${sample.p99} ms${bad ? `, ${bad} non-2xx/errors` : ''}`,
-      )
+  const redis = options.redisUrl ? new Redis(options.redisUrl) : undefined
+  try {
+    for (const c of contenders) await run(c.url, { ...c.spec, durationSec: options.warmupSec ?? 1 })
+    const samples = new Map<string, Sample[]>(contenders.map((c) => [c.name, []]))
+    for (let round = 0; round < rounds; round++) {
+      const order = options.sameOrder || round % 2 === 0 ? contenders : [...contenders].reverse()
+      for (const c of order) {
+        await options.beforeRun?.()
+        const sample = await withCpu(() => run(c.url, c.spec), c.pid, redis)
+        samples.get(c.name)!.push(sample)
+        const bad = sample.non2xx + sample.errors + sample.timeouts
+        const cpu =
+          sample.serverCpuMicros === undefined ? '' : `, server ${sample.serverCpuMicros.toFixed(0)} µs/req`
+        console.error(
+          `${options.label ?? ''} round ${round + 1}/${rounds} ${c.name}: ${Math.round(sample.rps)} req/s, p99 ${sample.p99} ms${cpu}${bad ? `, ${bad} non-2xx/errors` : ''}`,
+        )
+      }
     }
+    return contenders.map((c) => summarize(c.name, samples.get(c.name)!))
+  } finally {
+    redis?.disconnect()
   }
-  return contenders.map((c) => summarize(c.name, samples.get(c.name)!))
 }
 
-/** One contender's rounds: median, lowest and highest req/s and p99. */
-export const summarize = (name: string, samples: Sample[]): Summary => ({
-  name,
-  rps: spread(samples.map((s) => s.rps)),
-  p99: spread(samples.map((s) => s.p99)),
-  samples,
-})
+/**
+ * One measured run with the CPU the server process and redis-server spent in its window, per
+ * request served: throughput and CPU per request come from the same requests. Requests still in
+ * flight when the load generator stops are not counted, nor is their CPU after the window closes.
+ */
+async function withCpu(run: () => Promise<Sample>, pid?: number, redis?: Redis): Promise<Sample> {
+  const serverBefore = pid === undefined ? undefined : processCpuSeconds(pid)
+  const redisBefore = redis ? await redisCpuSeconds(redis) : undefined
+  const sample = await run()
+  const serverAfter = pid === undefined ? undefined : processCpuSeconds(pid)
+  const redisAfter = redis ? await redisCpuSeconds(redis) : undefined
+  const perRequest = (seconds: number) => (seconds * 1e6) / Math.max(1, sample.requests)
+  return {
+    ...sample,
+    ...(serverBefore !== undefined && serverAfter !== undefined
+      ? { serverCpuMicros: perRequest(serverAfter - serverBefore) }
+      : {}),
+    ...(redisBefore !== undefined && redisAfter !== undefined
+      ? { redisCpuMicros: perRequest(redisAfter - redisBefore) }
+      : {}),
+  }
+}
+
+/** One contender's rounds: median, lowest and highest req/s, p99 and CPU per request where recorded. */
+export function summarize(name: string, samples: Sample[]): Summary {
+  const recorded = (values: Array<number | undefined>) =>
+    values.every((v) => v !== undefined) && values.length ? spread(values as number[]) : undefined
+  const serverCpuMicros = recorded(samples.map((s) => s.serverCpuMicros))
+  const redisCpuMicros = recorded(samples.map((s) => s.redisCpuMicros))
+  return {
+    name,
+    rps: spread(samples.map((s) => s.rps)),
+    p99: spread(samples.map((s) => s.p99)),
+    ...(serverCpuMicros ? { serverCpuMicros } : {}),
+    ...(redisCpuMicros ? { redisCpuMicros } : {}),
+    samples,
+  }
+}
 
 /**
  * The issue's "medians of pairs": each round's ratio of two contenders measured seconds apart, then
@@ -219,19 +276,45 @@ export async function commandsPerRequest(redisUrl: string, url: string, spec: Lo
   }
 }
 
+/** What the CPU columns of a throughput table are, for the text under it. */
+export const CPU_PER_REQUEST_NOTE =
+  'Server and Redis CPU µs/req: CPU time of the server process (all threads, /proc) and of redis-server (INFO cpu) over the same runs as req/s, divided by the requests served; median (min-max) over rounds.'
+
+/** A CPU-per-request spread as a table cell, µs: median (min-max over rounds). */
+export const cpuCell = (micros: Spread | undefined, digits = 0): string =>
+  micros
+    ? `${micros.median.toFixed(digits)} (${micros.min.toFixed(digits)}-${micros.max.toFixed(digits)})`
+    : 'n/a'
+
 export function formatTable(headers: string[], rows: Array<Array<string | number>>): string {
   const lines = [headers, headers.map(() => '---'), ...rows.map((r) => r.map(String))]
   return lines.map((cells) => `| ${cells.join(' | ')} |`).join('\n')
 }
 
-/** Writes load/results/<date>-<name>.json and .md; returns the paths. */
-export function writeResults(name: string, data: unknown, markdown: string): { json: string; md: string } {
-  const dir = new URL('../results/', import.meta.url)
+/**
+ * Where results go: load/results/ holds the latest full run of each scenario (tracked; history is in
+ * git), load/results/quick/ the quick and smoke runs (git-ignored), so that a smoke test never
+ * overwrites a result the docs cite.
+ */
+export const resultsDir = (quick: boolean): URL =>
+  new URL(quick ? '../results/quick/' : '../results/', import.meta.url)
+
+/**
+ * Writes <name>.json (the data, with the run's time as `at`) and <name>.md (ending with the run's
+ * date) into resultsDir(quick); returns the paths.
+ */
+export function writeResults(
+  name: string,
+  data: object,
+  markdown: string,
+  run: { quick: boolean; at?: string },
+): { json: string; md: string } {
+  const dir = resultsDir(run.quick)
   mkdirSync(dir, { recursive: true })
-  const stem = `${new Date().toISOString().slice(0, 10)}-${name}`
-  const json = new URL(`${stem}.json`, dir)
-  const md = new URL(`${stem}.md`, dir)
-  writeFileSync(json, `${JSON.stringify(data, null, 2)}\n`)
-  writeFileSync(md, `${markdown}\n`)
+  const at = run.at ?? new Date().toISOString()
+  const json = new URL(`${name}.json`, dir)
+  const md = new URL(`${name}.md`, dir)
+  writeFileSync(json, `${JSON.stringify({ at, ...data }, null, 2)}\n`)
+  writeFileSync(md, `${markdown}\n\nRun of ${at}${run.quick ? ' (quick: not for claims)' : ''}.\n`)
   return { json: json.pathname, md: md.pathname }
 }

@@ -1,3 +1,4 @@
+import { readdirSync } from 'node:fs'
 import type { RatioBar } from './chart.ts'
 
 /** What every load/scenarios/<name>.ts exports as default; load/run.ts runs them by name. */
@@ -10,7 +11,7 @@ export interface ScenarioResult {
   title: string
   /** A Markdown table (or a few) ready to paste into the README. */
   markdown: string
-  /** Everything measured, for load/results/<date>-<name>.json. */
+  /** Everything measured, for load/results/<name>.json. */
   data: unknown
   /**
    * Optional: the throughput ratios to chart in the run's summary SVG. Without it, load/run.ts
@@ -20,3 +21,10 @@ export interface ScenarioResult {
 }
 
 export type Scenario = (options: ScenarioOptions) => Promise<ScenarioResult>
+
+/** The scenarios load/run.ts can run: the files of load/scenarios/, by name, sorted. */
+export const scenarioNames = (): string[] =>
+  readdirSync(new URL('../scenarios/', import.meta.url))
+    .filter((file) => file.endsWith('.ts'))
+    .map((file) => file.replace(/\.ts$/, ''))
+    .sort()

@@ -1,5 +1,7 @@
-import { mkdirSync, writeFileSync } from 'node:fs'
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { type RatioBar, ratioChart } from './chart.ts'
+import { headlineRows, headlineTable, type StoredResult } from './headline.ts'
+import { resultsDir } from './runner.ts'
 import type { ScenarioResult } from './scenario.ts'
 
 export interface ScenarioOutcome {
@@ -40,64 +42,58 @@ export function findRatios(data: unknown, path: string[] = [], inRatio = false):
   })
 }
 
-export function ratiosOf(outcome: ScenarioOutcome): RatioBar[] {
-  const result = outcome.result
-  if (!result) return []
-  const bars = result.ratios ?? findRatios(result.data)
-  return bars.map((b) => ({ ...b, label: `${outcome.name}: ${b.label}` }))
+/** The bars a result charts: its own `ratios`, or every ratio found in its data. */
+export function ratiosOf(result: StoredResult): RatioBar[] {
+  const bars = (result.ratios as RatioBar[] | undefined) ?? findRatios(result.data)
+  return bars.map((b) => ({ ...b, label: `${result.scenario}: ${b.label}` }))
+}
+
+/** The latest stored result of each of `scenarios` in resultsDir(quick), those that have one. */
+export function storedResults(scenarios: string[], quick: boolean): StoredResult[] {
+  const dir = resultsDir(quick)
+  return scenarios.flatMap((scenario) => {
+    const file = new URL(`${scenario}.json`, dir)
+    if (!existsSync(file)) return []
+    return [{ scenario, ...JSON.parse(readFileSync(file, 'utf8')) } as StoredResult]
+  })
 }
 
 /**
- * The run's combined report: load/results/<date>.json (every scenario's data), <date>-summary.md
- * (every table, the chart, the command) and <date>-ratios.svg.
+ * The suite's report, rebuilt from the latest result of every scenario (not only those of this
+ * run): summary.md (the headline rows, the chart, every scenario's tables with the time of its run)
+ * and ratios.svg, in resultsDir(quick). Scenarios that failed in this run are listed first; their
+ * last result, if any, stays below.
  */
 export function writeSummary(
-  outcomes: ScenarioOutcome[],
-  meta: { quick: boolean; command: string; startedAt: string; placement: string },
-): { json: string; md: string; svg: string } {
-  const dir = new URL('../results/', import.meta.url)
+  scenarios: string[],
+  options: { quick: boolean; failed?: ScenarioOutcome[] },
+): { md: string; svg: string } {
+  const dir = resultsDir(options.quick)
   mkdirSync(dir, { recursive: true })
-  const date = meta.startedAt.slice(0, 10)
-  const bars = outcomes.flatMap(ratiosOf)
-  const svgName = `${date}-ratios.svg`
-  const title = `Throughput ratios (median, min-max)${meta.quick ? ', quick run' : ''}`
-  writeFileSync(new URL(svgName, dir), ratioChart(bars, title))
-  const sections = outcomes.map((o) =>
-    o.result
-      ? `## ${o.result.title}\n\n${o.result.markdown}\n\n_(scenario \`${o.name}\`, ${o.seconds.toFixed(0)} s)_`
-      : `## ${o.name}: failed\n\n\`\`\`\n${o.error}\n\`\`\``,
+  const results = storedResults(scenarios, options.quick)
+  const svgName = 'ratios.svg'
+  const title = `Throughput ratios (median, min-max)${options.quick ? ', quick runs' : ''}`
+  writeFileSync(new URL(svgName, dir), ratioChart(results.flatMap(ratiosOf), title))
+  const failures = (options.failed ?? []).map(
+    (o) => `## ${o.name}: failed in the last run\n\n\`\`\`\n${o.error}\n\`\`\``,
+  )
+  const sections = results.map(
+    (r) =>
+      `## ${r.title}\n\n${r.markdown}\n\n_(scenario \`${r.scenario}\`, run of ${r.at}${r.quick ? ', quick' : ''}${r.placement ? `; CPU placement: ${r.placement}` : ''})_`,
   )
   const markdown = [
-    `# Benchmark summary, ${meta.startedAt}`,
+    `# Benchmark summary${options.quick ? ' of quick runs (short runs, fewer rounds: a smoke test, not for claims)' : ''}`,
     '',
-    `Made by \`${meta.command}\`${meta.quick ? ' (quick: short runs, fewer rounds; for a smoke test, not for claims)' : ''}. ` +
-      "Every comparison is interleaved in one run; ratios are the median over rounds of each round's ratio, with the lowest and highest round. " +
-      `CPU placement: ${meta.placement}.`,
+    "The latest run of each scenario. Every comparison is interleaved within its run; ratios are the median over rounds of each round's ratio, with the lowest and highest round. " +
+      "CPU per request is the server process's (all threads) and redis-server's over the same measured runs as req/s, divided by the requests served.",
+    '',
+    headlineTable(headlineRows(results), (scenario) => `${scenario}.md`),
     '',
     `![Throughput ratios](${svgName})`,
     '',
-    ...sections.flatMap((s) => [s, '']),
+    ...[...failures, ...sections].flatMap((s) => [s, '']),
   ].join('\n')
-  const md = new URL(`${date}-summary.md`, dir)
-  const json = new URL(`${date}.json`, dir)
+  const md = new URL('summary.md', dir)
   writeFileSync(md, markdown)
-  writeFileSync(
-    json,
-    `${JSON.stringify(
-      {
-        ...meta,
-        scenarios: outcomes.map((o) => ({
-          name: o.name,
-          seconds: o.seconds,
-          error: o.error,
-          title: o.result?.title,
-          data: o.result?.data,
-        })),
-        ratios: bars,
-      },
-      null,
-      2,
-    )}\n`,
-  )
-  return { json: json.pathname, md: md.pathname, svg: new URL(svgName, dir).pathname }
+  return { md: md.pathname, svg: new URL(svgName, dir).pathname }
 }

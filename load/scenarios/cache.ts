@@ -3,7 +3,9 @@
 // of one cold balance, with the Postgres loads it caused across all of them and its p99.
 import {
   type Contender,
+  CPU_PER_REQUEST_NOTE,
   commandsPerRequest,
+  cpuCell,
   formatTable,
   interleave,
   type LoadSpec,
@@ -47,13 +49,14 @@ const cache: Scenario = async ({ quick }) => {
       return { path: `/accounts/${accountId}/balance`, headers: { cookie }, connections: 50, durationSec }
     }
     const contenders: Contender[] = [
-      { name: 'cache on', url: cached.url, spec: await balanceSpec(cached.url) },
-      { name: 'CACHE=off', url: uncached.url, spec: await balanceSpec(uncached.url) },
+      { name: 'cache on', url: cached.url, pid: cached.pid, spec: await balanceSpec(cached.url) },
+      { name: 'CACHE=off', url: uncached.url, pid: uncached.pid, spec: await balanceSpec(uncached.url) },
     ]
     const [on, off] = (await interleave(contenders, {
       rounds: quick ? 2 : 5,
       warmupSec: quick ? 1 : 2,
       label: 'cache',
+      redisUrl: services.redisUrl,
     })) as [Summary, Summary]
     const balanceRatio = ratio(on, off)
     const redisPerRead = [
@@ -87,12 +90,24 @@ const cache: Scenario = async ({ quick }) => {
         [
           'GET /accounts/:id/balance',
           'req/s median (min-max)',
+          'server CPU µs/req',
+          'Redis CPU µs/req',
           'p99 ms median (min-max)',
           'Redis commands executed/req',
           'non-2xx or errors',
         ],
-        [on, off].map((s, i) => [s.name, cell(s.rps), cell(s.p99), redisPerRead[i]!.toFixed(2), bad(s)]),
+        [on, off].map((s, i) => [
+          s.name,
+          cell(s.rps),
+          cpuCell(s.serverCpuMicros),
+          cpuCell(s.redisCpuMicros),
+          cell(s.p99),
+          redisPerRead[i]!.toFixed(2),
+          bad(s),
+        ]),
       ),
+      '',
+      CPU_PER_REQUEST_NOTE,
       '',
       `Cache on / CACHE=off: **${balanceRatio.median.toFixed(2)}x** (min-max ${balanceRatio.min.toFixed(2)}-${balanceRatio.max.toFixed(2)}; target >= ${TARGET}x), medians of ${on.samples.length} interleaved pairs of ${durationSec} s, 50 connections. Balance loads from Postgres during the cached runs: ${loadsDuringRun}.`,
       '',

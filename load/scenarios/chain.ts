@@ -9,6 +9,8 @@ import { mib, processMemory } from '../lib/memory.ts'
 import { perRequest, type RoundTrips, roundTrips } from '../lib/roundtrips.ts'
 import {
   type Contender,
+  CPU_PER_REQUEST_NOTE,
+  cpuCell,
   formatTable,
   interleave,
   type LoadSpec,
@@ -23,9 +25,12 @@ import { startBenchServices } from '../lib/services.ts'
 import { compareGenerators, generatorReport, measureWrk, WRK_MISSING, wrkAvailable } from '../lib/wrk.ts'
 
 const SECRET = 'bench-secret-0123456789-abcdefghijklmnop'
-/** Throughput targets: the chain over the peer stack, and over a bare route returning the same JSON. */
+/**
+ * Throughput target of the chain over the peer stack. Ratios to the bare route are reported, not
+ * judged: the bare route is bounded by the load generator, which shares the two CPUs, so they move
+ * with the generator; the CPU per request beside them does not.
+ */
 const PEER_TARGET = 2.5
-const BARE_TARGET = 0.45
 const entry = (path: string) => new URL(path, import.meta.url).pathname
 
 async function login(url: string, username: string): Promise<{ cookie: string; customerId: number }> {
@@ -110,20 +115,23 @@ const chain: Scenario = async ({ quick }) => {
       {
         name: 'gateway chain',
         url: gateway.url,
+        pid: gateway.pid,
         spec: { path, headers: { cookie: alice.cookie }, durationSec },
       },
       {
         name: 'peer stack',
         url: peer.url,
+        pid: peer.pid,
         spec: { path, headers: { cookie: peerLogin.cookie }, durationSec },
       },
       {
         name: 'gateway, cache off',
         url: noCache.url,
+        pid: noCache.pid,
         spec: { path, headers: { cookie: noCacheLogin.cookie }, durationSec },
       },
-      { name: 'bare route', url: bare.url, spec: { path, durationSec } },
-      { name: 'bare route + one Redis GET', url: oneGet.url, spec: { path, durationSec } },
+      { name: 'bare route', url: bare.url, pid: bare.pid, spec: { path, durationSec } },
+      { name: 'bare route + one Redis GET', url: oneGet.url, pid: oneGet.pid, spec: { path, durationSec } },
     ]
     for (const c of contenders) await expectOk(c)
 
@@ -131,6 +139,7 @@ const chain: Scenario = async ({ quick }) => {
       rounds: quick ? 2 : 5,
       warmupSec: quick ? 1 : 2,
       label: 'chain',
+      redisUrl: services.redisUrl,
     })
     const by = (name: string) => summaries.find((s) => s.name === name) as Summary
     const [ours, theirs, uncached, floor, oneTrip] = [
@@ -144,7 +153,13 @@ const chain: Scenario = async ({ quick }) => {
     const wrkSummaries = wrkAvailable
       ? await interleave(
           contenders.filter((c) => c.name !== 'gateway, cache off'),
-          { rounds: quick ? 2 : 5, warmupSec: quick ? 1 : 2, label: 'chain (wrk)', measure: measureWrk },
+          {
+            rounds: quick ? 2 : 5,
+            warmupSec: quick ? 1 : 2,
+            label: 'chain (wrk)',
+            measure: measureWrk,
+            redisUrl: services.redisUrl,
+          },
         )
       : null
     const byWrk = (name: string) => wrkSummaries!.find((s) => s.name === name) as Summary
@@ -203,7 +218,7 @@ const chain: Scenario = async ({ quick }) => {
     const ratios: RatioBar[] = [
       { label: 'gateway chain / peer stack', ...ratio(ours, theirs), target: PEER_TARGET },
       { label: 'gateway chain / cache off', ...ratio(ours, uncached) },
-      { label: 'gateway chain / bare route', ...ratio(ours, floor), target: BARE_TARGET },
+      { label: 'gateway chain / bare route', ...ratio(ours, floor) },
       { label: 'peer stack / bare route', ...ratio(theirs, floor) },
       // The ceiling of chain / bare route on this machine: a route that only waits on Redis once.
       { label: 'bare route + one Redis GET / bare route', ...ratio(oneTrip, floor) },
@@ -245,10 +260,19 @@ const chain: Scenario = async ({ quick }) => {
     ].flatMap((s) => (s.samples.some((x) => x.non2xx + x.errors + x.timeouts) ? [s.name] : []))
 
     const throughputTable = formatTable(
-      ['stack', 'req/s median (min-max)', 'p99 ms median (min-max)', 'non-2xx or errors'],
+      [
+        'stack',
+        'req/s median (min-max)',
+        'server CPU µs/req',
+        'Redis CPU µs/req',
+        'p99 ms median (min-max)',
+        'non-2xx or errors',
+      ],
       summaries.map((s) => [
         s.name,
         spreadCell(s.rps),
+        cpuCell(s.serverCpuMicros),
+        cpuCell(s.redisCpuMicros),
         spreadCell(s.p99, 1),
         s.samples.reduce((n, x) => n + x.non2xx + x.errors + x.timeouts, 0),
       ]),
@@ -294,12 +318,16 @@ const chain: Scenario = async ({ quick }) => {
           [
             'stack, measured with wrk',
             'req/s median (min-max)',
+            'server CPU µs/req',
+            'Redis CPU µs/req',
             'p99 ms median (min-max)',
             'non-2xx or errors',
           ],
           wrkSummaries.map((s) => [
             s.name,
             spreadCell(s.rps),
+            cpuCell(s.serverCpuMicros),
+            cpuCell(s.redisCpuMicros),
             spreadCell(s.p99, 1),
             s.samples.reduce((n, x) => n + x.non2xx + x.errors + x.timeouts, 0),
           ]),
@@ -311,6 +339,8 @@ const chain: Scenario = async ({ quick }) => {
     )
     const markdown = [
       throughputTable,
+      '',
+      CPU_PER_REQUEST_NOTE,
       '',
       ratioTable,
       '',

@@ -14,6 +14,7 @@ import { startRedisCluster } from '../../scripts/redis-cluster.ts'
 import { startRedisServer } from '../../src/embedded/redis-server.ts'
 import { createShardedCounter, type RedisClient } from '../../src/index.ts'
 import { connectRedis, createRedisClient } from '../../src/plugins/redis/index.ts'
+import { redisCpuSeconds } from '../lib/cpu-time.ts'
 import { pinUnderTest } from '../lib/cpus.ts'
 import { formatTable, median } from '../lib/runner.ts'
 import type { Scenario } from '../lib/scenario.ts'
@@ -70,11 +71,10 @@ interface NodeSample {
 
 /** redis-server's CPU (user + sys, all threads) and commands executed so far (scripts' inner calls included). */
 async function sample(node: Redis): Promise<NodeSample> {
-  const cpu = await node.info('cpu')
+  const cpuSeconds = await redisCpuSeconds(node)
   const stats = await node.info('commandstats')
-  const field = (name: string) => Number(new RegExp(`${name}:([0-9.]+)`).exec(cpu)?.[1] ?? 0)
   const calls = [...stats.matchAll(/calls=(\d+)/g)].reduce((sum, m) => sum + Number(m[1]), 0)
-  return { cpuSeconds: field('used_cpu_user') + field('used_cpu_sys'), calls }
+  return { cpuSeconds, calls }
 }
 
 interface Outcome {

@@ -11,10 +11,11 @@ import {
   processMemory,
   RECORDS_PER_DAY_AT_100_PER_S,
 } from '../lib/memory.ts'
-import { perRequest, roundTrips } from '../lib/roundtrips.ts'
 import {
   type Contender,
+  CPU_PER_REQUEST_NOTE,
   commandsPerRequest,
+  cpuCell,
   formatTable,
   interleave,
   type LoadSpec,
@@ -133,8 +134,8 @@ const idempotency: Scenario = async ({ quick }) => {
       durationSec,
     }
     const contenders: Contender[] = [
-      { name: 'with Idempotency-Key plugin', url: withPlugin.url, spec: transferSpec },
-      { name: 'without the plugin', url: withoutPlugin.url, spec: transferSpec },
+      { name: 'with Idempotency-Key plugin', url: withPlugin.url, pid: withPlugin.pid, spec: transferSpec },
+      { name: 'without the plugin', url: withoutPlugin.url, pid: withoutPlugin.pid, spec: transferSpec },
     ]
     // Transfers are few per second and bound by Postgres commits, so rounds vary more than reads:
     // seven pairs instead of five.
@@ -146,6 +147,7 @@ const idempotency: Scenario = async ({ quick }) => {
       label: 'idempotency',
       beforeRun: () => vacuumTransferTables(admin),
       sameOrder: true,
+      redisUrl: services.redisUrl,
     }).finally(() => admin.close())
     const transferRatio = ratio(ours!, bare!)
 
@@ -195,22 +197,17 @@ const idempotency: Scenario = async ({ quick }) => {
       return ((await dbQueries(c.url)) - before) / 20
     }
     const sqlPerTransfer = [await perTransfer(contenders[0]!), await perTransfer(contenders[1]!)]
-    // Redis commands executed and CPU per transfer (server process and redis-server), each server alone.
-    const work = [
-      await roundTrips(
-        services.redisUrl,
-        withPlugin.url,
-        { ...contenders[0]!.spec, durationSec: quick ? 1 : 2 },
-        { pid: withPlugin.pid },
-      ),
-      await roundTrips(
-        services.redisUrl,
-        withoutPlugin.url,
-        { ...contenders[1]!.spec, durationSec: quick ? 1 : 2 },
-        { pid: withoutPlugin.pid },
-      ),
+    // Redis commands executed per transfer (scripts' inner calls included), each server alone.
+    const redisPerTransfer = [
+      await commandsPerRequest(services.redisUrl, withPlugin.url, {
+        ...contenders[0]!.spec,
+        durationSec: quick ? 1 : 2,
+      }),
+      await commandsPerRequest(services.redisUrl, withoutPlugin.url, {
+        ...contenders[1]!.spec,
+        durationSec: quick ? 1 : 2,
+      }),
     ]
-    const redisPerTransfer = work.map((w) => w.redisExecuted)
     // After every run: what the retained records cost Redis, and what each server holds resident.
     const recordMemory = await idempotencyRecordMemory(services.redisUrl)
     const recordMet = recordMemory.bytes.max <= RECORD_BYTES_TARGET
@@ -224,24 +221,26 @@ const idempotency: Scenario = async ({ quick }) => {
         [
           'POST /transfers, new key each',
           'req/s median (min-max)',
+          'server CPU µs/req',
+          'Redis CPU µs/req',
           'p99 ms median (min-max)',
           'SQL statements/req',
           'Redis commands executed/req',
-          'server CPU µs/req',
-          'Redis CPU µs/req',
           'non-2xx or errors',
         ],
         [ours!, bare!].map((s, i) => [
           s.name,
           cell(s.rps),
+          cpuCell(s.serverCpuMicros),
+          cpuCell(s.redisCpuMicros),
           cell(s.p99, 1),
           sqlPerTransfer[i]!.toFixed(2),
           redisPerTransfer[i]!.toFixed(2),
-          perRequest(work[i]!.serverCpuMicros, 0),
-          work[i]!.redisCpuMicros.toFixed(0),
           bad(s),
         ]),
       ),
+      '',
+      CPU_PER_REQUEST_NOTE,
       '',
       formatTable(
         ['ratio of req/s', 'median', 'min', 'max', 'target'],

@@ -6,9 +6,11 @@
 import { randomBytes } from 'node:crypto'
 import { runScript } from '../../src/lua/index.ts'
 import { connectRedis, createRedisClient } from '../../src/plugins/redis/index.ts'
-import { perRequest, roundTrips } from '../lib/roundtrips.ts'
+import { roundTrips } from '../lib/roundtrips.ts'
 import {
   type Contender,
+  CPU_PER_REQUEST_NOTE,
+  cpuCell,
   formatTable,
   interleave,
   ratio,
@@ -81,21 +83,21 @@ const rateLimitScenario: Scenario = async ({ quick }) => {
     // Short slots and many rounds: the two runs of a pair are seconds apart, not half a minute.
     const spec = (path: string) => ({ path, connections: 50, durationSec: quick ? 1 : 3 })
     const contenders: Contender[] = [
-      ...ALGORITHMS.map((a, i) => ({ name: a, url: ours[i]!.url, spec: spec(`/limited/${a}`) })),
-      { name: FASTIFY, url: fastify.url, spec: spec('/limited/peer') },
-      { name: FLEXIBLE, url: flexible.url, spec: spec('/limited/peer') },
-      { name: COMPAT, url: compat.url, spec: spec('/limited/peer') },
+      ...ALGORITHMS.map((a, i) => ({
+        name: a,
+        url: ours[i]!.url,
+        pid: ours[i]!.pid,
+        spec: spec(`/limited/${a}`),
+      })),
+      { name: FASTIFY, url: fastify.url, pid: fastify.pid, spec: spec('/limited/peer') },
+      { name: FLEXIBLE, url: flexible.url, pid: flexible.pid, spec: spec('/limited/peer') },
+      { name: COMPAT, url: compat.url, pid: compat.pid, spec: spec('/limited/peer') },
     ]
-    const pids = new Map([
-      ...ALGORITHMS.map((a, i) => [a, ours[i]!.pid] as const),
-      [FASTIFY, fastify.pid],
-      [FLEXIBLE, flexible.pid],
-      [COMPAT, compat.pid],
-    ])
     const summaries = await interleave(contenders, {
       rounds: quick ? 1 : 8,
       warmupSec: quick ? 0.5 : 2,
       label: 'rate-limit',
+      redisUrl: services.redisUrl,
     })
     const byName = new Map(summaries.map((s) => [s.name, s]))
     // The headline ratio again with wrk as the load generator: same placement, connections and rounds.
@@ -106,6 +108,7 @@ const rateLimitScenario: Scenario = async ({ quick }) => {
           warmupSec: quick ? 0.5 : 2,
           label: 'rate-limit (wrk)',
           measure: measureWrk,
+          redisUrl: services.redisUrl,
         })
       : null
     const generators = wrkSummaries
@@ -121,12 +124,7 @@ const rateLimitScenario: Scenario = async ({ quick }) => {
     for (const c of contenders) {
       trips.set(
         c.name,
-        await roundTrips(
-          services.redisUrl,
-          c.url,
-          { ...c.spec, durationSec: quick ? 0.5 : 2 },
-          { pid: pids.get(c.name) },
-        ),
+        await roundTrips(services.redisUrl, c.url, { ...c.spec, durationSec: quick ? 0.5 : 2 }),
       )
     }
     const memory = await keyMemory(services.redisUrl)
@@ -148,13 +146,13 @@ const rateLimitScenario: Scenario = async ({ quick }) => {
       return [
         target ? `ours: ${s.name}` : s.name,
         `${Math.round(s.rps.median)} (${Math.round(s.rps.min)}–${Math.round(s.rps.max)})`,
+        cpuCell(s.serverCpuMicros, 1),
+        cpuCell(s.redisCpuMicros, 1),
         s.p99.median,
         cell(FASTIFY, target?.fastify),
         cell(FLEXIBLE, target?.flexible),
         fmt(t.redisSent),
         fmt(t.redisExecuted),
-        perRequest(t.serverCpuMicros, 1),
-        fmt(t.redisCpuMicros, 1),
       ]
     })
     const markdown = [
@@ -162,18 +160,18 @@ const rateLimitScenario: Scenario = async ({ quick }) => {
         [
           'contender',
           'req/s median (min–max)',
+          'server CPU µs/req',
+          'Redis CPU µs/req',
           'p99 ms',
           `ratio vs ${FASTIFY}`,
           `ratio vs ${FLEXIBLE}`,
           'Redis round trips / req',
           'Redis commands executed / req',
-          'server CPU µs / req',
-          'Redis CPU µs / req',
         ],
         rows,
       ),
       '',
-      `${quick ? 'Quick run: 1 round of 1 s' : '8 interleaved rounds of 3 s'}, 50 connections, one client IP, limit 10^9 per 10 s (nothing rejected; non-2xx/errors in the throughput runs: ${failures}). Ratios are the median over rounds of each round's ratio (min–max over rounds); round trips are commands the server sent (MONITOR), commands executed include those the scripts call; CPU per request is the server process's (all threads) and redis-server's over a separate 2 s run.`,
+      `${quick ? 'Quick run: 1 round of 1 s' : '8 interleaved rounds of 3 s'}, 50 connections, one client IP, limit 10^9 per 10 s (nothing rejected; non-2xx/errors in the throughput runs: ${failures}). Ratios are the median over rounds of each round's ratio (min–max over rounds); round trips are commands the server sent (MONITOR), commands executed include those the scripts call. ${CPU_PER_REQUEST_NOTE}`,
       '',
       formatTable(
         ['algorithm', 'MEMORY USAGE of one key after 100 requests at limit 100 (bytes)'],
