@@ -53,9 +53,12 @@ function allowed(file: string): ((target: string) => boolean) | null {
   // A compat module stands on the plugin whose API it translates: src/compat/<plugin>-*.ts or a
   // module named after another package, mapped below.
   if (file.startsWith('compat/')) {
-    const plugin = COMPAT_PLUGINS[file]
+    // A module's parts live in the folder of its name: compat/<module>.ts and compat/<module>/*.ts.
+    const module = /^compat\/([^/]+?)(?:\.ts$|\/)/.exec(file)?.[1] ?? ''
+    const plugin = COMPAT_PLUGINS[`compat/${module}.ts`]
     return (t) =>
       (plugin !== undefined && t.startsWith(`plugins/${plugin}/`)) ||
+      (plugin !== undefined && t.startsWith(`compat/${module}/`)) ||
       t.startsWith('plugins/common/') ||
       t.startsWith('lua/')
   }
@@ -144,6 +147,18 @@ test('the check lets a compat module use its plugin, common and lua only, and ke
   const compat = 'compat/fastify-rate-limit.ts'
   assert.deepEqual(probe(compat, "import { RateLimitEngine } from '../plugins/rate-limit/engine.ts'"), [])
   assert.deepEqual(probe(compat, "import { bootPluginRedis } from '../plugins/common/redis.ts'"), [])
+  assert.deepEqual(probe(compat, "import { check } from './fastify-rate-limit/params.ts'"), [])
+  assert.deepEqual(
+    probe(
+      'compat/fastify-rate-limit/params.ts',
+      "import { parseDuration } from '../../plugins/rate-limit/duration.ts'",
+    ),
+    [],
+  )
+  assert.deepEqual(
+    probe('compat/fastify-rate-limit/params.ts', "import { x } from '../../plugins/cache/index.ts'"),
+    ['plugins/cache/index.ts'],
+  )
   assert.deepEqual(probe(compat, "import { x } from '../plugins/cache/index.ts'"), ['plugins/cache/index.ts'])
   assert.deepEqual(probe(compat, "import { buildApp } from '../app.ts'"), ['app.ts'])
   assert.deepEqual(probe(compat, "import { createLock } from '../primitives/lock.ts'"), [

@@ -1,336 +1,32 @@
-import { createHash } from 'node:crypto'
-import { isIPv6 } from 'node:net'
-import type { FastifyInstance, FastifyReply, FastifyRequest, RouteOptions } from 'fastify'
+import type { FastifyInstance, FastifyRequest, RouteOptions } from 'fastify'
 import fp from 'fastify-plugin'
-import { optionChecker, optionKeys } from '../plugins/common/options.ts'
-import { bootPluginRedis, type RedisClient } from '../plugins/common/redis.ts'
-import { parseDuration } from '../plugins/rate-limit/duration.ts'
+import { bootPluginRedis } from '../plugins/common/redis.ts'
 import { RateLimitEngine, type RateLimitResult } from '../plugins/rate-limit/engine.ts'
-import { clientAddress } from '../plugins/rate-limit/keys.ts'
 import { createMetrics } from '../plugins/rate-limit/metrics.ts'
 import { normalizePolicy, type Policy, type RateLimitPolicy } from '../plugins/rate-limit/policy.ts'
+import {
+  check,
+  counterName,
+  globalParams,
+  mergeParams,
+  type Params,
+  PLUGIN_OPTIONS,
+  penaltyOptions,
+} from './fastify-rate-limit/params.ts'
+import { formatLong, normalizeIP, unavailableError } from './fastify-rate-limit/responses.ts'
+import type {
+  CreateRateLimitResult,
+  CustomStore,
+  ErrorResponseBuilderContext,
+  Hook,
+  RateLimitDecorators,
+  RateLimitOptions,
+  RateLimitPluginOptions,
+} from './fastify-rate-limit/types.ts'
 
 // @fastify/rate-limit 11's options, decorators, route config and headers on this suite's
 // rate-limit engine: every count is the fixed-window policy's (Redis script or memory store).
 // docs/migrating-from-fastify-rate-limit.md says what differs and why.
-
-type Awaitable<T> = T | Promise<T>
-type MaxFunction = (request: FastifyRequest, key: string) => Awaitable<number>
-type WindowFunction = (request: FastifyRequest, key: string) => Awaitable<number>
-
-export interface ErrorResponseBuilderContext {
-  statusCode: number
-  ban: boolean
-  after: string
-  max: number
-  ttl: number
-}
-
-export interface RateLimitOptions {
-  max?: number | MaxFunction
-  timeWindow?: number | string | WindowFunction
-  keyGenerator?: (request: FastifyRequest) => Awaitable<string | number>
-  allowList?: string[] | ((request: FastifyRequest, key: string) => Awaitable<boolean>)
-  groupId?: string
-  hook?: 'onRequest' | 'preParsing' | 'preValidation' | 'preHandler'
-  skipOnError?: boolean
-  errorResponseBuilder?: (request: FastifyRequest, context: ErrorResponseBuilderContext) => unknown
-  addHeaders?: Partial<Record<string, boolean>>
-  addHeadersOnExceeding?: Partial<Record<string, boolean>>
-  enableDraftSpec?: boolean
-  ipv6Subnet?: number
-  ban?: number
-  onBanReach?: (request: FastifyRequest, key: string) => void
-  onExceeding?: (request: FastifyRequest, key: string) => void
-  onExceeded?: (request: FastifyRequest, key: string) => void
-  continueExceeding?: boolean
-  exponentialBackoff?: boolean
-}
-
-export interface RateLimitPluginOptions extends RateLimitOptions {
-  global?: boolean
-  /** An ioredis client: counters live in Redis (shared by every instance); without it, in this process. */
-  redis?: RedisClient
-  /** Redis key prefix. Default 'fastify-rate-limit-'. */
-  nameSpace?: string
-  /** Keys kept by the in-process store (least recently used dropped first). Default 5000. */
-  cache?: number
-  /**
-   * @fastify/rate-limit's custom store class (`new Store(options)` with `incr`, `read`, `child`):
-   * routes then count in it instead of Redis or this process (see the migration guide).
-   */
-  store?: CustomStoreClass
-}
-
-/** What a `createRateLimit` limiter answers: allowed (allow list) or counted. */
-export type CreateRateLimitResult =
-  | { isAllowed: true; key: string }
-  | {
-      isAllowed: false
-      key: string
-      max: number
-      timeWindow: number
-      remaining: number
-      ttl: number
-      ttlInSeconds: number
-      isExceeded: boolean
-      isBanned: boolean
-    }
-
-type StoreCallback = (err: Error | null, result?: { current: number; ttl: number }) => void
-interface CustomStore {
-  incr(key: string | number, callback: StoreCallback, timeWindow: number, max: number): void
-  read?(key: string | number, callback: StoreCallback, timeWindow: number, max: number): void
-  child(options: Record<string, unknown>): CustomStore
-}
-export type CustomStoreClass = new (options: Record<string, unknown>) => CustomStore
-
-export type Hook = (request: FastifyRequest, reply: FastifyReply) => Promise<void>
-
-/**
- * The decorators this plugin adds. Not declared on FastifyInstance here: @fastify/rate-limit's own
- * types declare the same names and may share a program with ours. An app without them adds:
- * `declare module 'fastify' { interface FastifyInstance extends RateLimitDecorators {} }`.
- */
-export interface RateLimitDecorators {
-  rateLimit: (options?: RateLimitOptions) => Hook
-  createRateLimit: (
-    options?: RateLimitOptions,
-  ) => (request: FastifyRequest, callOptions?: { increment?: boolean }) => Promise<CreateRateLimitResult>
-}
-
-const DEFAULT_MAX = 1000
-const DEFAULT_WINDOW = 60_000
-const DEFAULT_IPV6_SUBNET = 64
-
-const HEADERS = {
-  rateLimit: 'x-ratelimit-limit',
-  rateRemaining: 'x-ratelimit-remaining',
-  rateReset: 'x-ratelimit-reset',
-  retryAfter: 'retry-after',
-}
-const DRAFT_HEADERS = {
-  rateLimit: 'ratelimit-limit',
-  rateRemaining: 'ratelimit-remaining',
-  rateReset: 'ratelimit-reset',
-  retryAfter: 'retry-after',
-}
-
-const noop = () => {}
-
-/**
- * @fastify/rate-limit's penalties as the fixed-window policy's own options. `onBanReach` stays
- * here: upstream calls it on every banned request, the policy's once per ban. With both
- * `continueExceeding` and `exponentialBackoff`, upstream lets the first win; the policy refuses
- * the pair, so only it is passed.
- */
-function penaltyOptions(params: Params): Record<string, unknown> {
-  const options: Record<string, unknown> = {}
-  if (params.ban >= 0) options.ban = { after: params.ban }
-  if (params.continueExceeding) options.continueExceeding = true
-  else if (params.exponentialBackoff) options.exponentialBackoff = true
-  return options
-}
-
-/** @fastify/rate-limit's normalizeIP: IPv4 lower-cased, mapped IPv6 as IPv4, IPv6 as its /subnet start. */
-export function normalizeIP(ip: string, ipv6Subnet = DEFAULT_IPV6_SUBNET): string {
-  if (!isIPv6(ip)) return ip.toLowerCase()
-  const mapped = clientAddress(ip, DEFAULT_IPV6_SUBNET)
-  if (!mapped.includes(':')) return mapped
-  const groups = clientAddress(ip, 128)
-    .split(':')
-    .map((g) => Number.parseInt(g, 16))
-  if (ipv6Subnet < 128) {
-    for (let i = 0; i < 8; i++) {
-      const bits = Math.max(0, Math.min(16, ipv6Subnet - i * 16))
-      groups[i] = groups[i]! & (bits === 0 ? 0 : (0xffff << (16 - bits)) & 0xffff)
-    }
-  }
-  return compressIPv6(groups)
-}
-
-/** RFC 5952 text: the longest run of two or more zero groups (the first of equals) becomes `::`. */
-function compressIPv6(groups: number[]): string {
-  let best = -1
-  let bestLength = 1
-  for (let i = 0; i < 8; ) {
-    if (groups[i] !== 0) {
-      i++
-      continue
-    }
-    let j = i
-    while (j < 8 && groups[j] === 0) j++
-    if (j - i > bestLength) {
-      best = i
-      bestLength = j - i
-    }
-    i = j
-  }
-  const hex = groups.map((g) => g.toString(16))
-  if (best < 0) return hex.join(':')
-  return `${hex.slice(0, best).join(':')}::${hex.slice(best + bestLength).join(':')}`
-}
-
-/** @lukeed/ms's format(ms, true), which @fastify/rate-limit's default message uses. */
-function formatLong(ms: number): string {
-  const unit = (value: number, name: string) => {
-    const n = Math.round(value)
-    return `${n} ${name}${n !== 1 ? 's' : ''}`
-  }
-  if (ms < 1000) return `${ms} ms`
-  if (ms < 60_000) return unit(ms / 1000, 'second')
-  if (ms < 3_600_000) return unit(ms / 60_000, 'minute')
-  if (ms < 86_400_000) return unit(ms / 3_600_000, 'hour')
-  if (ms < 31_557_600_000) return unit(ms / 86_400_000, 'day')
-  return unit(ms / 31_557_600_000, 'year')
-}
-
-function defaultErrorResponse(_request: FastifyRequest, context: ErrorResponseBuilderContext) {
-  const err = new Error(`Rate limit exceeded, retry in ${context.after}`) as Error & { statusCode: number }
-  err.statusCode = context.statusCode
-  return err
-}
-
-/** Redis could not be asked and skipOnError is false: 503, not the client's error text. */
-function unavailableError() {
-  const err = new Error('Rate limit cannot be checked now; retry shortly') as Error & { statusCode: number }
-  err.statusCode = 503
-  return err
-}
-
-interface Params {
-  global: boolean
-  labels: typeof HEADERS
-  addHeaders: Record<string, boolean | undefined>
-  addHeadersOnExceeding: Record<string, boolean | undefined>
-  max: number | MaxFunction
-  timeWindow: number | WindowFunction
-  hook: string
-  allowList: RateLimitOptions['allowList'] | null
-  ban: number
-  onBanReach: (request: FastifyRequest, key: string) => void
-  onExceeding: (request: FastifyRequest, key: string) => void
-  onExceeded: (request: FastifyRequest, key: string) => void
-  continueExceeding: boolean
-  exponentialBackoff: boolean
-  ipv6Subnet: number
-  keyGenerator: ((request: FastifyRequest) => Awaitable<string | number>) | null
-  errorResponseBuilder: (request: FastifyRequest, context: ErrorResponseBuilderContext) => unknown
-  skipOnError: boolean
-  groupId?: string
-}
-
-const finiteNonNegative = (v: unknown): v is number => Number.isFinite(v) && (v as number) >= 0
-
-function windowOf(value: unknown): number | WindowFunction {
-  if (finiteNonNegative(value)) return Math.trunc(value)
-  if (typeof value === 'string') return parseDuration(value) ?? DEFAULT_WINDOW
-  if (typeof value === 'function') return value as WindowFunction
-  return DEFAULT_WINDOW
-}
-
-function subnetOf(value: unknown): number {
-  return Number.isFinite(value) && (value as number) >= 0 && (value as number) <= 128
-    ? Math.trunc(value as number)
-    : DEFAULT_IPV6_SUBNET
-}
-
-function globalParams(settings: RateLimitPluginOptions): Params {
-  const labels = settings.enableDraftSpec === true ? DRAFT_HEADERS : HEADERS
-  return {
-    global: typeof settings.global === 'boolean' ? settings.global : true,
-    labels,
-    addHeaders: {
-      [labels.rateLimit]: true,
-      [labels.rateRemaining]: true,
-      [labels.rateReset]: true,
-      [labels.retryAfter]: true,
-      ...settings.addHeaders,
-    },
-    addHeadersOnExceeding: {
-      [labels.rateLimit]: true,
-      [labels.rateRemaining]: true,
-      [labels.rateReset]: true,
-      ...settings.addHeadersOnExceeding,
-    },
-    max: finiteNonNegative(settings.max)
-      ? Math.trunc(settings.max)
-      : typeof settings.max === 'function'
-        ? settings.max
-        : DEFAULT_MAX,
-    timeWindow: windowOf(settings.timeWindow),
-    hook: settings.hook || 'onRequest',
-    allowList: settings.allowList || null,
-    ban: finiteNonNegative(settings.ban) ? Math.trunc(settings.ban) : -1,
-    onBanReach: typeof settings.onBanReach === 'function' ? settings.onBanReach : noop,
-    onExceeding: typeof settings.onExceeding === 'function' ? settings.onExceeding : noop,
-    onExceeded: typeof settings.onExceeded === 'function' ? settings.onExceeded : noop,
-    continueExceeding: settings.continueExceeding === true,
-    exponentialBackoff: settings.exponentialBackoff === true,
-    ipv6Subnet: subnetOf(settings.ipv6Subnet),
-    keyGenerator: typeof settings.keyGenerator === 'function' ? settings.keyGenerator : null,
-    errorResponseBuilder:
-      typeof settings.errorResponseBuilder === 'function'
-        ? settings.errorResponseBuilder
-        : defaultErrorResponse,
-    skipOnError: settings.skipOnError === true,
-  }
-}
-
-/**
- * Upstream ignores an option it does not know; here a typo (`timeWindo`) would silently leave the
- * default window in place, so unknown options fail the boot with a did-you-mean.
- */
-const check = optionChecker('@fastify/rate-limit compat')
-const ROUTE_OPTIONS = optionKeys<RateLimitOptions>({
-  max: true,
-  timeWindow: true,
-  keyGenerator: true,
-  allowList: true,
-  groupId: true,
-  hook: true,
-  skipOnError: true,
-  errorResponseBuilder: true,
-  addHeaders: true,
-  addHeadersOnExceeding: true,
-  enableDraftSpec: true,
-  ipv6Subnet: true,
-  ban: true,
-  onBanReach: true,
-  onExceeding: true,
-  onExceeded: true,
-  continueExceeding: true,
-  exponentialBackoff: true,
-})
-const PLUGIN_OPTIONS = [...ROUTE_OPTIONS, 'global', 'redis', 'nameSpace', 'cache', 'store']
-
-function mergeParams(base: Params, options: RateLimitOptions): Params {
-  check.known(options, ROUTE_OPTIONS, 'route options')
-  const result = { ...base, ...options } as Params & Record<string, unknown>
-  result.timeWindow = windowOf(result.timeWindow)
-  result.max = finiteNonNegative(result.max)
-    ? Math.trunc(result.max)
-    : typeof result.max === 'function'
-      ? result.max
-      : DEFAULT_MAX
-  result.ban = finiteNonNegative(result.ban) ? Math.trunc(result.ban) : -1
-  result.ipv6Subnet = subnetOf(result.ipv6Subnet)
-  if (typeof options.keyGenerator !== 'function') result.keyGenerator = base.keyGenerator
-  if (result.groupId !== undefined && typeof result.groupId !== 'string')
-    throw new Error('groupId must be a string')
-  return result
-}
-
-/** A counter's policy name: the characters a policy name allows, hashed when anything else is in it. */
-function counterName(prefix: string, label: string): string {
-  const name = `${prefix}.${label}`
-  if (/^[A-Za-z0-9_.-]{1,64}$/.test(name)) return name
-  return `${prefix}.${createHash('sha256')
-    .update(label)
-    .digest('base64url')
-    .slice(0, 16)
-    .replace(/[^A-Za-z0-9]/g, '_')}`
-}
 
 /** One limiter: its settings and the counter (policy name) it counts in. */
 interface Limiter {
@@ -597,4 +293,13 @@ async function fastifyRateLimit(fastify: FastifyInstance, settings: RateLimitPlu
 const plugin = fp(fastifyRateLimit, { fastify: '5.x', name: '@fastify/rate-limit' })
 
 export default plugin
-export { fastifyRateLimit }
+export type {
+  CreateRateLimitResult,
+  CustomStoreClass,
+  ErrorResponseBuilderContext,
+  Hook,
+  RateLimitDecorators,
+  RateLimitOptions,
+  RateLimitPluginOptions,
+} from './fastify-rate-limit/types.ts'
+export { fastifyRateLimit, normalizeIP }
