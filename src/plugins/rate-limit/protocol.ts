@@ -6,12 +6,18 @@ import type { Algorithm } from './policy.ts'
  * the flat KEYS, ARGV and reply arrays Redis passes. The engine encodes calls and decodes replies;
  * the memory store, which answers the same calls in this process, decodes calls and encodes replies.
  *
- * KEYS: each policy's key, then one key per block or penalty.
- * ARGV: operation code, nonce, then four per policy (limit or capacity; window ms or refill per
- *       second; cost; max delay ms, or on a refund the consume's window), then per block key
- *       (policy number from 1, block ms) and per penalty key (-policy number, penalty spec).
+ * KEYS: each policy's key (KEYS[1..n]), then one key per block or penalty.
+ * ARGV: ARGV[1] the operation ('c' consume, 'p' peek, 'r' refund), ARGV[2] the nonce, then four per
+ *       policy i from b = 3 + (i - 1) * 4: ARGV[b] limit or capacity, ARGV[b+1] window ms or
+ *       refill per second, ARGV[b+2] cost, ARGV[b+3] max delay ms, or on a refund the consume's
+ *       window; then per extra key (policy number i, block ms) for a block and (-i, penalty spec)
+ *       for a penalty. Every script has this layout, whether or not it uses each slot.
  * Reply: allowed 0/1, delay ms, then four per policy (remaining, reset ms, retry ms, refund
- *       window), then, when the call has penalties, one ban state per policy.
+ *       window), then, when the call has penalties, one ban state per policy (0, 1, 2). A refund
+ *       replies only the first two.
+ * Blocks (src/lua/include/rate-limit-blocks-*.lua): while a block key lives the request is
+ *       rejected, nothing counted, and its policy replies remaining 0 with the block's TTL as its
+ *       reset and retry; a consume its policy rejects starts the block.
  */
 
 /** The rate-limit script of each algorithm. */
