@@ -7,6 +7,23 @@ import type { ScriptCall, ScriptReply } from './protocol.ts'
  * `overLimit[i]` is set for each policy that rejected the request itself (its block starts then).
  */
 
+/**
+ * A policy that can never pass, or not within its max delay, rejects the request; otherwise the
+ * request waits for the policy that needs the longest wait.
+ */
+function admitOrReject(
+  reply: ScriptReply,
+  overLimit: boolean[],
+  index: number,
+  rejects: boolean,
+  wait: number,
+) {
+  if (rejects) {
+    reply.allowed = false
+    overLimit[index] = true
+  } else if (wait > reply.delayMs) reply.delayMs = wait
+}
+
 export function tokenBucket(
   store: Keyspace,
   call: ScriptCall,
@@ -41,10 +58,7 @@ export function tokenBucket(
     const after = tokens - cost
     const wait = after < 0 ? Math.ceil(-after / perMs) : 0
     states[i] = { tokens, after, wait }
-    if (cost > capacity || wait > maxDelayMs) {
-      reply.allowed = false
-      overLimit[i] = true
-    } else if (wait > reply.delayMs) reply.delayMs = wait
+    admitOrReject(reply, overLimit, i, cost > capacity || wait > maxDelayMs, wait)
   })
   if (operation === 'refund') return reply
   if (!reply.allowed) reply.delayMs = 0
@@ -105,10 +119,7 @@ export function gcra(store: Keyspace, call: ScriptCall, now: number, overLimit: 
     // The microsecond slack absorbs float rounding of period / limit, so exactly `limit` fit.
     const wait = Math.max(0, Math.ceil(nextArrival - now - period - 0.001))
     states[i] = { arrival, nextArrival, wait, interval }
-    if (cost > limit || wait > maxDelayMs) {
-      reply.allowed = false
-      overLimit[i] = true
-    } else if (wait > reply.delayMs) reply.delayMs = wait
+    admitOrReject(reply, overLimit, i, cost > limit || wait > maxDelayMs, wait)
   })
   if (operation === 'refund') return reply
   if (!reply.allowed) reply.delayMs = 0

@@ -1,4 +1,4 @@
-import { type Entry, type Keyspace, MAX_BACKOFF_MS } from './memory.ts'
+import type { Entry, Keyspace } from './memory.ts'
 import type { BanState, PenaltyCall, PolicyReply, ScriptCall, ScriptReply } from './protocol.ts'
 
 /**
@@ -6,6 +6,9 @@ import type { BanState, PenaltyCall, PolicyReply, ScriptCall, ScriptReply } from
  * src/lua/rate-limit-fixed-window.lua, rate-limit-sliding-log.lua, rate-limit-sliding-counter.lua.
  * `overLimit[i]` is set for each policy that rejected the request itself (its block starts then).
  */
+
+/** exponentialBackoff: a window grows to at most this (or the policy's window, if longer). */
+const MAX_BACKOFF_MS = 2 ** 31 - 1
 
 const admitted = (): ScriptReply => ({ allowed: true, delayMs: 0, policies: [], reportsBans: false })
 

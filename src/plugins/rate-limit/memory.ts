@@ -55,9 +55,6 @@ export interface InspectedKey {
   readonly times: readonly number[] | null
 }
 
-/** exponentialBackoff: a window grows to at most this (or the policy's window, if longer). */
-export const MAX_BACKOFF_MS = 2 ** 31 - 1
-
 /** How often expired keys are swept while nothing else touches them. */
 const SWEEP_INTERVAL_MS = 10_000
 
