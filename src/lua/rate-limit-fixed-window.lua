@@ -1,24 +1,18 @@
 -- Fixed window: one counter per policy. A key's window starts with its first request and ends when
 -- its PEXPIRE runs out, on the Redis clock (no app clock, and clients do not all reset at once).
 -- Every policy in one call shares a key identity and hash tag; the decision is all-or-nothing.
--- KEYS[i]  counter String of policy i
--- ARGV[1]  op: 'c' consume, 'p' peek (decide, change nothing), 'r' refund an earlier consume
--- ARGV[2]  unused here (the nonce slot, kept so every rate-limit script has the same layout)
+-- KEYS, ARGV and reply as every rate-limit script takes them: src/plugins/rate-limit/protocol.ts.
+-- KEYS[i]  counter String of policy i; the nonce is unused here
 -- per policy i, from b = 3 + (i - 1) * 4: ARGV[b] limit, ARGV[b+1] window ms, ARGV[b+2] cost,
 --          ARGV[b+3] the window's remaining ms at the consume being refunded (op 'r' only)
--- Blocks: a policy with blockMs adds its block key after the policy keys and (policy index, block
---          ms) after the per-policy arguments; while a block key lives, the request is rejected
---          (nothing counted) and that policy replies remaining 0 with the block's TTL as reset and retry.
--- Penalties: a policy with ban, exponentialBackoff or continueExceeding adds its rejections key
---          (rejected requests of the current window, same TTL as the counter) after the policy
---          keys and (-policy index, spec) after the per-policy arguments, spec = (ban + 1) * 4 +
---          2 * backoff + continue (ban -1: none). A consume a policy rejects counts one rejection;
+-- Penalties: a policy with ban, exponentialBackoff or continueExceeding has its rejections key
+--          (rejected requests of the current window, same TTL as the counter), with
+--          spec = (ban + 1) * 4 + 2 * backoff + continue (ban -1: none). A consume a policy rejects counts one rejection;
 --          the k-th restarts the window (continue) or sets its TTL to window * 2^(k-1), at most
 --          max(window, 2^31 - 1) (backoff); past `ban` rejections the policy rejects every
 --          request until the window ends (banned).
--- Reply: { allowed 0/1, delay ms (always 0), then per policy: remaining, reset ms, retry ms, reset ms }
---        (remaining counts this request on a consume; on a peek it is the quota as it stands),
---        then, with penalties, per policy: 0, 1 banned, 2 banned from this request on
+-- Reply per policy: remaining, reset ms, retry ms, reset ms (the refund's window); the delay is
+--        always 0; with penalties, each policy's ban state (0, 1 banned, 2 banned from this request on)
 -- The common case (one policy, consume) without tables or a second pass: same reply.
 if #KEYS == 1 and ARGV[1] == 'c' then
   local key, limit, cost = KEYS[1], tonumber(ARGV[3]), tonumber(ARGV[5])

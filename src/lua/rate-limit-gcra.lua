@@ -1,16 +1,11 @@
 -- GCRA (generic cell rate algorithm): one theoretical arrival time (TAT, ms) per policy. Each unit of
 -- cost advances the TAT by period / limit; a request passes while the TAT stays within one period
 -- of now, which allows a burst of `limit` and then an even `limit` per period.
--- KEYS[i]  TAT String of policy i
--- ARGV[1]  op: 'c' consume, 'p' peek, 'r' refund (moves the TAT back by the cost)
--- ARGV[2]  unused here (nonce slot)
+-- KEYS, ARGV and reply as every rate-limit script takes them: src/plugins/rate-limit/protocol.ts.
+-- KEYS[i]  TAT String of policy i; a refund moves the TAT back by the cost; the nonce is unused here
 -- per policy i, from b = 3 + (i - 1) * 4: ARGV[b] limit, ARGV[b+1] period ms, ARGV[b+2] cost,
 --          ARGV[b+3] max delay ms (0: reject instead of waiting)
--- Blocks: a policy with blockMs adds its block key after the policy keys and (policy index, block
---          ms) after the per-policy arguments; while a block key lives, the request is rejected
---          (nothing counted) and that policy replies remaining 0 with the block's TTL as reset and retry.
--- Reply: { allowed 0/1, delay ms, then per policy: remaining, reset ms (until the TAT is now), retry ms, 0 }
---        (remaining counts this request on a consume; on a peek it is the quota as it stands)
+-- Reply per policy: remaining, reset ms (until the TAT is now), retry ms, 0
 -- The common case (one policy, consume, admitted) without tables; anything else falls through to
 -- the general path below, which decides afresh (nothing has been written yet).
 if #KEYS == 1 and ARGV[1] == 'c' then

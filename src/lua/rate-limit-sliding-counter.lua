@@ -1,16 +1,11 @@
 -- Sliding-window counter: the current and previous fixed windows of each policy in one Hash
 -- (w = current window index, c = its count, p = previous window's count); the estimate weights the
 -- previous window by how much of it the sliding window still covers. O(1) memory per key.
--- KEYS[i]  Hash of policy i
--- ARGV[1]  op: 'c' consume, 'p' peek, 'r' refund
--- ARGV[2]  unused here (nonce slot)
+-- KEYS, ARGV and reply as every rate-limit script takes them: src/plugins/rate-limit/protocol.ts.
+-- KEYS[i]  Hash of policy i; the nonce is unused here
 -- per policy i, from b = 3 + (i - 1) * 4: ARGV[b] limit, ARGV[b+1] window ms, ARGV[b+2] cost,
 --          ARGV[b+3] window index of the consume being refunded (op 'r' only)
--- Blocks: a policy with blockMs adds its block key after the policy keys and (policy index, block
---          ms) after the per-policy arguments; while a block key lives, the request is rejected
---          (nothing counted) and that policy replies remaining 0 with the block's TTL as reset and retry.
--- Reply: { allowed 0/1, delay ms (always 0), then per policy: remaining, reset ms, retry ms, window index }
---        (remaining counts this request on a consume; on a peek it is the quota as it stands)
+-- Reply per policy: remaining, reset ms, retry ms, window index (the refund's window); the delay is always 0
 -- The common case (one policy, consume, admitted) without tables; anything else falls through to
 -- the general path below, which decides afresh (nothing has been written yet).
 if #KEYS == 1 and ARGV[1] == 'c' then

@@ -3,17 +3,12 @@
 -- inside Redis), so requests in the same millisecond never collapse. Rejected requests are not
 -- recorded: a client retrying while blocked does not extend its block, and the set never holds
 -- more than `limit` members inside the window.
--- KEYS[i]  log of policy i
--- ARGV[1]  op: 'c' consume, 'p' peek, 'r' refund (removes the members added under ARGV[2])
--- ARGV[2]  request nonce
+-- KEYS, ARGV and reply as every rate-limit script takes them: src/plugins/rate-limit/protocol.ts.
+-- KEYS[i]  log of policy i; a refund removes the members added under the nonce, ARGV[2]
 -- per policy i, from b = 3 + (i - 1) * 4: ARGV[b] limit, ARGV[b+1] window ms, ARGV[b+2] cost, ARGV[b+3] unused
 --          (cost is a whole number >= 1: ZADD takes at least one member, and the app skips a policy
 --          for a request that costs nothing)
--- Blocks: a policy with blockMs adds its block key after the policy keys and (policy index, block
---          ms) after the per-policy arguments; while a block key lives, the request is rejected
---          (nothing counted) and that policy replies remaining 0 with the block's TTL as reset and retry.
--- Reply: { allowed 0/1, delay ms (always 0), then per policy: remaining, reset ms, retry ms, 0 }
---        (remaining counts this request on a consume; on a peek it is the quota as it stands)
+-- Reply per policy: remaining, reset ms, retry ms, 0; the delay is always 0
 -- The common case (one policy, consume, admitted) without tables; anything else falls through to
 -- the general path below, which decides afresh (it only finds expired entries trimmed).
 if #KEYS == 1 and ARGV[1] == 'c' then

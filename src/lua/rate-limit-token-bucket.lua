@@ -3,16 +3,11 @@
 -- overdraws the bucket. With a delay bound, a request that would wait at most that long reserves
 -- its tokens now (the balance goes below zero by exactly that future refill) and is told to wait.
 -- A missing key is a full bucket, so the TTL is the time until the bucket is full again.
--- KEYS[i]  Hash of policy i
--- ARGV[1]  op: 'c' consume, 'p' peek, 'r' refund (gives the cost back, capped at capacity)
--- ARGV[2]  unused here (nonce slot)
+-- KEYS, ARGV and reply as every rate-limit script takes them: src/plugins/rate-limit/protocol.ts.
+-- KEYS[i]  Hash of policy i; a refund gives the cost back, capped at capacity; the nonce is unused here
 -- per policy i, from b = 3 + (i - 1) * 4: ARGV[b] capacity, ARGV[b+1] refill tokens per second,
 --          ARGV[b+2] cost, ARGV[b+3] max delay ms (0: reject instead of waiting)
--- Blocks: a policy with blockMs adds its block key after the policy keys and (policy index, block
---          ms) after the per-policy arguments; while a block key lives, the request is rejected
---          (nothing counted) and that policy replies remaining 0 with the block's TTL as reset and retry.
--- Reply: { allowed 0/1, delay ms, then per policy: remaining, reset ms (until full), retry ms, 0 }
---        (remaining counts this request on a consume; on a peek it is the quota as it stands)
+-- Reply per policy: remaining, reset ms (until full), retry ms, 0
 -- The common case (one policy, consume, admitted) without tables; anything else falls through to
 -- the general path below, which decides afresh (nothing has been written yet).
 if #KEYS == 1 and ARGV[1] == 'c' then

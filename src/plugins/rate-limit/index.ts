@@ -368,7 +368,7 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
       let outcome: Outcome | null
       try {
         if (allow?.(request)) return
-        outcome = await engine.evaluate(request, policies, 'c')
+        outcome = await engine.evaluate(request, policies, 'consume')
       } catch (err) {
         if (err instanceof RateLimitError)
           for (const name of err.policies) engine.metrics.decision(name, 'error')
@@ -442,7 +442,7 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
   app.decorate<RateLimitDecorator>('rateLimiter', {
     async peek(request, names) {
       const policies = [names].flat().map((name) => policyNamed(name, 'peek()'))
-      return (await engine.evaluate(request, policies, 'p'))?.decisions ?? []
+      return (await engine.evaluate(request, policies, 'peek'))?.decisions ?? []
     },
     async consume(name, key, cost = 1, request) {
       const policy = policyNamed(name, 'consume()')

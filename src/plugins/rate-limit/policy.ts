@@ -2,9 +2,10 @@ import type { FastifyReply, FastifyRequest } from 'fastify'
 import type { PrincipalFunction } from '../common/principal.ts'
 import { describeValue } from '../common/redis.ts'
 import { type Duration, durationOption, parseDuration } from './duration.ts'
-import type { Decision } from './engine.ts'
 import { DEFAULT_IPV6_SUBNET, ipKey, type KeyFunction, keyBy, needsPreHandler } from './keys.ts'
 import { BAN_KEYS, DEFAULTS_KEYS, POLICY_KEYS, policyCheck } from './options.ts'
+import type { Decision } from './outcome.ts'
+import { type Quota, type RateLimitScript, SCRIPT_OF_ALGORITHM } from './protocol.ts'
 
 export type Algorithm = 'fixed-window' | 'sliding-log' | 'sliding-counter' | 'token-bucket' | 'gcra'
 /** What a policy does while Redis cannot answer: allow, answer 503, or limit in this process. */
@@ -111,7 +112,7 @@ export type AllowList = readonly string[] | ((request: FastifyRequest) => boolea
 export interface Policy {
   name: string
   algorithm: Algorithm
-  script: string
+  script: RateLimitScript
   /** The limit; for a per-request limit, 0 (see `limitFn`). */
   limit: number
   limitFn: LimitFunction | null
@@ -136,37 +137,32 @@ export interface Policy {
   onBanReach: BanHandler | null
   exponentialBackoff: boolean
   continueExceeding: boolean
-  /** The fixed window's penalty spec, (ban + 1) * 4 + 2 * backoff + continue; 0: no penalties. */
-  penalties: number
+  /** Fixed window: ban, exponentialBackoff or continueExceeding (its rejections are counted). */
+  penalised: boolean
   onExceeded: ExceededHandler | null
   errorResponse: ErrorResponseBuilder | null
   /** The RateLimit-Policy item, e.g. `"ip";q=100;w=2` (static policies). */
   header: string
   /** Window in whole seconds as advertised in headers and problems (static policies). */
   windowSec: number
-  /** ARGV pair before cost: limit and window ms, or capacity and refill per second (static policies). */
-  args: [number, number]
+  /** The quota its script is called with (static policies). */
+  quota: Quota
   /** The same for the `onRedisError: 'local'` fallback, with `localShare` of the limit. */
   localHeader: string
-  localArgs: [number, number]
+  localQuota: Quota
 }
 
-/** Limit and window of one request under a policy, with its header item and arguments. */
+/**
+ * The quota of one request under a policy, with its header item. A per-request window is part of
+ * the key: `quota.windowMs` is the window asked for (the token bucket: 0).
+ */
 export interface Resolved {
-  limit: number
   header: string
-  args: [number, number]
-  /** The window in ms (the token bucket: unused); a per-request window is part of the key. */
-  windowMs: number
+  quota: Quota
 }
 
-const SCRIPTS: Record<Algorithm, string> = {
-  'fixed-window': 'rateLimitFixedWindow',
-  'sliding-log': 'rateLimitSlidingLog',
-  'sliding-counter': 'rateLimitSlidingCounter',
-  'token-bucket': 'rateLimitTokenBucket',
-  gcra: 'rateLimitGcra',
-}
+/** A dynamic policy's quota until a request resolves it. */
+const NO_QUOTA: Quota = { limit: 0, windowMs: 0, refillPerSecond: 0 }
 
 const NAME = /^[A-Za-z0-9_.-]{1,64}$/
 const positiveInt = (v: unknown): v is number => Number.isSafeInteger(v) && (v as number) > 0
@@ -211,7 +207,7 @@ export function normalizePolicy(
   const fail = (message: string): never =>
     policyCheck.fail(`${where}policy '${name ?? String(p.name)}': ${message}`)
   if (!name) fail('`name` must be 1-64 characters of A-Z a-z 0-9 _ . -')
-  if (!(p.algorithm in SCRIPTS)) {
+  if (!(p.algorithm in SCRIPT_OF_ALGORITHM)) {
     fail('`algorithm` must be one of fixed-window, sliding-log, sliding-counter, token-bucket, gcra')
   }
   const limitFn = typeof p.limit === 'function' ? p.limit : null
@@ -304,7 +300,7 @@ export function normalizePolicy(
   const policy: Policy = {
     name: name!,
     algorithm: p.algorithm,
-    script: SCRIPTS[p.algorithm],
+    script: SCRIPT_OF_ALGORITHM[p.algorithm],
     limit,
     limitFn,
     windowMs,
@@ -324,26 +320,24 @@ export function normalizePolicy(
     onBanReach,
     exponentialBackoff,
     continueExceeding,
-    penalties: penalised
-      ? (banAfter + 1) * 4 + (exponentialBackoff ? 2 : 0) + (continueExceeding ? 1 : 0)
-      : 0,
+    penalised,
     onExceeded: p.onExceeded ?? context.onExceeded,
     errorResponse: p.errorResponse ?? context.errorResponse,
     header: '',
     windowSec: 0,
-    args: [0, 0],
+    quota: NO_QUOTA,
     localHeader: '',
-    localArgs: [0, 0],
+    localQuota: NO_QUOTA,
   }
   if (!policy.dynamic) {
     const global = resolve(policy, limit, windowMs, false)
     const local = resolve(policy, limit, windowMs, true)
     policy.header = global.header
-    policy.args = global.args
+    policy.quota = global.quota
     policy.windowSec = windowSecOf(policy, limit, windowMs)
     if (bucket) policy.windowMs = Math.ceil((limit * 1000) / policy.refillPerSecond)
     policy.localHeader = local.header
-    policy.localArgs = local.args
+    policy.localQuota = local.quota
   }
   return policy
 }
@@ -354,16 +348,16 @@ function windowSecOf(policy: Policy, limit: number, windowMs: number): number {
   return Math.max(1, Math.round(ms / 1000))
 }
 
-/** Header item and script arguments for a limit and window (with `local`, this process's share). */
+/** Header item and quota for a limit and window (with `local`, this process's share). */
 export function resolve(policy: Policy, limit: number, windowMs: number, local: boolean): Resolved {
   const share = local ? policy.localShare : 1
   const q = local ? Math.max(1, Math.floor(limit * share)) : limit
   const bucket = policy.algorithm === 'token-bucket'
   return {
-    limit: q,
     header: `"${policy.name}";q=${q};w=${windowSecOf(policy, limit, windowMs)}`,
-    args: bucket ? [q, policy.refillPerSecond * share] : [q, windowMs],
-    windowMs,
+    quota: bucket
+      ? { limit: q, windowMs: 0, refillPerSecond: policy.refillPerSecond * share }
+      : { limit: q, windowMs, refillPerSecond: 0 },
   }
 }
 

@@ -1,0 +1,139 @@
+import type { FastifyRequest } from 'fastify'
+import type { PrincipalFunction } from '../common/principal.ts'
+import { RateLimitArgumentError, RateLimitError } from './errors.ts'
+import { checkDynamic, type Policy, type Resolved, shown } from './policy.ts'
+
+/**
+ * What a request asks of each policy that applies to it: whose quota (the identity), how many
+ * units, and for a per-request limit or window the quota resolved. Every function a policy has
+ * (allowList, key, cost, limit, windowMs) runs here, and what it returns is checked here.
+ */
+export interface Asked {
+  policy: Policy
+  identity: string
+  /** Whole units, at most limit + 1 (it can never pass; small, exact numbers for every script). */
+  cost: number
+  /** Per-request limit and window; undefined for a static policy. */
+  resolved: Resolved | undefined
+}
+
+/** The applicable policies of a request, in order; async key and limit functions awaited together. */
+export async function askPolicies(
+  request: FastifyRequest,
+  policies: readonly Policy[],
+  principal: PrincipalFunction,
+): Promise<Asked[]> {
+  const returned: Array<{
+    policy: Policy
+    identity: unknown
+    cost: unknown
+    limit: unknown
+    windowMs: unknown
+  }> = []
+  let pending: Array<Promise<void>> | null = null
+  for (const policy of policies) {
+    const item = {
+      policy,
+      identity: undefined as unknown,
+      cost: 1 as unknown,
+      limit: 0 as unknown,
+      windowMs: 0 as unknown,
+    }
+    try {
+      if (policy.allow?.(request)) continue
+      item.identity = policy.key(request, principal)
+      if (item.identity === null || item.identity === undefined) continue
+      item.cost = typeof policy.cost === 'number' ? policy.cost : policy.cost(request)
+      if (policy.dynamic) {
+        item.limit = policy.limitFn ? policy.limitFn(request) : policy.limit
+        item.windowMs = policy.windowFn ? policy.windowFn(request) : policy.windowMs
+      }
+    } catch (err) {
+      throw functionThrew(policy, err)
+    }
+    for (const field of ['identity', 'limit'] as const) {
+      const value = item[field]
+      if (!isThenable(value)) continue
+      pending ??= []
+      pending.push(
+        Promise.resolve(value).then(
+          (settled) => {
+            item[field] = settled
+          },
+          (err) => {
+            throw functionThrew(policy, err)
+          },
+        ),
+      )
+    }
+    returned.push(item)
+  }
+  if (pending) await Promise.all(pending)
+  const asked: Asked[] = []
+  for (const item of returned) {
+    const { policy, identity, cost } = item
+    if (identity === null || identity === undefined) continue
+    if (typeof identity !== 'string')
+      throw new RateLimitError([policy.name], `its key function returned ${shown(identity)}, not a string`)
+    const resolved = policy.dynamic ? checkDynamic(policy, item.limit, item.windowMs, false) : undefined
+    if (typeof resolved === 'string') throw new RateLimitError([policy.name], resolved)
+    // A constant cost was checked at boot. A computed one reaches Lua only as a whole number of
+    // units: a fraction or a huge number breaks the script, a negative one would hand quota back.
+    if (typeof policy.cost !== 'number') {
+      if (!Number.isSafeInteger(cost) || (cost as number) < 0)
+        throw new RateLimitError(
+          [policy.name],
+          `its cost function returned ${shown(cost)}, not a whole number of units (0 or more)`,
+        )
+      // Costs nothing: the policy has nothing to decide for this request.
+      if (cost === 0) continue
+    }
+    asked.push({ policy, identity, cost: capCost(policy, cost as number, resolved), resolved })
+  }
+  return asked
+}
+
+/** A cost over the limit can never pass; limit + 1 says so to every script with small, exact numbers. */
+export function capCost(policy: Policy, cost: number, resolved: Resolved | undefined): number {
+  const limit = resolved ? resolved.quota.limit : policy.limit
+  return cost > limit ? limit + 1 : cost
+}
+
+/** Resolves a policy's per-request limit and window for a programmatic call (needs the request). */
+export async function resolveFor(
+  policy: Policy,
+  request: FastifyRequest | undefined,
+  caller: string,
+): Promise<Resolved | undefined> {
+  if (!policy.dynamic) return undefined
+  if (!request)
+    throw new RateLimitArgumentError(
+      `rate-limit plugin: ${caller}: policy '${policy.name}' has a per-request \`limit\` or \`windowMs\`: pass the request`,
+    )
+  let resolved: Resolved | string
+  try {
+    const limit = policy.limitFn ? await policy.limitFn(request) : policy.limit
+    const windowMs = policy.windowFn ? policy.windowFn(request) : policy.windowMs
+    resolved = checkDynamic(policy, limit, windowMs, false)
+  } catch (err) {
+    throw new RateLimitError(
+      [policy.name],
+      `its limit or windowMs function threw: ${(err as Error)?.message}`,
+      err,
+    )
+  }
+  if (typeof resolved === 'string') throw new RateLimitError([policy.name], resolved)
+  return resolved
+}
+
+function functionThrew(policy: Policy, err: unknown): RateLimitError {
+  return new RateLimitError(
+    [policy.name],
+    `its allowList, key, cost, limit or windowMs function threw: ${err instanceof Error ? err.message : shown(err)}`,
+    err,
+  )
+}
+
+function isThenable(value: unknown): value is PromiseLike<unknown> {
+  return typeof (value as PromiseLike<unknown> | null)?.then === 'function'
+}

@@ -1,0 +1,107 @@
+import { RateLimitError } from './errors.ts'
+import { callOf, type Group, type KeyNames, nonceFor } from './groups.ts'
+import { acquireStore, type MemoryStore, releaseStore } from './memory.ts'
+import type { RateLimitMetrics } from './metrics.ts'
+import { addDecision, type Outcome, type RequestOperation, settleRejection } from './outcome.ts'
+import { resolve } from './policy.ts'
+import type { ScriptReply } from './protocol.ts'
+
+/** Keys of the in-process limiter that stands in while Redis is down. */
+export const FALLBACK_MAX_KEYS = 10_000
+
+/**
+ * Decides a group while Redis cannot: each policy by its onRedisError. A 'closed' policy makes the
+ * request unavailable (503); 'local' policies are decided in this process with their `localShare`
+ * of the quota (a memory store shared by the engines of one key prefix, acquired on first use);
+ * 'open' ones allow, saying nothing of the quota.
+ */
+export class RedisFallback {
+  private store: MemoryStore | null = null
+  private readonly storeId: string
+
+  constructor(keyPrefix: string) {
+    this.storeId = `local\0${keyPrefix}`
+  }
+
+  decide(
+    group: Group,
+    operation: RequestOperation,
+    outcome: Outcome,
+    metrics: RateLimitMetrics,
+    names: KeyNames,
+  ): void {
+    outcome.degraded = true
+    const closed = group.policies.find((p) => p.onRedisError === 'closed')
+    if (closed) {
+      outcome.unavailable = closed
+      for (const p of group.policies) metrics.decision(p.name, 'degraded_closed')
+      return
+    }
+    const local: number[] = []
+    group.policies.forEach((p, i) => {
+      if (p.onRedisError === 'local') local.push(i)
+    })
+    let reply: ScriptReply | null = null
+    if (local.length > 0) {
+      this.store ??= acquireStore(this.storeId, FALLBACK_MAX_KEYS)
+      const call = callOf(group, operation, nonceFor(group), names, local)
+      try {
+        reply = this.store.answer(group.policies[0]!.algorithm, call)
+      } catch (err) {
+        throw new RateLimitError(
+          local.map((i) => group.policies[i]!.name),
+          `the local limiter refused the call: ${(err as Error).message}`,
+          err,
+        )
+      }
+    }
+    const allowed = reply === null || reply.allowed
+    if (allowed && reply && reply.delayMs > 0) outcome.delayMs = Math.max(outcome.delayMs, reply.delayMs)
+    group.policies.forEach((policy, i) => {
+      const position = local.indexOf(i)
+      const resolved = group.resolved?.[i]
+      if (position < 0) {
+        // Open: nothing is known about the quota, so only the policy itself is advertised.
+        outcome.decisions.push({
+          policy,
+          allowed: true,
+          remaining: null,
+          resetMs: 0,
+          retryMs: 0,
+          limit: resolved ? resolved.quota.limit : policy.limit,
+          header: resolved ? resolved.header : policy.header,
+          isBanned: false,
+        })
+        if (operation === 'consume') metrics.decision(policy.name, 'degraded_open')
+        return
+      }
+      const answer = reply!.policies[position]!
+      // This process's share, as the local limiter enforces and advertises it.
+      const shared = resolved ? resolve(policy, resolved.quota.limit, resolved.quota.windowMs, true) : null
+      const decision = {
+        policy,
+        allowed,
+        remaining: answer.remaining,
+        resetMs: answer.resetMs,
+        retryMs: answer.retryMs,
+        limit: shared ? shared.quota.limit : policy.localQuota.limit,
+        header: shared ? shared.header : policy.localHeader,
+        isBanned: answer.ban !== 'none',
+      }
+      addDecision(outcome, decision, answer.ban, group.identity)
+      if (operation === 'consume')
+        metrics.decision(policy.name, allowed ? 'degraded_local_allowed' : 'degraded_local_rejected')
+    })
+    settleRejection(outcome, allowed)
+  }
+
+  /** `reset`: what this process counted for the keys goes too. */
+  delete(keys: readonly string[]): void {
+    this.store?.delete(keys)
+  }
+
+  close(): void {
+    if (this.store) releaseStore(this.storeId)
+    this.store = null
+  }
+}

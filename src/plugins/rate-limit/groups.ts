@@ -1,0 +1,111 @@
+import { randomBytes } from 'node:crypto'
+import type { Asked } from './asked.ts'
+import { type Policy, type Resolved, resolve } from './policy.ts'
+import type { Operation, PolicyCall, Quota, ScriptCall } from './protocol.ts'
+
+/**
+ * The policies of one request that share a script and a key identity: one script call decides
+ * them together, all or nothing (their keys share a hash tag, so one Redis Cluster slot).
+ */
+export interface Group {
+  /** The script and the identity's tag: one group per script call. */
+  id: string
+  tag: string
+  /** The identity every policy of the group keys on. */
+  identity: string
+  policies: Policy[]
+  costs: number[]
+  /** Each policy's counter key. */
+  keys: string[]
+  /** Per-request limits and windows, by policy index; null when every policy is static. */
+  resolved: Array<Resolved | undefined> | null
+}
+
+/** Where a policy's keys live, given the identity's tag. */
+export interface KeyNames {
+  /** The key every other key of the policy starts with. */
+  keyOf(tag: string, policy: Policy): string
+  /** The counter key: a per-request window is part of it (one counter per window length). */
+  counterKey(tag: string, policy: Policy, resolved: Resolved | undefined): string
+}
+
+export function addToGroup(groups: Map<string, Group>, asked: Asked, tag: string, names: KeyNames): void {
+  const { policy, resolved } = asked
+  const id = `${policy.script}${tag}`
+  let group = groups.get(id)
+  if (!group) {
+    group = { id, tag, identity: asked.identity, policies: [], costs: [], keys: [], resolved: null }
+    groups.set(id, group)
+  }
+  if (resolved) {
+    group.resolved ??= []
+    group.resolved[group.policies.length] = resolved
+  }
+  group.policies.push(policy)
+  group.costs.push(asked.cost)
+  group.keys.push(names.counterKey(tag, policy, resolved))
+}
+
+/**
+ * Sliding-log members are `<nonce><sequence>:<n>`. Both are per process (per copy of this module),
+ * not per engine: two plugin instances sharing a key space must never write the same member, or
+ * one request's entry overwrites another's and the log undercounts.
+ */
+const PROCESS_NONCE = randomBytes(6).toString('base64url')
+let sequence = 0
+
+/** Only the sliding log stores members; the other scripts ignore the nonce. */
+export function nonceFor(group: Group): string {
+  return group.policies[0]!.algorithm === 'sliding-log' ? `${PROCESS_NONCE}${(++sequence).toString(36)}` : ''
+}
+
+/** The quota of the group's policy at `index` (`local`: this process's share, for the fallback). */
+export function quotaOf(group: Group, index: number, local: boolean): Quota {
+  const policy = group.policies[index]!
+  const resolved = group.resolved?.[index]
+  if (!resolved) return local ? policy.localQuota : policy.quota
+  return local ? resolve(policy, resolved.quota.limit, resolved.quota.windowMs, true).quota : resolved.quota
+}
+
+/**
+ * The script call for the group's policies (`only`: those indexes, for the local fallback, with
+ * this process's share of each quota), their blocks and the fixed window's penalties.
+ */
+export function callOf(
+  group: Group,
+  operation: Extract<Operation, 'consume' | 'peek'>,
+  nonce: string,
+  names: KeyNames,
+  only: number[] | null = null,
+): ScriptCall {
+  const call: ScriptCall = { operation, nonce, policies: [], blocks: [], penalties: [] }
+  const indexes = only ?? group.policies.map((_, i) => i)
+  indexes.forEach((index, position) => {
+    const policy = group.policies[index]!
+    const counter = group.keys[index]!
+    const policyCall: PolicyCall = {
+      key: counter,
+      quota: quotaOf(group, index, only !== null),
+      cost: group.costs[index]!,
+      maxDelayMs: policy.maxDelayMs,
+      refundWindow: 0,
+    }
+    call.policies.push(policyCall)
+    if (policy.blockMs > 0)
+      call.blocks.push({
+        policy: position,
+        key: `${names.keyOf(group.tag, policy)}:block`,
+        blockMs: policy.blockMs,
+      })
+    if (policy.penalised)
+      call.penalties.push({
+        policy: position,
+        // The rejections of the counter's window.
+        key: `${counter}:rejections`,
+        banAfter: policy.banAfter,
+        exponentialBackoff: policy.exponentialBackoff,
+        continueExceeding: policy.continueExceeding,
+      })
+  })
+  return call
+}

@@ -1,0 +1,98 @@
+import type { Policy } from './policy.ts'
+import type { BanState, Operation, PolicyCall } from './protocol.ts'
+
+/** What the engine answers about a request: one decision per policy, and what follows from them. */
+
+export interface Decision {
+  policy: Policy
+  allowed: boolean
+  /** Null when nothing true can be said (Redis down, policy open). */
+  remaining: number | null
+  resetMs: number
+  retryMs: number
+  /** The limit applied to this request (per-request limits; the local share when decided locally). */
+  limit: number
+  /** The RateLimit-Policy item actually enforced (a local limiter advertises its share). */
+  header: string
+  /** The policy's `ban` applies: the key is rejected with 403 until its window ends. */
+  isBanned: boolean
+}
+
+/** What undoes a consume for a count-only-failures policy when the response is a success. */
+export interface Refund {
+  policy: Policy
+  /** The consume's nonce (the sliding log removes the members added under it). */
+  nonce: string
+  /** The consume's policy call, with the window it counted in. */
+  call: PolicyCall
+}
+
+/** A route's request is checked by consuming its cost, or only by peeking at the quota. */
+export type RequestOperation = Extract<Operation, 'consume' | 'peek'>
+
+export interface Outcome {
+  decisions: Decision[]
+  /** The first violated policy, when the request is rejected. */
+  rejected: Decision | null
+  /** A closed policy could not be checked: answer 503. */
+  unavailable: Policy | null
+  delayMs: number
+  refunds: Refund[]
+  /** Decided without Redis (by the policies' onRedisError). */
+  degraded: boolean
+  /** The rejected decision's key (its identity) when this request began its ban: onBanReach is due. */
+  banReached: string | null
+}
+
+/**
+ * What `app.rateLimiter.consume` answers: the decision for one key under one policy.
+ * `remaining` is null when nothing true can be said (Redis down: onRedisError 'open' or 'closed').
+ */
+export interface RateLimitResult {
+  /** The call's cost was within the quota and has been consumed (false: nothing was consumed). */
+  allowed: boolean
+  /** Units left after this call; null when decided without Redis by an 'open' or 'closed' policy. */
+  remaining: number | null
+  /** When not allowed: ms until a call of this cost can pass (a block's end, at least); 0 when allowed. */
+  retryAfterMs: number
+  /** The limit applied (the local share when decided in process while Redis is down). */
+  limit: number
+  /** ms until more quota is available, as the RateLimit header's `t` (0 when unknown). */
+  resetMs: number
+  /** Token bucket and GCRA with maxDelayMs: wait this long before going ahead (the slot is reserved). */
+  delayMs: number
+  /** Decided without Redis, by the policy's onRedisError. */
+  degraded: boolean
+  /** The policy's `ban` applies to the key: rejected with 403 until its window ends. */
+  banned: boolean
+  /** This call began the ban (the policy's `onBanReach` is due). */
+  banReached: boolean
+}
+
+export function emptyOutcome(): Outcome {
+  return {
+    decisions: [],
+    rejected: null,
+    unavailable: null,
+    delayMs: 0,
+    refunds: [],
+    degraded: false,
+    banReached: null,
+  }
+}
+
+/**
+ * Adds a policy's decision: the first one that rejects with a retry time is the request's
+ * rejection (a sibling rejected only with it has none), and a ban it began makes onBanReach due.
+ */
+export function addDecision(outcome: Outcome, decision: Decision, ban: BanState, identity: string): void {
+  outcome.decisions.push(decision)
+  if (decision.allowed || decision.retryMs <= 0 || outcome.rejected) return
+  outcome.rejected = decision
+  if (ban === 'began') outcome.banReached = identity
+}
+
+/** Every policy rejected only as a sibling of the violated one keeps its full quota. */
+export function settleRejection(outcome: Outcome, allowed: boolean): void {
+  if (!allowed && !outcome.rejected) outcome.rejected = outcome.decisions[outcome.decisions.length - 1]!
+}
