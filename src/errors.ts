@@ -1,5 +1,8 @@
 import type { FastifyError, FastifyInstance } from 'fastify'
+import { DomainError, type DomainErrorCode } from './domain-error.ts'
 import { HttpProblem, PROBLEM_CONTENT_TYPE, sendProblem } from './index.ts'
+import type { ScheduleFailure } from './ledger/ledger.ts'
+import { type ProblemSlug, problemType } from './routes/problem-types.ts'
 
 export { HttpProblem, PROBLEM_CONTENT_TYPE }
 
@@ -20,9 +23,37 @@ export const FASTIFY_PROBLEMS: Readonly<Record<number, readonly [string, string]
 /** Any other client error Fastify raises. */
 const FASTIFY_OTHER_CLIENT_ERROR = ['client-error', 'Client error'] as const
 
-/** Converts Fastify's own 4xx errors (validation, bad JSON, body limit) to problems; hides 5xx internals. */
-export function toProblem(error: FastifyError | HttpProblem): HttpProblem {
+/** Headers a domain error's problem carries: when to retry a dependency that is not answering. */
+const DOMAIN_PROBLEM_HEADERS: Partial<Record<DomainErrorCode, Record<string, string>>> = {
+  'database-unavailable': { 'retry-after': '2' },
+}
+
+/**
+ * The problem a domain error answers: its code is the problem's slug, and the status and title are
+ * that problem type's (src/routes/problem-types.ts, the table behind docs/problems.md).
+ */
+export function domainProblem(error: DomainError): HttpProblem {
+  // `satisfies`: a domain code without its problem type fails the type check.
+  const type = problemType(error.code satisfies ProblemSlug)
+  if (!type || typeof type.status !== 'number') throw new Error(`no problem type for ${error.code}`)
+  return new HttpProblem(type.status, error.code, type.title, error.message, {
+    headers: DOMAIN_PROBLEM_HEADERS[error.code],
+  })
+}
+
+/** A scheduled transfer's refusal as recorded on its schedule: the problem it would have answered. */
+export function scheduleFailureOf(refusal: DomainError): ScheduleFailure {
+  const problem = domainProblem(refusal)
+  return { type: problem.type, title: problem.title, detail: problem.message }
+}
+
+/**
+ * Turns what a request throws into a problem: domain errors by their code, Fastify's own 4xx errors
+ * (validation, bad JSON, body limit) by status; hides 5xx internals.
+ */
+export function toProblem(error: FastifyError | HttpProblem | DomainError): HttpProblem {
   if (error instanceof HttpProblem) return error
+  if (error instanceof DomainError) return domainProblem(error)
   if (error.validation) {
     return new HttpProblem(400, 'validation', 'Invalid request', error.message)
   }

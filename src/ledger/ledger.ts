@@ -1,7 +1,8 @@
 import { type Database, type Queryable, toSafeInteger } from '../db/database.ts'
-import { HttpProblem } from '../errors.ts'
+import { type DomainError, isRefusal } from '../domain-error.ts'
 import { idempotencyKeyMismatch } from '../index.ts'
 import { hashPassword } from './passwords.ts'
+import { type RefusedVerdict, refusalOf } from './refusals.ts'
 
 export interface Account {
   accountId: number
@@ -98,17 +99,6 @@ export async function getAccountWithOwner(db: Queryable, accountId: number): Pro
   return row ? { ...toAccount(row), customerId: row.customer_id } : null
 }
 
-export const sameAccount = () =>
-  new HttpProblem(400, 'same-account', 'Same account', 'fromAccountId and toAccountId must differ.')
-
-export const accountNotFound = (accountId: number) =>
-  new HttpProblem(
-    404,
-    'account-not-found',
-    'Account not found',
-    `Account ${accountId} does not exist or is not yours.`,
-  )
-
 interface PreviousTransfer {
   request_fingerprint: string
   response: Transfer
@@ -125,15 +115,7 @@ const previousTransfer = (customer: string, key: string) =>
  * What the transfer statement decided, in the order the checks are made: the first that applies
  * wins. Only `ok` wrote anything.
  */
-export type TransferVerdict =
-  | 'ok'
-  | 'replay'
-  | 'same-account'
-  | 'from-not-found'
-  | 'to-not-found'
-  | 'currency-from'
-  | 'currency-to'
-  | 'insufficient'
+export type TransferVerdict = 'ok' | 'replay' | RefusedVerdict
 
 /** The parameters of TRANSFER_SQL in order ($1, $2, ...), named for scripts that run it (pgbench). */
 export const TRANSFER_PARAMETERS = [
@@ -273,47 +255,10 @@ function replayPrevious(previous: PreviousTransfer, idempotency: TransferIdempot
   return { ...previous.response, replayed: true, recipientCustomerId: previous.recipient_customer_id }
 }
 
-/** The problem a refused transfer answers, from the statement's verdict. */
-function refusal(verdict: TransferVerdict, input: TransferInput, fromCurrency: string | null): HttpProblem {
-  const { fromAccountId, toAccountId, amount, currency } = input
-  switch (verdict) {
-    case 'same-account':
-      return sameAccount()
-    case 'from-not-found':
-      return accountNotFound(fromAccountId)
-    case 'to-not-found':
-      return accountNotFound(toAccountId)
-    case 'currency-from':
-      return new HttpProblem(
-        422,
-        'currency-mismatch',
-        'Currency mismatch',
-        `The transfer is in ${currency}; account ${fromAccountId} holds ${fromCurrency}.`,
-      )
-    // The recipient may be another customer: its currency is not ours to disclose.
-    case 'currency-to':
-      return new HttpProblem(
-        422,
-        'currency-mismatch',
-        'Currency mismatch',
-        `The transfer is in ${currency}; account ${toAccountId} cannot receive it.`,
-      )
-    case 'insufficient':
-      return new HttpProblem(
-        422,
-        'insufficient-funds',
-        'Insufficient funds',
-        `Account ${fromAccountId} does not hold ${amount} ${currency}.`,
-      )
-    default:
-      throw new Error(`unexpected transfer verdict ${verdict}`)
-  }
-}
-
 /**
  * Moves money in one statement (TRANSFER_SQL): on its own it is its own transaction, one round
  * trip; inside a transaction (a scheduled run) it is one statement of it. Refusals are thrown as
- * the HttpProblem the client gets.
+ * DomainErrors (src/ledger/refusals.ts).
  */
 async function moveMoney(
   db: Queryable,
@@ -325,8 +270,11 @@ async function moveMoney(
     prepare: 'transfer',
   })
   if (!row) throw new Error('the transfer statement returned no row')
-  if (row.verdict === 'replay' && idempotency) return replayPrevious(row.previous!, idempotency)
-  if (row.verdict !== 'ok') throw refusal(row.verdict, input, row.from_currency)
+  if (row.verdict === 'replay') {
+    if (!idempotency) throw new Error('the transfer statement replayed a transfer sent without a key')
+    return replayPrevious(row.previous!, idempotency)
+  }
+  if (row.verdict !== 'ok') throw refusalOf(row.verdict, input, row.from_currency)
   if (row.id === null || row.created_at === null) throw new Error('transfer insert returned no row')
   return {
     transferId: toSafeInteger(row.id),
@@ -399,6 +347,11 @@ export interface ScheduleFailure {
   detail: string
 }
 
+export interface ScheduledTransferOptions extends TransferOptions {
+  /** How a refusal is recorded on the schedule (the HTTP layer's problem); without it a refusal is thrown. */
+  describeRefusal?: (refusal: DomainError) => ScheduleFailure
+}
+
 /**
  * Runs a scheduled transfer, bound to its schedule: the schedule row is locked FOR UPDATE and its
  * status checked in the transaction that moves the money (with the statement of `executeTransfer`,
@@ -411,7 +364,7 @@ export interface ScheduleFailure {
 export async function executeScheduledTransfer(
   db: Database,
   scheduleId: number,
-  { outbox = true }: TransferOptions = {},
+  { outbox = true, describeRefusal }: ScheduledTransferOptions = {},
 ): Promise<ScheduledRun> {
   return db.transaction(async (tx) => {
     const [schedule] = await tx.query<{
@@ -440,8 +393,8 @@ export async function executeScheduledTransfer(
       // Inside this transaction: the money moves with the schedule row locked.
       transfer = await moveMoney(tx, input, undefined, outbox)
     } catch (err) {
-      if (!(err instanceof HttpProblem) || err.status >= 500) throw err
-      const failure = { type: err.type, title: err.title, detail: err.message }
+      if (!isRefusal(err) || !describeRefusal) throw err
+      const failure = describeRefusal(err)
       await tx.query(
         `UPDATE scheduled_transfers SET status = 'failed', failure = $2, updated_at = now() WHERE id = $1`,
         [scheduleId, JSON.stringify(failure)],
