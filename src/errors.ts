@@ -2,7 +2,6 @@ import type { FastifyError, FastifyInstance } from 'fastify'
 import { DomainError, type DomainErrorCode } from './domain-error.ts'
 import { HttpProblem, PROBLEM_CONTENT_TYPE, sendProblem } from './index.ts'
 import type { ScheduleFailure } from './ledger/ledger.ts'
-import { type ProblemSlug, problemType } from './routes/problem-types.ts'
 
 export { HttpProblem, PROBLEM_CONTENT_TYPE }
 
@@ -23,23 +22,24 @@ export const FASTIFY_PROBLEMS: Readonly<Record<number, readonly [string, string]
 /** Any other client error Fastify raises. */
 const FASTIFY_OTHER_CLIENT_ERROR = ['client-error', 'Client error'] as const
 
-/** Headers a domain error's problem carries: when to retry a dependency that is not answering. */
-const DOMAIN_PROBLEM_HEADERS: Partial<Record<DomainErrorCode, Record<string, string>>> = {
-  'database-unavailable': { 'retry-after': '2' },
+/**
+ * What each domain error answers: its code is the problem's slug, with the status and title of that
+ * problem type (src/routes/problem-types.ts, the table behind docs/problems.md; the test of that
+ * table checks these against it) and the error's detail.
+ */
+const DOMAIN_PROBLEMS: Readonly<Record<DomainErrorCode, (detail: string) => HttpProblem>> = {
+  'same-account': (detail) => new HttpProblem(400, 'same-account', 'Same account', detail),
+  'account-not-found': (detail) => new HttpProblem(404, 'account-not-found', 'Account not found', detail),
+  'currency-mismatch': (detail) => new HttpProblem(422, 'currency-mismatch', 'Currency mismatch', detail),
+  'insufficient-funds': (detail) => new HttpProblem(422, 'insufficient-funds', 'Insufficient funds', detail),
+  // Nothing was changed and a retry may succeed: clients wait a little before it.
+  'database-unavailable': (detail) =>
+    new HttpProblem(503, 'database-unavailable', 'Service unavailable', detail, {
+      headers: { 'retry-after': '2' },
+    }),
 }
 
-/**
- * The problem a domain error answers: its code is the problem's slug, and the status and title are
- * that problem type's (src/routes/problem-types.ts, the table behind docs/problems.md).
- */
-export function domainProblem(error: DomainError): HttpProblem {
-  // `satisfies`: a domain code without its problem type fails the type check.
-  const type = problemType(error.code satisfies ProblemSlug)
-  if (!type || typeof type.status !== 'number') throw new Error(`no problem type for ${error.code}`)
-  return new HttpProblem(type.status, error.code, type.title, error.message, {
-    headers: DOMAIN_PROBLEM_HEADERS[error.code],
-  })
-}
+const domainProblem = (error: DomainError): HttpProblem => DOMAIN_PROBLEMS[error.code](error.message)
 
 /** A scheduled transfer's refusal as recorded on its schedule: the problem it would have answered. */
 export function scheduleFailureOf(refusal: DomainError): ScheduleFailure {
