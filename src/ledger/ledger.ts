@@ -1,7 +1,6 @@
 import { type Database, type Queryable, toSafeInteger } from '../db/database.ts'
 import { type DomainError, isRefusal } from '../domain-error.ts'
 import { idempotencyKeyMismatch } from '../index.ts'
-import { hashPassword } from './passwords.ts'
 import { type RefusedVerdict, refusalOf } from './refusals.ts'
 
 export interface Account {
@@ -246,9 +245,10 @@ interface TransferRow {
 }
 
 /**
- * A transfer already made with this key: same request replays its response, another is refused.
- * The recipient comes along so a replay invalidates both customers' cached accounts, as the first
- * response did (or would have, had the process survived its commit).
+ * A transfer already made with this key: same request replays its response, another is refused
+ * with the idempotency plugin's own mismatch error (not a DomainError): the plugin recognizes it and
+ * releases the key. The recipient comes along so a replay invalidates both customers' cached
+ * accounts, as the first response did (or would have, had the process survived its commit).
  */
 function replayPrevious(previous: PreviousTransfer, idempotency: TransferIdempotency): TransferResult {
   if (previous.request_fingerprint !== idempotency.fingerprint) throw idempotencyKeyMismatch()
@@ -414,34 +414,4 @@ export async function executeScheduledTransfer(
       recipientCustomerId: transfer.recipientCustomerId,
     }
   })
-}
-
-export const DEMO_PASSWORD = 'demo-password'
-export const DEMO_OPENING_BALANCE = 100_000_000
-
-/** The demo's public account: a relief fund whose movements its followers see in their feed. */
-export const DEMO_PUBLIC_ACCOUNT = { owner: 'charity', name: 'Central Vietnam Flood Relief Fund' }
-
-/**
- * Creates alice and bob with one VND account each, and `charity` with a public one (the relief
- * fund), once; later starts leave them as they are.
- */
-export async function seedDemo(db: Database): Promise<void> {
-  for (const username of ['alice', 'bob', DEMO_PUBLIC_ACCOUNT.owner]) {
-    const existing = await findCustomerByUsername(db, username)
-    if (existing) continue
-    const hash = await hashPassword(DEMO_PASSWORD)
-    const publicName = username === DEMO_PUBLIC_ACCOUNT.owner ? DEMO_PUBLIC_ACCOUNT.name : null
-    await db.transaction(async (tx) => {
-      const [customer] = await tx.query<{ id: number }>(
-        'INSERT INTO customers (username, password_hash) VALUES ($1, $2) ON CONFLICT (username) DO NOTHING RETURNING id',
-        [username, hash],
-      )
-      if (!customer) return
-      await tx.query(
-        "INSERT INTO accounts (customer_id, currency, balance, opening_balance, public_name) VALUES ($1, 'VND', $2, $2, $3)",
-        [customer.id, DEMO_OPENING_BALANCE, publicName],
-      )
-    })
-  }
 }
