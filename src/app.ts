@@ -33,7 +33,7 @@ import publicAccountRoutes from './routes/public-accounts.ts'
 import scheduledTransferRoutes from './routes/scheduled-transfers.ts'
 import sessionRoutes from './routes/session.ts'
 import transferRoutes, { noteKeyMismatches, transferAttemptCounts } from './routes/transfers.ts'
-import { registerScheduler, type SchedulerTuning } from './scheduler/plugin.ts'
+import { registerScheduler, type SchedulerTuning } from './scheduler/service.ts'
 
 export interface GatewayDependencies {
   /** An existing client (tests, embedding); otherwise one is created from config.redis. */

@@ -1,7 +1,7 @@
 import type { FastifyError, FastifyInstance } from 'fastify'
 import { DomainError, type DomainErrorCode } from './domain-error.ts'
 import { HttpProblem, PROBLEM_CONTENT_TYPE, sendProblem } from './index.ts'
-import type { ScheduleFailure } from './ledger/ledger.ts'
+import type { DescribeRefusal } from './ledger/ledger.ts'
 
 export { HttpProblem, PROBLEM_CONTENT_TYPE }
 
@@ -42,7 +42,7 @@ const DOMAIN_PROBLEMS: Readonly<Record<DomainErrorCode, (detail: string) => Http
 const domainProblem = (error: DomainError): HttpProblem => DOMAIN_PROBLEMS[error.code](error.message)
 
 /** A scheduled transfer's refusal as recorded on its schedule: the problem it would have answered. */
-export function scheduleFailureOf(refusal: DomainError): ScheduleFailure {
+export const scheduleFailureOf: DescribeRefusal = (refusal) => {
   const problem = domainProblem(refusal)
   return { type: problem.type, title: problem.title, detail: problem.message }
 }

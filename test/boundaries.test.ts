@@ -245,8 +245,8 @@ test('the layer check catches an import up the layers, a file in no layer and a 
   const imports = (file: string, line: string) =>
     relativeImports(join(src, file), line).map((target) => [file, target] as const)
   assert.deepEqual(
-    upwardImports(imports('scheduler/plugin.ts', "import routes from '../routes/accounts.ts'")),
-    ['scheduler/plugin.ts (domain) imports routes/accounts.ts (http)'],
+    upwardImports(imports('scheduler/service.ts', "import routes from '../routes/accounts.ts'")),
+    ['scheduler/service.ts (domain) imports routes/accounts.ts (http)'],
   )
   assert.deepEqual(upwardImports(imports('db/database.ts', "import { HttpProblem } from '../errors.ts'")), [
     'db/database.ts (foundation) imports errors.ts (http)',
@@ -271,14 +271,14 @@ test('the layer check catches an import up the layers, a file in no layer and a 
   )
   assert.deepEqual(
     domainCycles([
-      ...imports('scheduler/plugin.ts', "import { x } from '../ledger/ledger.ts'"),
+      ...imports('scheduler/service.ts', "import { x } from '../ledger/ledger.ts'"),
       ...imports('ledger/ledger.ts', "import { x } from '../events/consumer.ts'"),
       ...imports('events/plugin.ts', "import { x } from '../scheduler/store.ts'"),
     ]),
     ['ledger <-> scheduler', 'ledger <-> events', 'scheduler <-> events'],
   )
   assert.deepEqual(
-    domainCycles(imports('scheduler/plugin.ts', "import { x } from '../ledger/ledger.ts'")),
+    domainCycles(imports('scheduler/service.ts', "import { x } from '../ledger/ledger.ts'")),
     [],
   )
 })

@@ -347,9 +347,12 @@ export interface ScheduleFailure {
   detail: string
 }
 
+/** How a refused run is recorded on its schedule: as the problem the HTTP layer answers for it. */
+export type DescribeRefusal = (refusal: DomainError) => ScheduleFailure
+
 export interface ScheduledTransferOptions extends TransferOptions {
-  /** How a refusal is recorded on the schedule (the HTTP layer's problem); without it a refusal is thrown. */
-  describeRefusal?: (refusal: DomainError) => ScheduleFailure
+  /** Without it a refusal is thrown, like any other error. */
+  describeRefusal?: DescribeRefusal
 }
 
 /**

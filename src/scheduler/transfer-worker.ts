@@ -1,11 +1,7 @@
 import type { FastifyBaseLogger } from 'fastify'
 import type { Database } from '../db/database.ts'
 import { type Consumer, createDelayedQueue, type DelayedQueue, type RedisClient } from '../index.ts'
-import {
-  executeScheduledTransfer,
-  type ScheduledRun,
-  type ScheduledTransferOptions,
-} from '../ledger/ledger.ts'
+import { type DescribeRefusal, executeScheduledTransfer, type ScheduledRun } from '../ledger/ledger.ts'
 import { queuedIds } from './queue-presence.ts'
 import { markRunning, type NotDue, pendingSchedules } from './store.ts'
 
@@ -33,7 +29,7 @@ export interface TransferWorkerOptions {
   /** Whether a scheduled transfer also writes its outbox event, as POST /transfers does (default true). */
   outbox?: boolean
   /** How a refused run is recorded on its schedule (insufficient funds, ...): the HTTP layer's problem. */
-  describeRefusal: NonNullable<ScheduledTransferOptions['describeRefusal']>
+  describeRefusal: DescribeRefusal
   /** Called after each run (completed, failed or skipped): cache invalidation, tests. */
   onRun?: (scheduleId: number, run: ScheduledRun) => unknown
 }

@@ -3,7 +3,7 @@ import { hostname } from 'node:os'
 import type { FastifyInstance } from 'fastify'
 import type { Config } from '../config.ts'
 import { invalidateAfterTransfer } from '../ledger/account-cache.ts'
-import type { ScheduledTransferOptions } from '../ledger/ledger.ts'
+import type { DescribeRefusal } from '../ledger/ledger.ts'
 import {
   createReconciliationJob,
   type ReconciliationJob,
@@ -35,8 +35,8 @@ export interface SchedulerOptions {
   keyPrefix: string
   /** Run the workers (queue consumers, mover, reconciler, the reconciliation job) in this process. */
   run: boolean
-  /** How a refused run is recorded on its schedule: the problem the HTTP layer would answer. */
-  describeRefusal: NonNullable<ScheduledTransferOptions['describeRefusal']>
+  /** How a refused run is recorded on its schedule (src/errors.ts gives it). */
+  describeRefusal: DescribeRefusal
   tuning?: SchedulerTuning
 }
 
