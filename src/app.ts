@@ -6,7 +6,7 @@ import campaigns from './campaigns/plugin.ts'
 import { type Config, NO_EVENT_WORKERS } from './config.ts'
 import type { Database } from './db/database.ts'
 import postgres from './db/plugin.ts'
-import { registerProblemHandlers } from './errors.ts'
+import { registerProblemHandlers, scheduleFailureOf } from './errors.ts'
 import events from './events/plugin.ts'
 import {
   cache,
@@ -30,9 +30,10 @@ import notificationRoutes from './routes/notifications.ts'
 import { openapiOptions, sessionCookieName } from './routes/openapi.ts'
 import problemRoutes from './routes/problems.ts'
 import publicAccountRoutes from './routes/public-accounts.ts'
+import scheduledTransferRoutes from './routes/scheduled-transfers.ts'
 import sessionRoutes from './routes/session.ts'
 import transferRoutes, { noteKeyMismatches, transferAttemptCounts } from './routes/transfers.ts'
-import { registerScheduler, type SchedulerTuning } from './scheduler/plugin.ts'
+import { registerScheduler, type SchedulerTuning } from './scheduler/service.ts'
 
 export interface GatewayDependencies {
   /** An existing client (tests, embedding); otherwise one is created from config.redis. */
@@ -241,7 +242,12 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
     run:
       config.scheduler.enabled &&
       (deps.scheduler === undefined ? config.nodeEnv !== 'test' : deps.scheduler !== 'off'),
+    describeRefusal: scheduleFailureOf,
     tuning: typeof deps.scheduler === 'object' ? deps.scheduler : undefined,
+  })
+  await app.register(scheduledTransferRoutes, {
+    worker: app.scheduler.worker,
+    maxPending: config.scheduler.maxPending,
   })
   await app.register(problemRoutes)
   return app

@@ -1,5 +1,7 @@
 import type { FastifyError, FastifyInstance } from 'fastify'
+import { DomainError, type DomainErrorCode } from './domain-error.ts'
 import { HttpProblem, PROBLEM_CONTENT_TYPE, sendProblem } from './index.ts'
+import type { DescribeRefusal } from './ledger/ledger.ts'
 
 export { HttpProblem, PROBLEM_CONTENT_TYPE }
 
@@ -20,9 +22,38 @@ export const FASTIFY_PROBLEMS: Readonly<Record<number, readonly [string, string]
 /** Any other client error Fastify raises. */
 const FASTIFY_OTHER_CLIENT_ERROR = ['client-error', 'Client error'] as const
 
-/** Converts Fastify's own 4xx errors (validation, bad JSON, body limit) to problems; hides 5xx internals. */
-export function toProblem(error: FastifyError | HttpProblem): HttpProblem {
+/**
+ * What each domain error answers: its code is the problem's slug, with the status and title of that
+ * problem type (src/routes/problem-types.ts, the table behind docs/problems.md; the test of that
+ * table checks these against it) and the error's detail.
+ */
+const DOMAIN_PROBLEMS: Readonly<Record<DomainErrorCode, (detail: string) => HttpProblem>> = {
+  'same-account': (detail) => new HttpProblem(400, 'same-account', 'Same account', detail),
+  'account-not-found': (detail) => new HttpProblem(404, 'account-not-found', 'Account not found', detail),
+  'currency-mismatch': (detail) => new HttpProblem(422, 'currency-mismatch', 'Currency mismatch', detail),
+  'insufficient-funds': (detail) => new HttpProblem(422, 'insufficient-funds', 'Insufficient funds', detail),
+  // Nothing was changed and a retry may succeed: clients wait a little before it.
+  'database-unavailable': (detail) =>
+    new HttpProblem(503, 'database-unavailable', 'Service unavailable', detail, {
+      headers: { 'retry-after': '2' },
+    }),
+}
+
+const domainProblem = (error: DomainError): HttpProblem => DOMAIN_PROBLEMS[error.code](error.message)
+
+/** A scheduled transfer's refusal as recorded on its schedule: the problem it would have answered. */
+export const scheduleFailureOf: DescribeRefusal = (refusal) => {
+  const problem = domainProblem(refusal)
+  return { type: problem.type, title: problem.title, detail: problem.message }
+}
+
+/**
+ * Turns what a request throws into a problem: domain errors by their code, Fastify's own 4xx errors
+ * (validation, bad JSON, body limit) by status; hides 5xx internals.
+ */
+export function toProblem(error: FastifyError | HttpProblem | DomainError): HttpProblem {
   if (error instanceof HttpProblem) return error
+  if (error instanceof DomainError) return domainProblem(error)
   if (error.validation) {
     return new HttpProblem(400, 'validation', 'Invalid request', error.message)
   }

@@ -1,7 +1,7 @@
 import { buildApp } from './app.ts'
 import { ConfigError, loadConfig } from './config.ts'
 import { HOW_TO_GET_REDIS, resolveDevRedis } from './embedded/redis-server.ts'
-import { seedDemo } from './ledger/ledger.ts'
+import { seedDemo } from './ledger/seed.ts'
 import { handleShutdownSignals } from './shutdown.ts'
 
 // Run in reverse order of start on shutdown or a failed boot (the app before the Redis it uses).

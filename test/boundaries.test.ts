@@ -171,3 +171,129 @@ test('the check lets a compat module use its plugin, common and lua only, and ke
     'compat/fastify-rate-limit.ts',
   ])
 })
+
+// The demo's layers, from the top: a file may import its own layer and those below it, never one
+// above. The process entry starts the app; the app composes the plugins, the services and the
+// routes; the HTTP layer (routes, and the one mapping of domain errors to problems) consumes the
+// domain modules; those use the foundation (Postgres, configuration, the domain error, the
+// embedded Redis for development). The library is below them all (checked above).
+const DEMO_LAYERS: ReadonlyArray<{ name: string; holds: (file: string) => boolean }> = [
+  { name: 'process', holds: (f) => f === 'server.ts' || f === 'shutdown.ts' },
+  { name: 'app', holds: (f) => f === 'app.ts' },
+  { name: 'http', holds: (f) => f.startsWith('routes/') || f === 'errors.ts' },
+  { name: 'domain', holds: (f) => domainModule(f) !== undefined },
+  {
+    name: 'foundation',
+    holds: (f) =>
+      f.startsWith('db/') || f.startsWith('embedded/') || f === 'config.ts' || f === 'domain-error.ts',
+  },
+]
+
+/** The domain modules: each a folder of src/, the services the routes consume. */
+const DOMAIN_MODULES = ['ledger', 'scheduler', 'events', 'campaigns', 'public-accounts']
+
+function domainModule(file: string): string | undefined {
+  const folder = file.split('/')[0]!
+  return file.includes('/') && DOMAIN_MODULES.includes(folder) ? folder : undefined
+}
+
+const layerOf = (file: string) => DEMO_LAYERS.findIndex((layer) => layer.holds(file))
+
+/** Demo files in no layer, and imports from a lower layer to a higher one. */
+export function upwardImports(imports: ReadonlyArray<readonly [file: string, target: string]>): string[] {
+  const found = new Set<string>()
+  for (const [file, target] of imports) {
+    if (isLibrary(file) || isLibrary(target) || target.startsWith('..')) continue
+    const from = layerOf(file)
+    const to = layerOf(target)
+    if (from < 0) found.add(`${file} belongs to no layer`)
+    else if (to < 0) found.add(`${target} belongs to no layer`)
+    else if (to < from)
+      found.add(`${file} (${DEMO_LAYERS[from]!.name}) imports ${target} (${DEMO_LAYERS[to]!.name})`)
+  }
+  return [...found]
+}
+
+/** Pairs of domain modules that reach each other through their imports (a cycle), as "a <-> b". */
+export function domainCycles(imports: ReadonlyArray<readonly [file: string, target: string]>): string[] {
+  const edges = new Map<string, Set<string>>(DOMAIN_MODULES.map((m) => [m, new Set()]))
+  for (const [file, target] of imports) {
+    const from = domainModule(file)
+    const to = domainModule(target)
+    if (from && to && from !== to) edges.get(from)!.add(to)
+  }
+  const reachable = (start: string) => {
+    const seen = new Set<string>()
+    const visit = (module: string) => {
+      for (const next of edges.get(module)!) {
+        if (seen.has(next)) continue
+        seen.add(next)
+        visit(next)
+      }
+    }
+    visit(start)
+    return seen
+  }
+  const reach = new Map(DOMAIN_MODULES.map((m) => [m, reachable(m)]))
+  return DOMAIN_MODULES.flatMap((a, i) =>
+    DOMAIN_MODULES.slice(i + 1)
+      .filter((b) => reach.get(a)!.has(b) && reach.get(b)!.has(a))
+      .map((b) => `${a} <-> ${b}`),
+  )
+}
+
+/** Every import of the demo and library source, as [importer, imported] relative to src/. */
+const sourceImports = () =>
+  sourceFiles(src).flatMap((path) =>
+    relativeImports(path).map((target) => [relative(src, path), target] as const),
+  )
+
+test('the demo imports only downwards: process, app, http, domain modules, foundation', () => {
+  assert.deepEqual(upwardImports(sourceImports()), [])
+})
+
+test('no two domain modules import each other, directly or through others', () => {
+  assert.deepEqual(domainCycles(sourceImports()), [])
+})
+
+test('the layer check catches an import up the layers, a file in no layer and a cycle of domain modules', () => {
+  const imports = (file: string, line: string) =>
+    relativeImports(join(src, file), line).map((target) => [file, target] as const)
+  assert.deepEqual(
+    upwardImports(imports('scheduler/service.ts', "import routes from '../routes/accounts.ts'")),
+    ['scheduler/service.ts (domain) imports routes/accounts.ts (http)'],
+  )
+  assert.deepEqual(upwardImports(imports('db/database.ts', "import { HttpProblem } from '../errors.ts'")), [
+    'db/database.ts (foundation) imports errors.ts (http)',
+  ])
+  assert.deepEqual(upwardImports(imports('routes/transfers.ts', "import { buildApp } from '../app.ts'")), [
+    'routes/transfers.ts (http) imports app.ts (app)',
+  ])
+  assert.deepEqual(upwardImports(imports('wallet/store.ts', "import { x } from '../db/database.ts'")), [
+    'wallet/store.ts belongs to no layer',
+  ])
+  assert.deepEqual(
+    upwardImports(imports('routes/transfers.ts', "import { x } from '../ledger/ledger.ts'")),
+    [],
+  )
+  assert.deepEqual(upwardImports(imports('ledger/ledger.ts', "import { x } from '../index.ts'")), [])
+  assert.deepEqual(
+    domainCycles([
+      ...imports('events/plugin.ts', "import { LEADERBOARD_GROUP } from '../campaigns/leaderboard.ts'"),
+      ...imports('campaigns/stats.ts', "import { x } from '../events/consumer.ts'"),
+    ]),
+    ['events <-> campaigns'],
+  )
+  assert.deepEqual(
+    domainCycles([
+      ...imports('scheduler/service.ts', "import { x } from '../ledger/ledger.ts'"),
+      ...imports('ledger/ledger.ts', "import { x } from '../events/consumer.ts'"),
+      ...imports('events/plugin.ts', "import { x } from '../scheduler/store.ts'"),
+    ]),
+    ['ledger <-> scheduler', 'ledger <-> events', 'scheduler <-> events'],
+  )
+  assert.deepEqual(
+    domainCycles(imports('scheduler/service.ts', "import { x } from '../ledger/ledger.ts'")),
+    [],
+  )
+})

@@ -4,7 +4,7 @@
 import { Redis } from 'ioredis'
 import { buildApp } from '../../src/app.ts'
 import { loadConfig } from '../../src/config.ts'
-import { seedDemo } from '../../src/ledger/ledger.ts'
+import { seedDemo } from '../../src/ledger/seed.ts'
 
 // A Redis round trip starts whenever a command leaves while none is in flight, on any client of the
 // process (main and cache). Only a run with one connection attributes them to single requests.

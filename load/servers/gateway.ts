@@ -2,7 +2,7 @@
 // `npm start`, seeded, listening on a free port, announcing `LISTENING <url>` for the runner.
 import { buildApp } from '../../src/app.ts'
 import { loadConfig } from '../../src/config.ts'
-import { seedDemo } from '../../src/ledger/ledger.ts'
+import { seedDemo } from '../../src/ledger/seed.ts'
 
 const app = await buildApp(loadConfig({ ...process.env, PORT: '0' }))
 await seedDemo(app.db)

@@ -2,7 +2,7 @@
 // alike: sessions, the transfer transaction, no rate limits, no cache. Migrates, seeds alice and
 // bob, and announces `LISTENING <url>`. Env: REDIS_URL, DATABASE_URL, SESSION_SECRET, IDEMPOTENCY.
 import { createPgDatabase } from '../../src/db/database.ts'
-import { seedDemo } from '../../src/ledger/ledger.ts'
+import { seedDemo } from '../../src/ledger/seed.ts'
 import { connectRedis, createRedisClient } from '../../src/plugins/redis/index.ts'
 import { buildTransferApp } from './idempotency-app.ts'
 

@@ -3,8 +3,8 @@ import { hostname } from 'node:os'
 import type { FastifyInstance } from 'fastify'
 import fp from 'fastify-plugin'
 import { createLeaderboard, type Leaderboard, type StreamConsumer } from '../index.ts'
-import { createLeaderboardConsumer } from './leaderboard.ts'
-import { createStatsConsumer } from './stats.ts'
+import { createLeaderboardConsumer, LEADERBOARD_GROUP } from './leaderboard.ts'
+import { createStatsConsumer, STATS_GROUP } from './stats.ts'
 
 export interface CampaignsPluginOptions {
   /** Prepended to every key (the gateway's key prefix). */
@@ -54,6 +54,9 @@ async function campaignsPlugin(app: FastifyInstance, options: CampaignsPluginOpt
     ? [createLeaderboardConsumer({ ...common, leaderboard }), createStatsConsumer({ ...common, prefix })]
     : []
   app.decorate('campaigns', { prefix, leaderboard, consumers })
+  // Reported wherever they run: the groups live in Redis, shared by every instance.
+  app.events.reportGroup(LEADERBOARD_GROUP)
+  app.events.reportGroup(STATS_GROUP)
 
   app.addHook('onReady', async () => {
     // Redis unreachable now: each loop creates its group once Redis answers.

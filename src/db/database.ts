@@ -1,6 +1,6 @@
 import type { PGlite, Transaction } from '@electric-sql/pglite'
 import pg from 'pg'
-import { HttpProblem } from '../errors.ts'
+import { DomainError } from '../domain-error.ts'
 
 export interface Queryable {
   query<R = Record<string, unknown>>(sql: string, params?: unknown[], options?: QueryOptions): Promise<R[]>
@@ -82,7 +82,8 @@ export interface PostgresOptions {
 }
 
 // Failures a retry gets past (server gone, unreachable, timed out, shutting down; a transaction
-// rolled back by Postgres): retryable 503s.
+// rolled back by Postgres): thrown as `database-unavailable`, which the HTTP layer answers with a 503
+// and a Retry-After.
 const UNAVAILABLE_CODES = new Set([
   'ECONNREFUSED',
   'ECONNRESET',
@@ -102,15 +103,7 @@ const UNAVAILABLE_MESSAGE = /Connection terminated|timeout exceeded when trying 
 export function databaseUnavailable(err: unknown): unknown {
   const e = err as { code?: string; message?: string }
   if (!(UNAVAILABLE_CODES.has(e?.code ?? '') || UNAVAILABLE_MESSAGE.test(e?.message ?? ''))) return err
-  return new HttpProblem(
-    503,
-    'database-unavailable',
-    'Service unavailable',
-    'The database is not answering.',
-    {
-      headers: { 'retry-after': '2' },
-    },
-  )
+  return new DomainError('database-unavailable', 'The database is not answering.')
 }
 
 /** Connections in the pool unless `max` says otherwise. */

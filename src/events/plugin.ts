@@ -3,8 +3,6 @@ import { hostname } from 'node:os'
 import type { FastifyInstance } from 'fastify'
 import fp from 'fastify-plugin'
 import { Gauge, type Registry } from 'prom-client'
-import { LEADERBOARD_GROUP } from '../campaigns/leaderboard.ts'
-import { STATS_GROUP } from '../campaigns/stats.ts'
 import type { EventWorkers } from '../config.ts'
 import { createPgDatabase, type Database } from '../db/database.ts'
 import type { RedisClient, StreamConsumer } from '../index.ts'
@@ -48,6 +46,11 @@ export interface EventsApi {
   notifier: StreamConsumer | null
   hub: SseHub
   maxStreamsPerCustomer: number
+  /**
+   * Adds a consumer group of the transfer events to those whose pending entries and lag are
+   * reported (`events_group_entries`): each module that consumes the events registers its own.
+   */
+  reportGroup(group: string): void
 }
 
 declare module 'fastify' {
@@ -56,10 +59,13 @@ declare module 'fastify' {
   }
 }
 
-/** The groups reading the transfer events whose pending entries and lag are reported. */
-const GROUPS = [NOTIFIER_GROUP, LEADERBOARD_GROUP, STATS_GROUP]
-
-function observeEvents(registry: Registry, db: Database, redis: RedisClient, api: EventsApi): void {
+function observeEvents(
+  registry: Registry,
+  db: Database,
+  redis: RedisClient,
+  api: EventsApi,
+  reportedGroups: ReadonlySet<string>,
+): void {
   const registers = [registry]
   new Gauge({
     name: 'outbox_backlog',
@@ -106,7 +112,7 @@ function observeEvents(registry: Registry, db: Database, redis: RedisClient, api
         const fields = new Map<string, unknown>()
         for (let i = 0; i + 1 < info.length; i += 2) fields.set(String(info[i]), info[i + 1])
         const group = String(fields.get('name'))
-        if (!GROUPS.includes(group)) continue
+        if (!reportedGroups.has(group)) continue
         this.set({ group, state: 'pending' }, Number(fields.get('pending') ?? 0))
         const lag = fields.get('lag')
         if (lag !== null && lag !== undefined) this.set({ group, state: 'lag' }, Number(lag))
@@ -180,6 +186,7 @@ async function eventsPlugin(app: FastifyInstance, options: EventsPluginOptions):
       ),
     onError,
   })
+  const reportedGroups = new Set([NOTIFIER_GROUP])
   const api: EventsApi = {
     stream,
     deadLetterStream,
@@ -187,6 +194,7 @@ async function eventsPlugin(app: FastifyInstance, options: EventsPluginOptions):
     notifier,
     hub,
     maxStreamsPerCustomer: options.sseMaxStreamsPerCustomer,
+    reportGroup: (group) => void reportedGroups.add(group),
   }
   app.decorate('events', api)
 
@@ -206,7 +214,7 @@ async function eventsPlugin(app: FastifyInstance, options: EventsPluginOptions):
     done()
   })
   app.addHook('onReady', async () => {
-    if (app.hasDecorator('metrics')) observeEvents(app.metrics.registry, app.db, redis, api)
+    if (app.hasDecorator('metrics')) observeEvents(app.metrics.registry, app.db, redis, api, reportedGroups)
     if (options.workers.relay) relay.start()
     await notifier?.start().catch(onError)
   })

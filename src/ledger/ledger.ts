@@ -1,7 +1,7 @@
 import { type Database, type Queryable, toSafeInteger } from '../db/database.ts'
-import { HttpProblem } from '../errors.ts'
+import { type DomainError, isRefusal } from '../domain-error.ts'
 import { idempotencyKeyMismatch } from '../index.ts'
-import { hashPassword } from './passwords.ts'
+import { type RefusedVerdict, refusalOf } from './refusals.ts'
 
 export interface Account {
   accountId: number
@@ -98,17 +98,6 @@ export async function getAccountWithOwner(db: Queryable, accountId: number): Pro
   return row ? { ...toAccount(row), customerId: row.customer_id } : null
 }
 
-export const sameAccount = () =>
-  new HttpProblem(400, 'same-account', 'Same account', 'fromAccountId and toAccountId must differ.')
-
-export const accountNotFound = (accountId: number) =>
-  new HttpProblem(
-    404,
-    'account-not-found',
-    'Account not found',
-    `Account ${accountId} does not exist or is not yours.`,
-  )
-
 interface PreviousTransfer {
   request_fingerprint: string
   response: Transfer
@@ -125,15 +114,7 @@ const previousTransfer = (customer: string, key: string) =>
  * What the transfer statement decided, in the order the checks are made: the first that applies
  * wins. Only `ok` wrote anything.
  */
-export type TransferVerdict =
-  | 'ok'
-  | 'replay'
-  | 'same-account'
-  | 'from-not-found'
-  | 'to-not-found'
-  | 'currency-from'
-  | 'currency-to'
-  | 'insufficient'
+export type TransferVerdict = 'ok' | 'replay' | RefusedVerdict
 
 /** The parameters of TRANSFER_SQL in order ($1, $2, ...), named for scripts that run it (pgbench). */
 export const TRANSFER_PARAMETERS = [
@@ -264,56 +245,20 @@ interface TransferRow {
 }
 
 /**
- * A transfer already made with this key: same request replays its response, another is refused.
- * The recipient comes along so a replay invalidates both customers' cached accounts, as the first
- * response did (or would have, had the process survived its commit).
+ * A transfer already made with this key: same request replays its response, another is refused
+ * with the idempotency plugin's own mismatch error (not a DomainError): the plugin recognizes it and
+ * releases the key. The recipient comes along so a replay invalidates both customers' cached
+ * accounts, as the first response did (or would have, had the process survived its commit).
  */
 function replayPrevious(previous: PreviousTransfer, idempotency: TransferIdempotency): TransferResult {
   if (previous.request_fingerprint !== idempotency.fingerprint) throw idempotencyKeyMismatch()
   return { ...previous.response, replayed: true, recipientCustomerId: previous.recipient_customer_id }
 }
 
-/** The problem a refused transfer answers, from the statement's verdict. */
-function refusal(verdict: TransferVerdict, input: TransferInput, fromCurrency: string | null): HttpProblem {
-  const { fromAccountId, toAccountId, amount, currency } = input
-  switch (verdict) {
-    case 'same-account':
-      return sameAccount()
-    case 'from-not-found':
-      return accountNotFound(fromAccountId)
-    case 'to-not-found':
-      return accountNotFound(toAccountId)
-    case 'currency-from':
-      return new HttpProblem(
-        422,
-        'currency-mismatch',
-        'Currency mismatch',
-        `The transfer is in ${currency}; account ${fromAccountId} holds ${fromCurrency}.`,
-      )
-    // The recipient may be another customer: its currency is not ours to disclose.
-    case 'currency-to':
-      return new HttpProblem(
-        422,
-        'currency-mismatch',
-        'Currency mismatch',
-        `The transfer is in ${currency}; account ${toAccountId} cannot receive it.`,
-      )
-    case 'insufficient':
-      return new HttpProblem(
-        422,
-        'insufficient-funds',
-        'Insufficient funds',
-        `Account ${fromAccountId} does not hold ${amount} ${currency}.`,
-      )
-    default:
-      throw new Error(`unexpected transfer verdict ${verdict}`)
-  }
-}
-
 /**
  * Moves money in one statement (TRANSFER_SQL): on its own it is its own transaction, one round
  * trip; inside a transaction (a scheduled run) it is one statement of it. Refusals are thrown as
- * the HttpProblem the client gets.
+ * DomainErrors (src/ledger/refusals.ts).
  */
 async function moveMoney(
   db: Queryable,
@@ -325,8 +270,11 @@ async function moveMoney(
     prepare: 'transfer',
   })
   if (!row) throw new Error('the transfer statement returned no row')
-  if (row.verdict === 'replay' && idempotency) return replayPrevious(row.previous!, idempotency)
-  if (row.verdict !== 'ok') throw refusal(row.verdict, input, row.from_currency)
+  if (row.verdict === 'replay') {
+    if (!idempotency) throw new Error('the transfer statement replayed a transfer sent without a key')
+    return replayPrevious(row.previous!, idempotency)
+  }
+  if (row.verdict !== 'ok') throw refusalOf(row.verdict, input, row.from_currency)
   if (row.id === null || row.created_at === null) throw new Error('transfer insert returned no row')
   return {
     transferId: toSafeInteger(row.id),
@@ -399,6 +347,14 @@ export interface ScheduleFailure {
   detail: string
 }
 
+/** How a refused run is recorded on its schedule: as the problem the HTTP layer answers for it. */
+export type DescribeRefusal = (refusal: DomainError) => ScheduleFailure
+
+export interface ScheduledTransferOptions extends TransferOptions {
+  /** Without it a refusal is thrown, like any other error. */
+  describeRefusal?: DescribeRefusal
+}
+
 /**
  * Runs a scheduled transfer, bound to its schedule: the schedule row is locked FOR UPDATE and its
  * status checked in the transaction that moves the money (with the statement of `executeTransfer`,
@@ -411,7 +367,7 @@ export interface ScheduleFailure {
 export async function executeScheduledTransfer(
   db: Database,
   scheduleId: number,
-  { outbox = true }: TransferOptions = {},
+  { outbox = true, describeRefusal }: ScheduledTransferOptions = {},
 ): Promise<ScheduledRun> {
   return db.transaction(async (tx) => {
     const [schedule] = await tx.query<{
@@ -440,8 +396,8 @@ export async function executeScheduledTransfer(
       // Inside this transaction: the money moves with the schedule row locked.
       transfer = await moveMoney(tx, input, undefined, outbox)
     } catch (err) {
-      if (!(err instanceof HttpProblem) || err.status >= 500) throw err
-      const failure = { type: err.type, title: err.title, detail: err.message }
+      if (!isRefusal(err) || !describeRefusal) throw err
+      const failure = describeRefusal(err)
       await tx.query(
         `UPDATE scheduled_transfers SET status = 'failed', failure = $2, updated_at = now() WHERE id = $1`,
         [scheduleId, JSON.stringify(failure)],
@@ -461,34 +417,4 @@ export async function executeScheduledTransfer(
       recipientCustomerId: transfer.recipientCustomerId,
     }
   })
-}
-
-export const DEMO_PASSWORD = 'demo-password'
-export const DEMO_OPENING_BALANCE = 100_000_000
-
-/** The demo's public account: a relief fund whose movements its followers see in their feed. */
-export const DEMO_PUBLIC_ACCOUNT = { owner: 'charity', name: 'Central Vietnam Flood Relief Fund' }
-
-/**
- * Creates alice and bob with one VND account each, and `charity` with a public one (the relief
- * fund), once; later starts leave them as they are.
- */
-export async function seedDemo(db: Database): Promise<void> {
-  for (const username of ['alice', 'bob', DEMO_PUBLIC_ACCOUNT.owner]) {
-    const existing = await findCustomerByUsername(db, username)
-    if (existing) continue
-    const hash = await hashPassword(DEMO_PASSWORD)
-    const publicName = username === DEMO_PUBLIC_ACCOUNT.owner ? DEMO_PUBLIC_ACCOUNT.name : null
-    await db.transaction(async (tx) => {
-      const [customer] = await tx.query<{ id: number }>(
-        'INSERT INTO customers (username, password_hash) VALUES ($1, $2) ON CONFLICT (username) DO NOTHING RETURNING id',
-        [username, hash],
-      )
-      if (!customer) return
-      await tx.query(
-        "INSERT INTO accounts (customer_id, currency, balance, opening_balance, public_name) VALUES ($1, 'VND', $2, $2, $3)",
-        [customer.id, DEMO_OPENING_BALANCE, publicName],
-      )
-    })
-  }
 }

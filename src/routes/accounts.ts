@@ -1,14 +1,14 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
-import type { FastifyInstance, FastifyRequest } from 'fastify'
+import type { FastifyRequest } from 'fastify'
 import { Type } from 'typebox'
-import { accountNotFound, getAccountWithOwner, listAccounts } from '../ledger/ledger.ts'
+import { accountCacheKey, accountsCacheKey } from '../ledger/account-cache.ts'
+import { getAccountWithOwner, listAccounts } from '../ledger/ledger.ts'
+import { accountNotFound } from '../ledger/refusals.ts'
 import { json, problems } from './openapi.ts'
 import { Account, IdParam } from './schemas.ts'
 
-// Cache keys are built from ids the gateway parsed and bounded, never from raw request text.
+// Postgres integer's largest value: no account id is above it, and no cache key is built for one.
 const MAX_ACCOUNT_ID = 2_147_483_647
-export const accountCacheKey = (accountId: number) => `account:${accountId}`
-export const accountsCacheKey = (customerId: number) => `accounts:${customerId}`
 
 /**
  * The balance route's key, from its raw path parameter (onRequest runs before validation): only an
@@ -19,30 +19,6 @@ function balanceCacheKey(request: FastifyRequest): string | undefined {
   if (typeof raw !== 'string' || !/^[1-9][0-9]{0,9}$/.test(raw)) return undefined
   const accountId = Number(raw)
   return accountId > MAX_ACCOUNT_ID ? undefined : accountCacheKey(accountId)
-}
-
-/**
- * Called once a transfer has committed: drops both balances and both owners' account lists.
- * Never throws (the money has moved); failures are logged and counted, and the TTL bounds them.
- * The recipient comes from the transfer's own lock query (no extra statement). A replay drops both
- * sides again: the first attempt may have committed and died before its invalidation.
- */
-export async function invalidateAfterTransfer(
-  app: FastifyInstance,
-  customerId: number,
-  transfer: { fromAccountId: number; toAccountId: number },
-  recipientCustomerId?: number,
-): Promise<void> {
-  if (!app.cache.enabled) return
-  const keys = [
-    accountCacheKey(transfer.fromAccountId),
-    accountCacheKey(transfer.toAccountId),
-    accountsCacheKey(customerId),
-  ]
-  if (recipientCustomerId !== undefined && recipientCustomerId !== customerId) {
-    keys.push(accountsCacheKey(recipientCustomerId))
-  }
-  await app.cache.invalidate(keys)
 }
 
 const accountRoutes: FastifyPluginAsyncTypebox = async (app) => {

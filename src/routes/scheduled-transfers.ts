@@ -3,7 +3,8 @@ import type { FastifyReply } from 'fastify'
 import { Type } from 'typebox'
 import { HttpProblem } from '../errors.ts'
 import { idempotencyKeyMismatch } from '../index.ts'
-import { accountNotFound, getAccountWithOwner, sameAccount } from '../ledger/ledger.ts'
+import { getAccountWithOwner } from '../ledger/ledger.ts'
+import { accountNotFound, sameAccount } from '../ledger/refusals.ts'
 import {
   cancelSchedule,
   createSchedule,

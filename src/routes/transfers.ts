@@ -2,8 +2,8 @@ import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import type { FastifyInstance, FastifyReply, FastifyRequest, onSendHookHandler } from 'fastify'
 import { Type } from 'typebox'
 import { idempotencyKeyMismatch } from '../index.ts'
+import { invalidateAfterTransfer } from '../ledger/account-cache.ts'
 import { executeTransfer } from '../ledger/ledger.ts'
-import { invalidateAfterTransfer } from './accounts.ts'
 import { HEADERS, json, problems } from './openapi.ts'
 import { Amount, Currency, Id, Timestamp } from './schemas.ts'
 
@@ -141,7 +141,7 @@ const transferRoutes: FastifyPluginAsyncTypebox<{ outbox?: boolean }> = async (a
       // Only after the commit: an earlier drop could be refilled with the old balance.
       invalidations.set(
         request,
-        invalidateAfterTransfer(app, Number(request.session!.principal), transfer, recipientCustomerId),
+        invalidateAfterTransfer(app.cache, Number(request.session!.principal), transfer, recipientCustomerId),
       )
       return reply.code(201).send(transfer)
     },

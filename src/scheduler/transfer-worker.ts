@@ -1,7 +1,7 @@
 import type { FastifyBaseLogger } from 'fastify'
 import type { Database } from '../db/database.ts'
 import { type Consumer, createDelayedQueue, type DelayedQueue, type RedisClient } from '../index.ts'
-import { executeScheduledTransfer, type ScheduledRun } from '../ledger/ledger.ts'
+import { type DescribeRefusal, executeScheduledTransfer, type ScheduledRun } from '../ledger/ledger.ts'
 import { queuedIds } from './queue-presence.ts'
 import { markRunning, type NotDue, pendingSchedules } from './store.ts'
 
@@ -28,6 +28,8 @@ export interface TransferWorkerOptions {
   retryDelayMs?: (attempt: number) => number
   /** Whether a scheduled transfer also writes its outbox event, as POST /transfers does (default true). */
   outbox?: boolean
+  /** How a refused run is recorded on its schedule (insufficient funds, ...): the HTTP layer's problem. */
+  describeRefusal: DescribeRefusal
   /** Called after each run (completed, failed or skipped): cache invalidation, tests. */
   onRun?: (scheduleId: number, run: ScheduledRun) => unknown
 }
@@ -79,7 +81,10 @@ export function createTransferWorker(options: TransferWorkerOptions): TransferWo
   async function run(scheduleId: number): Promise<ScheduledRun | 'finished' | NotDue> {
     const marked = await markRunning(db, scheduleId)
     if (marked !== 'running') return marked
-    const outcome = await executeScheduledTransfer(db, scheduleId, { outbox: options.outbox ?? true })
+    const outcome = await executeScheduledTransfer(db, scheduleId, {
+      outbox: options.outbox ?? true,
+      describeRefusal: options.describeRefusal,
+    })
     if (outcome.status === 'failed')
       log.info({ scheduleId, failure: outcome.failure }, 'scheduled transfer failed')
     try {

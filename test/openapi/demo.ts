@@ -1,5 +1,5 @@
 import { fileURLToPath } from 'node:url'
-import { seedDemo } from '../../src/ledger/ledger.ts'
+import { seedDemo } from '../../src/ledger/seed.ts'
 import { buildTestApp, listen, type TestApp } from '../helpers.ts'
 
 export const ROOT = fileURLToPath(new URL('../../', import.meta.url))

@@ -2,8 +2,8 @@ import { randomBytes } from 'node:crypto'
 import { hostname } from 'node:os'
 import type { FastifyInstance } from 'fastify'
 import type { Config } from '../config.ts'
-import { invalidateAfterTransfer } from '../routes/accounts.ts'
-import scheduledTransferRoutes from '../routes/scheduled-transfers.ts'
+import { invalidateAfterTransfer } from '../ledger/account-cache.ts'
+import type { DescribeRefusal } from '../ledger/ledger.ts'
 import {
   createReconciliationJob,
   type ReconciliationJob,
@@ -18,7 +18,9 @@ declare module 'fastify' {
   }
 }
 
-type Tunable<T> = Partial<Omit<T, 'redis' | 'db' | 'log' | 'keyPrefix' | 'instanceId' | 'registry'>>
+type Tunable<T> = Partial<
+  Omit<T, 'redis' | 'db' | 'log' | 'keyPrefix' | 'instanceId' | 'registry' | 'describeRefusal'>
+>
 
 /** Timings of the scheduler's workers (defaults in docs/scheduled-transfers.md); tests shorten them. */
 export interface SchedulerTuning {
@@ -33,13 +35,15 @@ export interface SchedulerOptions {
   keyPrefix: string
   /** Run the workers (queue consumers, mover, reconciler, the reconciliation job) in this process. */
   run: boolean
+  /** How a refused run is recorded on its schedule (src/errors.ts gives it). */
+  describeRefusal: DescribeRefusal
   tuning?: SchedulerTuning
 }
 
 /**
- * Scheduled transfers: the routes always (a schedule is written to Postgres and queued in Redis),
- * the workers when `run` is set: started once the app is ready, stopped on close (items in hand
- * finish, the rest is handed back to the queue for the other instances).
+ * Scheduled transfers as a service: `app.scheduler.worker` always (the routes queue and unqueue
+ * schedules through it), the workers when `run` is set: started once the app is ready, stopped on
+ * close (items in hand finish, the rest is handed back to the queue for the other instances).
  */
 export async function registerScheduler(app: FastifyInstance, options: SchedulerOptions): Promise<void> {
   const { config, keyPrefix, tuning = {} } = options
@@ -51,14 +55,14 @@ export async function registerScheduler(app: FastifyInstance, options: Scheduler
     keyPrefix,
     instanceId,
     outbox: config.events.outbox,
+    describeRefusal: options.describeRefusal,
     ...tuning.transfers,
     onRun: async (scheduleId, run) => {
       if (run.status === 'completed')
-        await invalidateAfterTransfer(app, run.customerId, run, run.recipientCustomerId)
+        await invalidateAfterTransfer(app.cache, run.customerId, run, run.recipientCustomerId)
       await tuning.transfers?.onRun?.(scheduleId, run)
     },
   })
-  await app.register(scheduledTransferRoutes, { worker, maxPending: config.scheduler.maxPending })
   app.decorate('scheduler', { worker })
   if (!options.run) return
 
