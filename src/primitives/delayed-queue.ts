@@ -1,7 +1,8 @@
 import { randomBytes } from 'node:crypto'
-import { type AnyRedisClient, runScript } from '../lua/index.ts'
+import { runScript } from '../lua/index.ts'
 import { type OptionChecker, optionChecker, optionKeys } from '../plugins/common/options.ts'
-import { checkedOptions, checkRedisClient, InvalidArgumentError, shown } from './checks.ts'
+import { type AnyRedisClient, checkRedisClient } from '../plugins/common/redis.ts'
+import { checkedOptions, InvalidArgumentError, shown } from './checks.ts'
 
 // A delayed job queue on Redis. Each instance schedules into its own sorted set (no two movers ever
 // race over one set, so no lock is needed), moves what is due into one shared ready list, and

@@ -1,7 +1,8 @@
-import { type AnyRedisClient, isCluster, runScript } from '../lua/index.ts'
+import { runScript } from '../lua/index.ts'
 import { GatewayError } from '../plugins/common/errors.ts'
 import { type OptionChecker, optionChecker, optionKeys } from '../plugins/common/options.ts'
-import { checkedOptions, checkRedisClient, InvalidArgumentError, shown } from './checks.ts'
+import { type AnyRedisClient, checkRedisClient, isCluster } from '../plugins/common/redis.ts'
+import { checkedOptions, InvalidArgumentError, shown } from './checks.ts'
 import { hashSlot } from './slots.ts'
 import { createStreamConsumer, type StreamEntry } from './stream-consumer.ts'
 

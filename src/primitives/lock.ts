@@ -1,8 +1,9 @@
-import { type AnyRedisClient, runScript } from '../lua/index.ts'
+import { runScript } from '../lua/index.ts'
 import { GatewayError } from '../plugins/common/errors.ts'
 import { optionChecker, optionKeys } from '../plugins/common/options.ts'
 import { randomToken } from '../plugins/common/random-token.ts'
-import { checkedOptions, checkRedisClient, InvalidArgumentError, shown } from './checks.ts'
+import { type AnyRedisClient, checkRedisClient } from '../plugins/common/redis.ts'
+import { checkedOptions, InvalidArgumentError, shown } from './checks.ts'
 
 // A distributed lock on one Redis (or one Cluster slot): SET NX PX to take it, compare-and-delete to
 // release it, compare-and-PEXPIRE to extend it, each one Lua script, plus a fencing token that only

@@ -1,7 +1,13 @@
 import type { Redis } from 'ioredis'
-import { type AnyRedisClient, isCluster, type RedisClient, runScript } from '../lua/index.ts'
+import { runScript } from '../lua/index.ts'
 import { type OptionChecker, optionChecker, optionKeys } from '../plugins/common/options.ts'
-import { checkedOptions, checkRedisClient, shown } from './checks.ts'
+import {
+  type AnyRedisClient,
+  checkRedisClient,
+  isCluster,
+  type RedisClient,
+} from '../plugins/common/redis.ts'
+import { checkedOptions, shown } from './checks.ts'
 
 /** One stream entry as a handler gets it. */
 export interface StreamEntry {

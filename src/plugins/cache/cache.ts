@@ -1,9 +1,9 @@
 import { setTimeout as sleep } from 'node:timers/promises'
 import type { FastifyBaseLogger } from 'fastify'
-import { isCluster, type RedisClient, runScript } from '../../lua/index.ts'
+import { runScript } from '../../lua/index.ts'
 import { optionChecker, optionKeys } from '../common/options.ts'
 import { randomToken } from '../common/random-token.ts'
-import { describeValue } from '../common/redis.ts'
+import { describeValue, isCluster, type RedisClient } from '../common/redis.ts'
 import {
   CacheKeyInvalidError,
   CacheLoadTimeoutError,

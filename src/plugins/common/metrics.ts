@@ -1,7 +1,6 @@
 import type { FastifyInstance } from 'fastify'
 import type { Registry } from 'prom-client'
-import type { RedisClient } from '../../lua/index.ts'
-import './redis.ts'
+import type { RedisClient } from './redis.ts'
 
 /** What the metrics plugin decorates `app.metrics` with. */
 export interface MetricsApi {

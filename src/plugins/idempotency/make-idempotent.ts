@@ -1,11 +1,15 @@
 import { setTimeout as sleep } from 'node:timers/promises'
 import type { FastifyInstance } from 'fastify'
 import { Counter, type Registry } from 'prom-client'
-import type { AnyRedisClient, RedisClient } from '../../lua/index.ts'
-import { RedisClientError } from '../common/errors.ts'
 import { adoptMetric } from '../common/metrics.ts'
 import { optionChecker, optionKeys } from '../common/options.ts'
-import { checkRedisServer, connectRedis, describeValue, isRedisClient } from '../common/redis.ts'
+import {
+  type AnyRedisClient,
+  checkRedisClient,
+  checkRedisServer,
+  connectRedis,
+  type RedisClient,
+} from '../common/redis.ts'
 import {
   IdempotencyFingerprintTooLargeError,
   IdempotencyInFlightError,
@@ -149,11 +153,8 @@ export function makeIdempotent<A extends unknown[], T>(
   if (typeof options !== 'object' || options === null)
     fail(`\`options\` must be an object with \`redis\` and \`keyOf\`, got ${shown(options)}`)
   check.known(options, OPTIONS)
-  const { redis, keyOf, fingerprintOf, logger = nowhere, registry } = options
-  if (!isRedisClient(redis))
-    throw new RedisClientError(
-      `makeIdempotent: \`redis\` must be an ioredis client (new Redis() or new Cluster()), got ${describeValue(redis)}`,
-    )
+  const { keyOf, fingerprintOf, logger = nowhere, registry } = options
+  const redis = checkRedisClient('makeIdempotent', options.redis)
   if (typeof keyOf !== 'function') fail(`\`keyOf\` must be a function of the arguments, got ${shown(keyOf)}`)
   if (fingerprintOf !== undefined && typeof fingerprintOf !== 'function')
     fail(`\`fingerprintOf\` must be a function of the arguments, got ${shown(fingerprintOf)}`)

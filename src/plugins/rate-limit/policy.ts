@@ -1,4 +1,5 @@
 import type { FastifyReply, FastifyRequest } from 'fastify'
+import type { ScriptName } from '../../lua/index.ts'
 import type { PrincipalFunction } from '../common/principal.ts'
 import { describeValue } from '../common/redis.ts'
 import { type Duration, durationOption, parseDuration } from './duration.ts'
@@ -111,7 +112,7 @@ export type AllowList = readonly string[] | ((request: FastifyRequest) => boolea
 export interface Policy {
   name: string
   algorithm: Algorithm
-  script: string
+  script: ScriptName
   /** The limit; for a per-request limit, 0 (see `limitFn`). */
   limit: number
   limitFn: LimitFunction | null
@@ -160,7 +161,7 @@ export interface Resolved {
   windowMs: number
 }
 
-const SCRIPTS: Record<Algorithm, string> = {
+const SCRIPTS: Record<Algorithm, ScriptName> = {
   'fixed-window': 'rateLimitFixedWindow',
   'sliding-log': 'rateLimitSlidingLog',
   'sliding-counter': 'rateLimitSlidingCounter',

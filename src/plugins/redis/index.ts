@@ -1,11 +1,19 @@
 import type { Writable } from 'node:stream'
 import type { FastifyInstance } from 'fastify'
 import fp from 'fastify-plugin'
-import { Cluster, type Command, Redis } from 'ioredis'
-import type { AnyRedisClient, RedisClient } from '../../lua/index.ts'
+import { Cluster, Redis } from 'ioredis'
 import { RedisConnectionError } from '../common/errors.ts'
 import { optionChecker, optionKeys } from '../common/options.ts'
-import { boundCommands, connectRedis, describeValue, isRedisClient, redisAddress } from '../common/redis.ts'
+import {
+  type AnyRedisClient,
+  beforeEachCommand,
+  boundCommands,
+  connectRedis,
+  describeValue,
+  isRedisClient,
+  type RedisClient,
+  redisAddress,
+} from '../common/redis.ts'
 
 export type { AnyRedisClient, RedisClient }
 export { boundCommands, connectRedis }
@@ -71,15 +79,13 @@ export function batchWrites(client: Redis): void {
     corked?.uncork()
     corked = null
   }
-  const send = client.sendCommand
-  client.sendCommand = function (this: Redis, command: Command, stream?: unknown) {
-    if (corked === null && this.stream) {
-      corked = this.stream
+  beforeEachCommand(client, () => {
+    if (corked === null && client.stream) {
+      corked = client.stream
       corked.cork()
       setImmediate(uncork)
     }
-    return send.call(this, command, stream as never)
-  } as typeof client.sendCommand
+  })
 }
 
 const PLUGIN_OPTIONS = optionKeys<RedisPluginOptions>({

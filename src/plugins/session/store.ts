@@ -1,6 +1,7 @@
 import { createHash, randomBytes } from 'node:crypto'
-import { type RedisClient, runScript } from '../../lua/index.ts'
+import { runScript } from '../../lua/index.ts'
 import { HttpProblem } from '../common/problem.ts'
+import type { RedisClient } from '../common/redis.ts'
 import {
   SessionHandleError,
   SessionLifetimeError,
