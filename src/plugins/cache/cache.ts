@@ -4,6 +4,7 @@ import { runScript } from '../../lua/index.ts'
 import { optionChecker, optionKeys } from '../common/options.ts'
 import { randomToken } from '../common/random-token.ts'
 import { describeValue, isCluster, type RedisClient } from '../common/redis.ts'
+import { withTimeout } from '../common/timeout.ts'
 import {
   CacheKeyInvalidError,
   CacheLoadTimeoutError,
@@ -278,28 +279,15 @@ export function withDeadline<T>(
   late: (err: unknown) => void,
   onTimeout?: () => void,
 ): Promise<T> {
-  return new Promise<T>((resolve, reject) => {
-    let timedOut = false
-    const timer = setTimeout(
-      () => {
-        timedOut = true
-        onTimeout?.()
-        reject(new CacheLoadTimeoutError(key, timeoutMs))
-      },
-      Math.max(0, deadline - Date.now()),
-    )
-    work.then(
-      (value) => {
-        clearTimeout(timer)
-        resolve(value)
-      },
-      (err) => {
-        clearTimeout(timer)
-        if (timedOut) late(err)
-        else reject(err)
-      },
-    )
-  })
+  return withTimeout(
+    work,
+    Math.max(0, deadline - Date.now()),
+    () => {
+      onTimeout?.()
+      throw new CacheLoadTimeoutError(key, timeoutMs)
+    },
+    late,
+  )
 }
 
 /** Redis cache-aside with a fence against stale fills, a cross-instance lease and an optional L1. */
@@ -639,33 +627,22 @@ export class RedisCache implements CacheApi {
   ): Promise<T | null> {
     const name = namespace(key)
     const onLoadError = options.onLoadError ?? this.settings.onLoadError
-    return new Promise<T | null>((resolve, reject) => {
-      let served = false
-      const timer = setTimeout(() => {
-        served = true
+    const withinWait = withTimeout(
+      refresh,
+      waitMs,
+      () => {
         this.metrics.softTimeouts.inc({ name })
         this.metrics.staleServed.inc({ name })
-        resolve(stale)
-      }, waitMs)
-      refresh.then(
-        (value) => {
-          if (served) return
-          clearTimeout(timer)
-          resolve(value)
-        },
-        (err) => {
-          if (served) {
-            this.parts.log.warn({ err, key }, 'cache refresh failed; the entry stays until its hard TTL')
-            return
-          }
-          clearTimeout(timer)
-          if (onLoadError === 'fail') return reject(err)
-          this.parts.log.warn({ err, key }, 'cache refresh failed; serving the stale copy')
-          this.metrics.staleOnError.inc({ name })
-          this.metrics.staleServed.inc({ name })
-          resolve(stale)
-        },
-      )
+        return stale
+      },
+      (err) => this.parts.log.warn({ err, key }, 'cache refresh failed; the entry stays until its hard TTL'),
+    )
+    return withinWait.catch((err: unknown) => {
+      if (onLoadError === 'fail') throw err
+      this.parts.log.warn({ err, key }, 'cache refresh failed; serving the stale copy')
+      this.metrics.staleOnError.inc({ name })
+      this.metrics.staleServed.inc({ name })
+      return stale
     })
   }
 

@@ -1,6 +1,7 @@
 import type { FastifyInstance } from 'fastify'
 import type { Cluster, Command, Redis } from 'ioredis'
 import { RedisClientError, RedisServerError } from './errors.ts'
+import { withTimeout } from './timeout.ts'
 
 /** Any ioredis client a user created: a single node or a Cluster. */
 export type RedisClient = Redis | Cluster
@@ -174,12 +175,10 @@ async function waitForReady(
     return false
   }
   const lastError = lastConnectionError(client)
-  let timer: NodeJS.Timeout | undefined
-  const timeout = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`not ready within ${timeoutMs} ms`)), timeoutMs)
-  })
   try {
-    await Promise.race([connecting, timeout])
+    await withTimeout(connecting, timeoutMs, () => {
+      throw new Error(`not ready within ${timeoutMs} ms`)
+    })
     return true
   } catch (err) {
     connecting.catch(() => {})
@@ -194,7 +193,6 @@ async function waitForReady(
     )
     return false
   } finally {
-    clearTimeout(timer)
     lastError.stop()
   }
 }

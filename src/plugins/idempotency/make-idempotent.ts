@@ -10,6 +10,7 @@ import {
   connectRedis,
   type RedisClient,
 } from '../common/redis.ts'
+import { withTimeout } from '../common/timeout.ts'
 import {
   IdempotencyFingerprintTooLargeError,
   IdempotencyInFlightError,
@@ -121,19 +122,8 @@ const CONNECT_WAIT_MS = 5000
 
 /** Resolves once the client is ready, or after CONNECT_WAIT_MS; never rejects (the claim then fails on its own). */
 async function settleConnection(redis: RedisClient): Promise<void> {
-  let timer: NodeJS.Timeout | undefined
-  try {
-    await Promise.race([
-      connectRedis(redis),
-      new Promise((resolve) => {
-        timer = setTimeout(resolve, CONNECT_WAIT_MS)
-      }),
-    ])
-  } catch {
-    // Not connected: the claim fails and `onRedisError` decides.
-  } finally {
-    clearTimeout(timer)
-  }
+  // Not connected: the claim fails and `onRedisError` decides.
+  await withTimeout(connectRedis(redis), CONNECT_WAIT_MS, () => undefined).catch(() => {})
 }
 
 /**

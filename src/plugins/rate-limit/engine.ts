@@ -3,6 +3,7 @@ import type { FastifyBaseLogger, FastifyRequest } from 'fastify'
 import { runScript } from '../../lua/index.ts'
 import type { PrincipalFunction } from '../common/principal.ts'
 import { commandTimeoutOf, type RedisClient } from '../common/redis.ts'
+import { withTimeout } from '../common/timeout.ts'
 import { RateLimitArgumentError, RateLimitError } from './errors.ts'
 import { identityTag, MAX_KEY_INPUT } from './keys.ts'
 import { MemoryStore } from './memory.ts'
@@ -461,7 +462,7 @@ export class RateLimitEngine {
     const started = performance.now()
     try {
       const call = runScript<number[]>(redis, group.policies[0]!.script, keys, argv)
-      reply = await (this.ownTimeout ? withTimeout(call, this.options.timeoutMs) : call)
+      reply = await (this.ownTimeout ? answeredWithin(call, this.options.timeoutMs) : call)
     } catch (err) {
       if (!redisUnavailable(err)) {
         this.noteScriptError(group, keys, err as Error)
@@ -770,7 +771,7 @@ export class RateLimitEngine {
     this.fallback?.delete(keys)
     if (this.memory) return this.memory.delete(keys)
     const call = this.redis!.del(...keys)
-    await (this.ownTimeout ? withTimeout(call, this.options.timeoutMs) : call)
+    await (this.ownTimeout ? answeredWithin(call, this.options.timeoutMs) : call)
   }
 
   /** `app.rateLimiter.block`: rejects the key under this policy for `ms` from now. */
@@ -778,7 +779,7 @@ export class RateLimitEngine {
     const key = `${this.keyOf(this.tagOf(identity), policy)}:block`
     if (this.memory) return this.memory.block(key, ms)
     const call = this.redis!.set(key, '1', 'PX', ms)
-    await (this.ownTimeout ? withTimeout(call, this.options.timeoutMs) : call)
+    await (this.ownTimeout ? answeredWithin(call, this.options.timeoutMs) : call)
   }
 }
 
@@ -786,10 +787,8 @@ function isThenable(value: unknown): value is PromiseLike<unknown> {
   return typeof (value as PromiseLike<unknown> | null)?.then === 'function'
 }
 
-function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T> {
-  let timer: NodeJS.Timeout | undefined
-  const timeout = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`Redis did not answer within ${ms} ms`)), ms)
+/** A script call bounded by the plugin's `timeoutMs`, for a client without a commandTimeout of its own. */
+const answeredWithin = <T>(call: Promise<T>, ms: number) =>
+  withTimeout(call, ms, () => {
+    throw new Error(`Redis did not answer within ${ms} ms`)
   })
-  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer))
-}
