@@ -4,6 +4,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest, RouteOptions } from
 import fp from 'fastify-plugin'
 import { optionChecker, optionKeys } from '../plugins/common/options.ts'
 import { bootPluginRedis, type RedisClient } from '../plugins/common/redis.ts'
+import { addRouteHook } from '../plugins/common/route-hooks.ts'
 import { parseDuration } from '../plugins/rate-limit/duration.ts'
 import { RateLimitEngine, type RateLimitResult } from '../plugins/rate-limit/engine.ts'
 import { clientAddress } from '../plugins/rate-limit/keys.ts'
@@ -552,14 +553,8 @@ async function fastifyRateLimit(fastify: FastifyInstance, settings: RateLimitPlu
     fastify.decorate('rateLimit', rateLimit as never)
   }
 
-  const addRouteHook = (l: Limiter, route: RouteOptions) => {
-    const hook = l.params.hook as 'onRequest'
-    const h = handler(l)
-    const existing = route[hook]
-    if (Array.isArray(existing)) existing.push(h)
-    else if (typeof existing === 'function') route[hook] = [existing, h]
-    else route[hook] = [h]
-  }
+  const addLimiterHook = (l: Limiter, route: RouteOptions) =>
+    addRouteHook(route, l.params.hook as 'onRequest', handler(l))
 
   fastify.addHook('onRoute', (route) => {
     const config = (route.config as { rateLimit?: unknown } | undefined)?.rateLimit
@@ -569,12 +564,12 @@ async function fastifyRateLimit(fastify: FastifyInstance, settings: RateLimitPlu
         const where = `${[route.method].flat().join(',')}${route.url}`
         // Routes naming one groupId share its counter; any other route counts on its own.
         const name = params.groupId ? counterName('g', params.groupId) : counterName('r', where)
-        addRouteHook(limiter(params, name, route), route)
+        addLimiterHook(limiter(params, name, route), route)
       } else if (config !== false) {
         throw new Error('Unknown value for route rate-limit configuration')
       }
     } else if (base.global) {
-      addRouteHook(global, route)
+      addLimiterHook(global, route)
     }
   })
 }

@@ -12,6 +12,7 @@ import { type PrincipalFunction, resolvePrincipal } from '../common/principal.ts
 import { HttpProblem, PROBLEM_CONTENT_TYPE, sendProblem } from '../common/problem.ts'
 import { bootPluginRedis } from '../common/redis.ts'
 import { pluginRegistered, routeCovered } from '../common/route-coverage.ts'
+import { addRouteHook } from '../common/route-hooks.ts'
 import { parseIdempotencyKey, requestFingerprint } from './key.ts'
 import {
   defaultScope,
@@ -323,12 +324,10 @@ async function idempotencyPlugin(app: FastifyInstance, rawOptions: IdempotencyPl
     const route = resolveRouteConfig(routeOptions.config?.idempotency, options, routeName)
     if (!route) return
     routeCovered(app, 'idempotency', routeOptions)
-    const append = <T>(existing: T | T[] | undefined, hook: T): T[] =>
-      existing === undefined ? [hook] : Array.isArray(existing) ? [...existing, hook] : [existing, hook]
-    routeOptions.preHandler = append(routeOptions.preHandler, makePreHandler(route, routeOptions.constraints))
-    routeOptions.onSend = append(routeOptions.onSend, finish)
-    routeOptions.onResponse = append(routeOptions.onResponse, stopRenewal)
-    routeOptions.onError = append(routeOptions.onError, noteGuardMismatch)
+    addRouteHook(routeOptions, 'preHandler', makePreHandler(route, routeOptions.constraints))
+    addRouteHook(routeOptions, 'onSend', finish)
+    addRouteHook(routeOptions, 'onResponse', stopRenewal)
+    addRouteHook(routeOptions, 'onError', noteGuardMismatch)
   })
 }
 

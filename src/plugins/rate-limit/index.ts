@@ -12,6 +12,7 @@ import { checkPrincipalOption, type PrincipalFunction, resolvePrincipal } from '
 import { HttpProblem, sendProblem } from '../common/problem.ts'
 import { type AnyRedisClient, bootPluginRedis, describeValue } from '../common/redis.ts'
 import { pluginRegistered, routeCovered } from '../common/route-coverage.ts'
+import { addRouteHook } from '../common/route-hooks.ts'
 import { type Duration, durationOption, parseDuration } from './duration.ts'
 import { type Decision, type Outcome, RateLimitEngine, type RateLimitResult, type Refund } from './engine.ts'
 import {
@@ -484,13 +485,11 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
     ]
     if (policies.length === 0) return
     limitedRoutes++
-    const add = <T>(existing: T | T[] | undefined, hook: T): T[] =>
-      [...(existing ? [existing].flat() : []), hook] as T[]
     const early = policies.filter((p) => p.hook === 'onRequest')
     const late = policies.filter((p) => p.hook === 'preHandler')
-    if (early.length) route.onRequest = add(route.onRequest, limit(early))
-    if (late.length) route.preHandler = add(route.preHandler, limit(late) as never)
-    if (policies.some((p) => p.isFailure)) route.onSend = add(route.onSend, refundSuccesses as never)
+    if (early.length) addRouteHook(route, 'onRequest', limit(early))
+    if (late.length) addRouteHook(route, 'preHandler', limit(late) as never)
+    if (policies.some((p) => p.isFailure)) addRouteHook(route, 'onSend', refundSuccesses as never)
   })
 
   // Requests no route matched never pass onRoute: the not-found handler of this instance (set
