@@ -39,7 +39,9 @@ export function observePluginRedis(
 
 /**
  * The registry's metric of this name if one exists (a second instance of a plugin in one app shares
- * it), else `metric`, registered now. Plugins create their metrics unregistered and adopt them here.
+ * it), else `metric`, registered now. The one way a metric of the library enters a registry: every
+ * metric is created unregistered (`registers: []`) and adopted here, by its plugin once the metrics
+ * plugin is ready (`whenMetricsReady`) or by the metrics plugin itself.
  */
 export function adoptMetric<T>(registry: Registry, metric: T): T {
   // prom-client's types leave `name` off its metric classes; every instance has it.

@@ -3,7 +3,7 @@ import fp from 'fastify-plugin'
 import type { Command } from 'ioredis'
 import { Counter, collectDefaultMetrics, Registry } from 'prom-client'
 import { scriptSources } from '../../lua/index.ts'
-import type { MetricsApi } from '../common/metrics.ts'
+import { adoptMetric, type MetricsApi } from '../common/metrics.ts'
 import { optionChecker, optionKeys } from '../common/options.ts'
 import { beforeEachCommand, type RedisClient } from '../common/redis.ts'
 import { type HistogramSeries, TalliedHistogram } from '../common/tallied-histogram.ts'
@@ -88,26 +88,32 @@ function checkOptions(options: MetricsPluginOptions): void {
 async function metricsPlugin(app: FastifyInstance, options: MetricsPluginOptions) {
   checkOptions(options)
   const registry = new Registry()
-  const registers = [registry]
   if (options.processMetrics !== false) collectDefaultMetrics({ register: registry })
-  const httpDuration = new TalliedHistogram(
-    'http_request_duration_seconds',
-    'HTTP request duration by method, route and status',
-    [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
+  const httpDuration = adoptMetric(
     registry,
+    new TalliedHistogram(
+      'http_request_duration_seconds',
+      'HTTP request duration by method, route and status',
+      [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
+    ),
   )
-  const redisDuration = new TalliedHistogram(
-    'redis_command_duration_seconds',
-    'Redis command latency seen by the client (send to reply), by client and command; scripts as script:<name>',
-    FAST_BUCKETS,
+  const redisDuration = adoptMetric(
     registry,
+    new TalliedHistogram(
+      'redis_command_duration_seconds',
+      'Redis command latency seen by the client (send to reply), by client and command; scripts as script:<name>',
+      FAST_BUCKETS,
+    ),
   )
-  const redisErrors = new Counter({
-    name: 'redis_command_errors_total',
-    help: 'Redis commands that failed, by client, command and reason (timeout, connection, noscript, reply)',
-    labelNames: ['client', 'command', 'reason'] as const,
-    registers,
-  })
+  const redisErrors = adoptMetric(
+    registry,
+    new Counter({
+      name: 'redis_command_errors_total',
+      help: 'Redis commands that failed, by client, command and reason (timeout, connection, noscript, reply)',
+      labelNames: ['client', 'command', 'reason'] as const,
+      registers: [],
+    }),
+  )
   const cleanups: Array<() => void> = []
   const observedClients = new WeakSet<RedisClient>()
   const metrics: MetricsApi = {
