@@ -27,3 +27,6 @@ export function addRouteHook<N extends RouteHookName>(
   const existing = (route[name] === undefined ? [] : [route[name]].flat()) as RouteHook<N>[]
   route[name] = (position === 'first' ? [hook, ...existing] : [...existing, hook]) as RouteOptions[N]
 }
+
+/** A route as messages name it: `GET /accounts/:id`, `GET,HEAD /` for several methods. */
+export const routeName = (route: RouteOptions) => `${[route.method].flat().join(',')} ${route.url}`

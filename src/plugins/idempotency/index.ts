@@ -12,7 +12,7 @@ import { type PrincipalFunction, resolvePrincipal } from '../common/principal.ts
 import { HttpProblem, PROBLEM_CONTENT_TYPE, sendProblem } from '../common/problem.ts'
 import { bootPluginRedis } from '../common/redis.ts'
 import { pluginRegistered, routeCovered } from '../common/route-coverage.ts'
-import { addRouteHook } from '../common/route-hooks.ts'
+import { addRouteHook, routeName } from '../common/route-hooks.ts'
 import { parseIdempotencyKey, requestFingerprint } from './key.ts'
 import {
   defaultScope,
@@ -320,8 +320,7 @@ async function idempotencyPlugin(app: FastifyInstance, rawOptions: IdempotencyPl
   }
 
   app.addHook('onRoute', (routeOptions) => {
-    const routeName = `${routeOptions.method} ${routeOptions.url}`
-    const route = resolveRouteConfig(routeOptions.config?.idempotency, options, routeName)
+    const route = resolveRouteConfig(routeOptions.config?.idempotency, options, routeName(routeOptions))
     if (!route) return
     routeCovered(app, 'idempotency', routeOptions)
     addRouteHook(routeOptions, 'preHandler', makePreHandler(route, routeOptions.constraints))

@@ -12,7 +12,7 @@ import { checkPrincipalOption, type PrincipalFunction, resolvePrincipal } from '
 import { sendProblem } from '../common/problem.ts'
 import { type AnyRedisClient, bootPluginRedis, describeValue } from '../common/redis.ts'
 import { pluginRegistered, routeCovered } from '../common/route-coverage.ts'
-import { addRouteHook } from '../common/route-hooks.ts'
+import { addRouteHook, routeName } from '../common/route-hooks.ts'
 import { type Duration, durationOption, parseDuration } from './duration.ts'
 import { type Decision, type Outcome, RateLimitEngine, type RateLimitResult, type Refund } from './engine.ts'
 import {
@@ -280,9 +280,8 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
     return payload
   }
 
-  const routeName = (route: RouteOptions) => `route ${[route.method].flat().join(',')} ${route.url}`
   const resolve = (route: RouteOptions, entry: unknown): Policy => {
-    const where = `${routeName(route)}: config.rateLimits: `
+    const where = `route ${routeName(route)}: config.rateLimits: `
     if (typeof entry === 'object' && entry !== null && !Array.isArray(entry))
       return define(entry as RateLimitPolicy, where)
     if (typeof entry !== 'string')
@@ -292,7 +291,7 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
     const policy = named.get(entry as string)
     if (!policy)
       throw new RateLimitUnknownPolicyError(
-        `rate-limit plugin: ${routeName(route)} names unknown policy '${entry}'${namedList()}`,
+        `rate-limit plugin: route ${routeName(route)} names unknown policy '${entry}'${namedList()}`,
         entry as string,
       )
     return policy
@@ -353,7 +352,7 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
   app.addHook('onRoute', (route) => {
     const routeConfig = route.config as Record<string, unknown> | undefined
     if (routeConfig?.rateLimit !== undefined)
-      foreignConfigs.push({ where: `${routeName(route)}: config`, value: routeConfig.rateLimit })
+      foreignConfigs.push({ where: `route ${routeName(route)}: config`, value: routeConfig.rateLimit })
     const config = route.config?.rateLimits
     if (config !== undefined) routeCovered(app, 'rateLimits', route)
     if (config === false) return
