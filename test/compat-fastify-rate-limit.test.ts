@@ -6,7 +6,7 @@ import rateLimit, {
   normalizeIP,
   type RateLimitDecorators,
 } from '../src/compat/fastify-rate-limit.ts'
-import type { RedisClient } from '../src/lua/index.ts'
+import type { RedisClient } from '../src/plugins/common/redis.ts'
 import { connectRedis, createRedisClient } from '../src/plugins/redis/index.ts'
 import { testRedisConnection, uniquePrefix } from './helpers.ts'
 

@@ -14,7 +14,7 @@ import {
   RedisClientError,
   UnknownOptionError,
 } from '../src/index.ts'
-import { isCluster } from '../src/lua/index.ts'
+import { isCluster } from '../src/plugins/common/redis.ts'
 import { connectRedis, createRedisClient } from '../src/plugins/redis/index.ts'
 import { scanKeys, testRedisConnection, uniquePrefix } from './helpers.ts'
 

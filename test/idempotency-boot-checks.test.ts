@@ -14,7 +14,7 @@ import {
   RouteNotProtectedError,
   UnknownOptionError,
 } from '../src/index.ts'
-import type { RedisClient } from '../src/lua/index.ts'
+import type { RedisClient } from '../src/plugins/common/redis.ts'
 import { createRedisClient } from '../src/plugins/redis/index.ts'
 import { scanKeys, testRedisConnection, uniquePrefix } from './helpers.ts'
 

@@ -15,7 +15,7 @@ import {
   type MakeIdempotentOptions,
   makeIdempotent,
 } from '../src/index.ts'
-import type { RedisClient } from '../src/lua/index.ts'
+import type { RedisClient } from '../src/plugins/common/redis.ts'
 import * as subpath from '../src/plugins/idempotency/index.ts'
 import { createRedisClient } from '../src/plugins/redis/index.ts'
 import { scanKeys, testRedisConnection, uniquePrefix } from './helpers.ts'

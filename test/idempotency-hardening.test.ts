@@ -3,8 +3,8 @@ import { after, before, describe, test } from 'node:test'
 import fc from 'fast-check'
 import Fastify, { type FastifyInstance } from 'fastify'
 import { registerProblemHandlers } from '../src/errors.ts'
-import type { RedisClient } from '../src/lua/index.ts'
 import type { PrincipalFunction } from '../src/plugins/common/principal.ts'
+import type { RedisClient } from '../src/plugins/common/redis.ts'
 import idempotency, {
   canonicalJson,
   type IdempotencyPluginOptions,

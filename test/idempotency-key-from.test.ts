@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict'
 import { after, before, describe, test } from 'node:test'
 import Fastify, { type FastifyInstance } from 'fastify'
-import type { RedisClient } from '../src/lua/index.ts'
+import type { RedisClient } from '../src/plugins/common/redis.ts'
 import idempotency, {
   type IdempotencyPluginOptions,
   type IdempotencyReplay,

@@ -4,7 +4,7 @@ import Fastify, { type FastifyInstance } from 'fastify'
 import { Redis } from 'ioredis'
 import { startRedisServer } from '../src/embedded/redis-server.ts'
 import { registerProblemHandlers } from '../src/errors.ts'
-import type { RedisClient } from '../src/lua/index.ts'
+import type { RedisClient } from '../src/plugins/common/redis.ts'
 import idempotency, {
   type IdempotencyPluginOptions,
   parseIdempotencyKey,

@@ -1,7 +1,8 @@
 import assert from 'node:assert/strict'
 import { after, before, describe, test } from 'node:test'
 import Fastify from 'fastify'
-import { type RedisClient, runScript } from '../src/lua/index.ts'
+import { runScript, type ScriptName } from '../src/lua/index.ts'
+import type { RedisClient } from '../src/plugins/common/redis.ts'
 import { memoryStoreOf } from '../src/plugins/rate-limit/engine.ts'
 import rateLimit, { type Algorithm, keyBy } from '../src/plugins/rate-limit/index.ts'
 import { MemoryStore } from '../src/plugins/rate-limit/memory.ts'
@@ -210,7 +211,7 @@ function prng(seed: number) {
   }
 }
 
-const SCRIPT: Record<Algorithm, string> = {
+const SCRIPT: Record<Algorithm, ScriptName> = {
   'fixed-window': 'rateLimitFixedWindow',
   'sliding-log': 'rateLimitSlidingLog',
   'sliding-counter': 'rateLimitSlidingCounter',

@@ -1,6 +1,7 @@
 import type { FastifyInstance, FastifyRequest, RouteOptions } from 'fastify'
 import fp from 'fastify-plugin'
 import { bootPluginRedis } from '../plugins/common/redis.ts'
+import { addRouteHook } from '../plugins/common/route-hooks.ts'
 import { RateLimitEngine, type RateLimitResult } from '../plugins/rate-limit/engine.ts'
 import { createMetrics } from '../plugins/rate-limit/metrics.ts'
 import { normalizePolicy, type Policy, type RateLimitPolicy } from '../plugins/rate-limit/policy.ts'
@@ -262,14 +263,10 @@ async function fastifyRateLimit(fastify: FastifyInstance, settings: RateLimitPlu
     fastify.decorate('rateLimit', rateLimit as never)
   }
 
-  const addRouteHook = (l: Limiter, route: RouteOptions) => {
-    const hook = l.params.hook as 'onRequest'
+  const addLimiterHook = (l: Limiter, route: RouteOptions) => {
     const config = (route.config as { rateLimit?: { groupId?: unknown } } | undefined)?.rateLimit
-    const h = handler(l, typeof config?.groupId === 'string' ? config.groupId : null)
-    const existing = route[hook]
-    if (Array.isArray(existing)) existing.push(h)
-    else if (typeof existing === 'function') route[hook] = [existing, h]
-    else route[hook] = [h]
+    const routeGroupId = typeof config?.groupId === 'string' ? config.groupId : null
+    addRouteHook(route, l.params.hook as 'onRequest', handler(l, routeGroupId))
   }
 
   fastify.addHook('onRoute', (route) => {
@@ -280,12 +277,12 @@ async function fastifyRateLimit(fastify: FastifyInstance, settings: RateLimitPlu
         const where = `${[route.method].flat().join(',')}${route.url}`
         // Routes naming one groupId share its counter; any other route counts on its own.
         const name = params.groupId ? counterName('g', params.groupId) : counterName('r', where)
-        addRouteHook(limiter(params, name, route), route)
+        addLimiterHook(limiter(params, name, route), route)
       } else if (config !== false) {
         throw new Error('Unknown value for route rate-limit configuration')
       }
     } else if (base.global) {
-      addRouteHook(global, route)
+      addLimiterHook(global, route)
     }
   })
 }

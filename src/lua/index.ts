@@ -1,30 +1,69 @@
 import { createHash } from 'node:crypto'
 import { readdirSync, readFileSync } from 'node:fs'
 import type { Writable } from 'node:stream'
-import type { Cluster, Redis } from 'ioredis'
-
-/** Any ioredis client a user created: a single node or a Cluster. */
-export type RedisClient = Redis | Cluster
-
-/**
- * A client of a package with the ioredis API under its own types: iovalkey's `Redis` and `Cluster`
- * (its classes are not assignable to ioredis's, which have members of their own). What `isRedisClient`
- * checks at run time, plus the methods every caller of the library relies on.
- */
-export interface IoredisCompatibleClient {
-  readonly status: string
-  sendCommand(...args: never[]): unknown
-  call(...args: never[]): unknown
-  duplicate(...args: never[]): unknown
-}
-
-/** What a plugin's `redis` option and a primitive accept: an ioredis client or an iovalkey one. */
-export type AnyRedisClient = RedisClient | IoredisCompatibleClient
-
-export const isCluster = (redis: RedisClient): redis is Cluster =>
-  'nodes' in redis && typeof redis.nodes === 'function'
 
 const dir = new URL('.', import.meta.url)
+
+/**
+ * Every script of this folder by name (`rate-limit-gcra.lua` is `rateLimitGcra`), so a misspelled
+ * name fails the type check; loading refuses a folder that does not hold exactly these scripts.
+ */
+const SCRIPT_NAMES = [
+  'bloomAdd',
+  'bloomBegin',
+  'bloomCheck',
+  'bloomFinish',
+  'cacheFill',
+  'cacheGet',
+  'cacheInvalidate',
+  'cacheRelease',
+  'cacheSet',
+  'cacheTags',
+  'delayedQueueAck',
+  'delayedQueueAdopt',
+  'delayedQueueHandBack',
+  'delayedQueueHeartbeat',
+  'delayedQueueMove',
+  'delayedQueueNack',
+  'delayedQueueRemove',
+  'delayedQueueReturnStuck',
+  'delayedQueueSchedule',
+  'delayedQueueTake',
+  'feedBuild',
+  'feedFanout',
+  'feedFanoutStart',
+  'feedFollow',
+  'feedMarked',
+  'feedProducers',
+  'feedPublish',
+  'feedRead',
+  'feedRemove',
+  'feedRemoved',
+  'feedTimeline',
+  'idempotencyClaim',
+  'idempotencyComplete',
+  'idempotencyRelease',
+  'idempotencyRenew',
+  'leaderboardAdd',
+  'lockAcquire',
+  'lockExtend',
+  'lockHolder',
+  'lockRelease',
+  'rateLimitFixedWindow',
+  'rateLimitGcra',
+  'rateLimitSlidingCounter',
+  'rateLimitSlidingLog',
+  'rateLimitTokenBucket',
+  'sessionCreate',
+  'sessionDescribe',
+  'sessionIndexAdd',
+  'sessionSet',
+  'shardedCounterAdd',
+  'streamAppendJson',
+  'streamAppendOnce',
+] as const
+
+export type ScriptName = (typeof SCRIPT_NAMES)[number]
 
 interface Script {
   lua: string
@@ -46,19 +85,37 @@ function withIncludes(lua: string): string {
   )
 }
 
-const scripts = new Map<string, Script>(
-  readdirSync(dir)
-    .filter((file) => file.endsWith('.lua'))
-    .map((file) => {
-      const lua = withIncludes(readFileSync(new URL(file, dir), 'utf8'))
-      return [scriptName(file), { lua, sha: createHash('sha1').update(lua).digest('hex') }]
-    }),
-)
+function loadScripts(): Map<ScriptName, Script> {
+  const found = new Map<string, Script>(
+    readdirSync(dir)
+      .filter((file) => file.endsWith('.lua'))
+      .map((file) => {
+        const lua = withIncludes(readFileSync(new URL(file, dir), 'utf8'))
+        return [scriptName(file), { lua, sha: createHash('sha1').update(lua).digest('hex') }]
+      }),
+  )
+  const listed = new Set<string>(SCRIPT_NAMES)
+  const unlisted = [...found.keys()].filter((name) => !listed.has(name))
+  const missing = SCRIPT_NAMES.filter((name) => !found.has(name))
+  if (unlisted.length || missing.length)
+    throw new Error(
+      `src/lua and SCRIPT_NAMES disagree: ${[...unlisted.map((name) => `${name} is not listed`), ...missing.map((name) => `${name} has no file`)].join('; ')}`,
+    )
+  return found as Map<ScriptName, Script>
+}
+
+const scripts = loadScripts()
 
 /** Every script by name, with its SHA1 (the metrics plugin names EVALSHA calls by it). */
 export const scriptSources: ReadonlyMap<string, Script> = scripts
 
 type Arg = string | number | Buffer
+
+/** What the runner needs of a client: ioredis's `call` and `callBuffer` (a Redis or a Cluster, ioredis or iovalkey). */
+export interface ScriptClient {
+  call(...args: never[]): Promise<unknown>
+  callBuffer(...args: never[]): Promise<unknown>
+}
 
 let corked: Writable[] = []
 const uncorkAll = () => {
@@ -72,11 +129,11 @@ const uncorkAll = () => {
  * setImmediate, after the turn's I/O callbacks, uncorks it. Redis then reads them in one read and
  * answers in one write, instead of a syscall per call on each side. Order and replies are
  * unchanged and nothing waits beyond the turn; the user's other commands of the turn ride along.
- * A Cluster routes each command to its node's socket: left as it is.
+ * A Cluster (no socket of its own: each command goes to its node's) is left as it is.
  */
-export function corkForTurn(client: RedisClient): void {
+export function corkForTurn(client: object): void {
   const stream = (client as { stream?: Writable }).stream
-  if (!stream || isCluster(client) || corked.includes(stream)) return
+  if (!stream || 'nodes' in client || corked.includes(stream)) return
   stream.cork()
   if (corked.length === 0) setImmediate(uncorkAll)
   corked.push(stream)
@@ -89,8 +146,8 @@ export function corkForTurn(client: RedisClient): void {
  * The reply type is the caller's, checked by its tests.
  */
 export function runScript<T>(
-  client: RedisClient,
-  name: string,
+  client: ScriptClient,
+  name: ScriptName,
   keys: readonly string[],
   args: readonly Arg[] = [],
   { buffers = false } = {},

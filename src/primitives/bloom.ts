@@ -1,9 +1,10 @@
 import { hash } from 'node:crypto'
-import { type AnyRedisClient, runScript } from '../lua/index.ts'
+import { runScript } from '../lua/index.ts'
 import { GatewayError } from '../plugins/common/errors.ts'
 import { optionChecker, optionKeys } from '../plugins/common/options.ts'
 import { randomToken } from '../plugins/common/random-token.ts'
-import { checkedOptions, checkRedisClient, InvalidArgumentError, shown } from './checks.ts'
+import { type AnyRedisClient, checkRedisClient } from '../plugins/common/redis.ts'
+import { checkedOptions, InvalidArgumentError, shown } from './checks.ts'
 
 // A Bloom filter on plain Redis strings (SETBIT/BITFIELD, no module): "is this id possibly in the
 // set?" in a few bits per id. Blocked: an item's hash picks one shard (a string key with a hash tag

@@ -1,10 +1,9 @@
-import type { RedisClient } from '../lua/index.ts'
-import { RedisClientError } from '../plugins/common/errors.ts'
 import type { OptionChecker } from '../plugins/common/options.ts'
-import { describeValue, isRedisClient } from '../plugins/common/redis.ts'
+import { describeValue } from '../plugins/common/redis.ts'
 
-// What every primitive checks of what it is handed: the client, each options object (an unknown
-// key is refused, never ignored) and the positional arguments of its calls.
+// What every primitive checks of what it is handed: each options object (an unknown key is
+// refused, never ignored) and the positional arguments of its calls. The client is checked by
+// `checkRedisClient` of plugins/common/redis.ts, as the plugins check theirs.
 
 /**
  * A call's positional argument (a name, a TTL, an id, an item) the primitive cannot use. A
@@ -12,15 +11,6 @@ import { describeValue, isRedisClient } from '../plugins/common/redis.ts'
  */
 export class InvalidArgumentError extends TypeError {
   readonly code = 'FRG_INVALID_ARGUMENT'
-}
-
-/** `redis`, checked to be an ioredis client or an iovalkey one (the same API), typed as ioredis's. */
-export function checkRedisClient(owner: string, redis: unknown): RedisClient {
-  if (!isRedisClient(redis))
-    throw new RedisClientError(
-      `${owner}: \`redis\` must be an ioredis client (new Redis() or new Cluster()), got ${describeValue(redis)}`,
-    )
-  return redis
 }
 
 /** `value`, checked to be an options object holding only `known` keys (pass `options ?? {}` where they are optional). */

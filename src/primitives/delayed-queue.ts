@@ -1,5 +1,6 @@
-import { type AnyRedisClient, runScript } from '../lua/index.ts'
-import { checkRedisClient, InvalidArgumentError, shown } from './checks.ts'
+import { runScript } from '../lua/index.ts'
+import { type AnyRedisClient, checkRedisClient } from '../plugins/common/redis.ts'
+import { InvalidArgumentError, shown } from './checks.ts'
 import { type Consumer, startConsumer } from './delayed-queue/consume.ts'
 import {
   type ConsumeOptions,

@@ -1,5 +1,4 @@
-import type { AnyRedisClient } from '../lua/index.ts'
-import { checkRedisClient } from './checks.ts'
+import { type AnyRedisClient, checkRedisClient } from '../plugins/common/redis.ts'
 import { createFeedContext } from './feed/context.ts'
 import { createFanoutWorker, fanoutLag } from './feed/fanout.ts'
 import { createFollowGraph } from './feed/follow-graph.ts'

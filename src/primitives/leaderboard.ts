@@ -1,6 +1,7 @@
-import { type AnyRedisClient, runScript } from '../lua/index.ts'
+import { runScript } from '../lua/index.ts'
 import { optionChecker, optionKeys } from '../plugins/common/options.ts'
-import { checkedOptions, checkRedisClient, InvalidArgumentError, shown } from './checks.ts'
+import { type AnyRedisClient, checkRedisClient } from '../plugins/common/redis.ts'
+import { checkedOptions, InvalidArgumentError, shown } from './checks.ts'
 
 // Leaderboards on Redis sorted sets, fed by at-least-once events: each event's amount is added to
 // its member's score at most once (its id is remembered in a set next to the board, in the same

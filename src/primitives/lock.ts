@@ -1,8 +1,10 @@
-import { type AnyRedisClient, runScript } from '../lua/index.ts'
+import { runScript } from '../lua/index.ts'
 import { GatewayError } from '../plugins/common/errors.ts'
 import { optionChecker, optionKeys } from '../plugins/common/options.ts'
 import { randomToken } from '../plugins/common/random-token.ts'
-import { checkedOptions, checkRedisClient, InvalidArgumentError, shown } from './checks.ts'
+import { type AnyRedisClient, checkRedisClient } from '../plugins/common/redis.ts'
+import { withTimeout } from '../plugins/common/timeout.ts'
+import { checkedOptions, InvalidArgumentError, shown } from './checks.ts'
 
 // A distributed lock on one Redis (or one Cluster slot): SET NX PX to take it, compare-and-delete to
 // release it, compare-and-PEXPIRE to extend it, each one Lua script, plus a fencing token that only
@@ -243,14 +245,11 @@ export function createLock(client: AnyRedisClient, options: LockOptions = {}): L
       clearTimeout(expiryTimer)
       // Compare-and-delete: never touches another owner's lock. Not waited on past the lock's own
       // expiry: by then Redis lets it go anyway.
-      let timer: NodeJS.Timeout | undefined
-      await Promise.race([
+      await withTimeout(
         release(handle).catch(() => false),
-        new Promise((resolve) => {
-          timer = setTimeout(resolve, Math.max(0, handle.expiresAt - Date.now()))
-        }),
-      ])
-      clearTimeout(timer)
+        Math.max(0, handle.expiresAt - Date.now()),
+        () => false,
+      )
     }
   }
 

@@ -1,6 +1,7 @@
-import { type AnyRedisClient, isCluster, runScript } from '../lua/index.ts'
+import { runScript } from '../lua/index.ts'
 import { type OptionChecker, optionChecker, optionKeys } from '../plugins/common/options.ts'
-import { checkedOptions, checkRedisClient, InvalidArgumentError, shown } from './checks.ts'
+import { type AnyRedisClient, checkRedisClient, isCluster } from '../plugins/common/redis.ts'
+import { checkedOptions, InvalidArgumentError, shown } from './checks.ts'
 
 // A counter split over N keys, so that no single key takes every write: one key lives on one Redis
 // (one CPU; one master of a Cluster), N shards with their own hash tags spread over the masters.

@@ -1,6 +1,5 @@
 import type { Redis } from 'ioredis'
-import type { AnyRedisClient, RedisClient } from '../lua/index.ts'
-import { checkRedisClient } from './checks.ts'
+import { type AnyRedisClient, checkRedisClient, type RedisClient } from '../plugins/common/redis.ts'
 import { blockingConnection, whenReady } from './stream-consumer/connection.ts'
 import {
   checkConsumerOptions,

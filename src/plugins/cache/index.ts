@@ -18,6 +18,7 @@ import {
   type RedisClient,
 } from '../common/redis.ts'
 import { pluginRegistered, routeCovered } from '../common/route-coverage.ts'
+import { addRouteHook } from '../common/route-hooks.ts'
 import {
   CACHE_OPTION_HINTS,
   type CacheApi,
@@ -214,7 +215,7 @@ function addPrefetching(app: FastifyInstance, cache: RedisCache): void {
   app.addHook('onRoute', (route) => {
     const keyOf = coverRoute(app, route)
     if (!keyOf) return
-    route.onRequest = [startPrefetch(keyOf), ...(route.onRequest ? [route.onRequest].flat() : [])]
+    addRouteHook(route, 'onRequest', startPrefetch(keyOf), 'first')
     const handler = route.handler as (this: FastifyInstance, ...args: unknown[]) => unknown
     route.handler = function prefetchedHandler(this: FastifyInstance, request: FastifyRequest, reply) {
       const prefetch = prefetches.get(request)

@@ -1,3 +1,4 @@
+import { withTimeout } from '../common/timeout.ts'
 import { encodeValue, lifetimes } from './entry.ts'
 import type { ReadOptions } from './entry-options.ts'
 import { CacheLoadTimeoutError } from './errors.ts'
@@ -40,28 +41,15 @@ export function withDeadline<T>(
   late: (err: unknown) => void,
   onTimeout?: () => void,
 ): Promise<T> {
-  return new Promise<T>((resolve, reject) => {
-    let timedOut = false
-    const timer = setTimeout(
-      () => {
-        timedOut = true
-        onTimeout?.()
-        reject(new CacheLoadTimeoutError(key, timeoutMs))
-      },
-      Math.max(0, deadline - Date.now()),
-    )
-    work.then(
-      (value) => {
-        clearTimeout(timer)
-        resolve(value)
-      },
-      (err) => {
-        clearTimeout(timer)
-        if (timedOut) late(err)
-        else reject(err)
-      },
-    )
-  })
+  return withTimeout(
+    work,
+    Math.max(0, deadline - Date.now()),
+    () => {
+      onTimeout?.()
+      throw new CacheLoadTimeoutError(key, timeoutMs)
+    },
+    late,
+  )
 }
 
 /**
@@ -158,33 +146,22 @@ export class LoaderRunner {
     const { key, name, options } = read
     const { softTimeoutMs, hardTimeoutMs } = options
     const waitMs = hardTimeoutMs > 0 ? Math.min(softTimeoutMs, hardTimeoutMs) : softTimeoutMs
-    return new Promise<T | null>((resolve, reject) => {
-      let served = false
-      const timer = setTimeout(() => {
-        served = true
+    const withinWait = withTimeout(
+      refresh,
+      waitMs,
+      () => {
         this.parts.metrics.softTimeouts.inc({ name })
         this.parts.metrics.staleServed.inc({ name })
-        resolve(stale)
-      }, waitMs)
-      refresh.then(
-        (value) => {
-          if (served) return
-          clearTimeout(timer)
-          resolve(value)
-        },
-        (err) => {
-          if (served) {
-            this.parts.log.warn({ err, key }, 'cache refresh failed; the entry stays until its hard TTL')
-            return
-          }
-          clearTimeout(timer)
-          if (options.onLoadError === 'fail') return reject(err)
-          this.parts.log.warn({ err, key }, 'cache refresh failed; serving the stale copy')
-          this.parts.metrics.staleOnError.inc({ name })
-          this.parts.metrics.staleServed.inc({ name })
-          resolve(stale)
-        },
-      )
+        return stale
+      },
+      (err) => this.parts.log.warn({ err, key }, 'cache refresh failed; the entry stays until its hard TTL'),
+    )
+    return withinWait.catch((err: unknown) => {
+      if (options.onLoadError === 'fail') throw err
+      this.parts.log.warn({ err, key }, 'cache refresh failed; serving the stale copy')
+      this.parts.metrics.staleOnError.inc({ name })
+      this.parts.metrics.staleServed.inc({ name })
+      return stale
     })
   }
 

@@ -1,5 +1,6 @@
-import { isCluster, type RedisClient, runScript } from '../../lua/index.ts'
+import { runScript } from '../../lua/index.ts'
 import { randomToken } from '../common/random-token.ts'
+import { isCluster, type RedisClient } from '../common/redis.ts'
 import type { GetReply } from './entry.ts'
 import { CacheUnavailableError } from './errors.ts'
 import type { CacheSettings } from './types.ts'

@@ -1,7 +1,6 @@
 import type { FastifyInstance } from 'fastify'
 import type { Registry } from 'prom-client'
-import type { RedisClient } from '../../lua/index.ts'
-import './redis.ts'
+import type { RedisClient } from './redis.ts'
 
 /** What the metrics plugin decorates `app.metrics` with. */
 export interface MetricsApi {
@@ -40,7 +39,9 @@ export function observePluginRedis(
 
 /**
  * The registry's metric of this name if one exists (a second instance of a plugin in one app shares
- * it), else `metric`, registered now. Plugins create their metrics unregistered and adopt them here.
+ * it), else `metric`, registered now. The one way a metric of the library enters a registry: every
+ * metric is created unregistered (`registers: []`) and adopted here, by its plugin once the metrics
+ * plugin is ready (`whenMetricsReady`) or by the metrics plugin itself.
  */
 export function adoptMetric<T>(registry: Registry, metric: T): T {
   // prom-client's types leave `name` off its metric classes; every instance has it.

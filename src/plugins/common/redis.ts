@@ -1,14 +1,28 @@
 import type { FastifyInstance } from 'fastify'
-import type { Redis } from 'ioredis'
-import {
-  type AnyRedisClient,
-  type IoredisCompatibleClient,
-  isCluster,
-  type RedisClient,
-} from '../../lua/index.ts'
+import type { Cluster, Command, Redis } from 'ioredis'
 import { RedisClientError, RedisServerError } from './errors.ts'
+import { withTimeout } from './timeout.ts'
 
-export type { AnyRedisClient, IoredisCompatibleClient, RedisClient }
+/** Any ioredis client a user created: a single node or a Cluster. */
+export type RedisClient = Redis | Cluster
+
+/**
+ * A client of a package with the ioredis API under its own types: iovalkey's `Redis` and `Cluster`
+ * (its classes are not assignable to ioredis's, which have members of their own). What `isRedisClient`
+ * checks at run time, plus the methods every caller of the library relies on.
+ */
+export interface IoredisCompatibleClient {
+  readonly status: string
+  sendCommand(...args: never[]): unknown
+  call(...args: never[]): unknown
+  duplicate(...args: never[]): unknown
+}
+
+/** What a plugin's `redis` option and a primitive accept: an ioredis client or an iovalkey one. */
+export type AnyRedisClient = RedisClient | IoredisCompatibleClient
+
+export const isCluster = (redis: RedisClient): redis is Cluster =>
+  'nodes' in redis && typeof redis.nodes === 'function'
 
 declare module 'fastify' {
   interface FastifyInstance {
@@ -31,6 +45,18 @@ export function isRedisClient(value: unknown): value is RedisClient {
   return typeof client?.sendCommand === 'function' && typeof client.status === 'string'
 }
 
+/**
+ * `redis`, checked to be an ioredis client or an iovalkey one (the same API), typed as ioredis's;
+ * else a RedisClientError naming `owner` and what it got, then `hint`.
+ */
+export function checkRedisClient(owner: string, redis: unknown, hint = ''): RedisClient {
+  if (!isRedisClient(redis))
+    throw new RedisClientError(
+      `${owner}: \`redis\` must be an ioredis client (new Redis() or new Cluster()), got ${describeValue(redis)}${hint}`,
+    )
+  return redis
+}
+
 /** The client a Redis-backed plugin uses: its `redis` option, else the redis plugin's decorator. */
 export function pluginRedis(
   app: FastifyInstance,
@@ -38,14 +64,11 @@ export function pluginRedis(
   option: AnyRedisClient | undefined,
 ): RedisClient {
   if (option !== undefined) {
-    if (isRedisClient(option)) return option
     const hint =
       typeof option === 'string'
         ? ': create the client yourself (`new Redis(url)`) or register the redis plugin with `{ url }`'
         : ''
-    throw new RedisClientError(
-      `${plugin} plugin: \`redis\` must be an ioredis client (new Redis() or new Cluster()), got ${describeValue(option)}${hint}`,
-    )
+    return checkRedisClient(`${plugin} plugin`, option, hint)
   }
   if (app.hasDecorator('redis') && isRedisClient(app.redis)) return app.redis
   throw new RedisClientError(
@@ -152,12 +175,10 @@ async function waitForReady(
     return false
   }
   const lastError = lastConnectionError(client)
-  let timer: NodeJS.Timeout | undefined
-  const timeout = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`not ready within ${timeoutMs} ms`)), timeoutMs)
-  })
   try {
-    await Promise.race([connecting, timeout])
+    await withTimeout(connecting, timeoutMs, () => {
+      throw new Error(`not ready within ${timeoutMs} ms`)
+    })
     return true
   } catch (err) {
     connecting.catch(() => {})
@@ -172,7 +193,6 @@ async function waitForReady(
     )
     return false
   } finally {
-    clearTimeout(timer)
     lastError.stop()
   }
 }
@@ -341,17 +361,28 @@ export function boundCommands(client: Redis, ms: number): void {
     timer = setTimeout(onTimer, Math.max(1, Math.ceil(delay)))
     timer.unref()
   }
-  const send = client.sendCommand
-  client.sendCommand = function (this: Redis, command, stream) {
+  beforeEachCommand(client, (command) => {
     const now = performance.now()
     // Replies arrive in order: most of the front is answered by the time the next command leaves.
     if (head < commands.length && settled(commands[head]!)) sweep(now)
     commands.push(command as unknown as BoundCommand)
     deadlines.push(now + ms)
     if (timer === null) arm(ms)
-    return send.call(this, command, stream as never)
-  } as typeof client.sendCommand
+  })
   commandBounds.set(client, ms)
+}
+
+/**
+ * Runs `beforeSend` on every command the client sends (each script call, each command of a
+ * pipeline) just before it leaves: the one way this library hooks into a client's commands
+ * (command timeouts, write batching, metrics).
+ */
+export function beforeEachCommand(client: RedisClient, beforeSend: (command: Command) => void): void {
+  const send = client.sendCommand as (this: RedisClient, ...args: unknown[]) => unknown
+  client.sendCommand = function (this: RedisClient, command: Command, ...rest: unknown[]) {
+    beforeSend(command)
+    return send.call(this, command, ...rest)
+  } as typeof client.sendCommand
 }
 
 /**

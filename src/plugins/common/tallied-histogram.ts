@@ -1,5 +1,3 @@
-import type { Metric, Registry } from 'prom-client'
-
 /** One label set's buckets; `observe` is a bucket search and three additions. */
 export class HistogramSeries {
   readonly counts: number[]
@@ -27,8 +25,8 @@ export class HistogramSeries {
 }
 
 /**
- * A Prometheus histogram for the hot path, registered like a prom-client metric and scraped the
- * same way. prom-client's `observe(labels, v)` (and its `labels()` children) validate and hash the
+ * A Prometheus histogram for the hot path, registered like a prom-client metric (`adoptMetric`) and
+ * scraped the same way. prom-client's `observe(labels, v)` (and its `labels()` children) validate and hash the
  * label object on every call; several histograms are observed per request (HTTP, each Redis
  * command, each rate-limit script), which was a measurable share of a cached read's CPU. Here the
  * caller looks its series up once (`series(labels)`, keep the result) and observes plain numbers.
@@ -42,10 +40,7 @@ export class TalliedHistogram {
     readonly name: string,
     readonly help: string,
     private readonly bounds: readonly number[],
-    registry?: Registry,
-  ) {
-    registry?.registerMetric(this as unknown as Metric)
-  }
+  ) {}
 
   /** The series of this label set, created on first use; keep it instead of calling per event. */
   series(labels: Record<string, string>): HistogramSeries {

@@ -12,6 +12,7 @@ import { type PrincipalFunction, resolvePrincipal } from '../common/principal.ts
 import { HttpProblem, PROBLEM_CONTENT_TYPE, sendProblem } from '../common/problem.ts'
 import { bootPluginRedis } from '../common/redis.ts'
 import { pluginRegistered, routeCovered } from '../common/route-coverage.ts'
+import { addRouteHook, routeName } from '../common/route-hooks.ts'
 import { parseIdempotencyKey, requestFingerprint } from './key.ts'
 import {
   defaultScope,
@@ -319,16 +320,13 @@ async function idempotencyPlugin(app: FastifyInstance, rawOptions: IdempotencyPl
   }
 
   app.addHook('onRoute', (routeOptions) => {
-    const routeName = `${routeOptions.method} ${routeOptions.url}`
-    const route = resolveRouteConfig(routeOptions.config?.idempotency, options, routeName)
+    const route = resolveRouteConfig(routeOptions.config?.idempotency, options, routeName(routeOptions))
     if (!route) return
     routeCovered(app, 'idempotency', routeOptions)
-    const append = <T>(existing: T | T[] | undefined, hook: T): T[] =>
-      existing === undefined ? [hook] : Array.isArray(existing) ? [...existing, hook] : [existing, hook]
-    routeOptions.preHandler = append(routeOptions.preHandler, makePreHandler(route, routeOptions.constraints))
-    routeOptions.onSend = append(routeOptions.onSend, finish)
-    routeOptions.onResponse = append(routeOptions.onResponse, stopRenewal)
-    routeOptions.onError = append(routeOptions.onError, noteGuardMismatch)
+    addRouteHook(routeOptions, 'preHandler', makePreHandler(route, routeOptions.constraints))
+    addRouteHook(routeOptions, 'onSend', finish)
+    addRouteHook(routeOptions, 'onResponse', stopRenewal)
+    addRouteHook(routeOptions, 'onError', noteGuardMismatch)
   })
 }
 

@@ -1,11 +1,16 @@
 import { setTimeout as sleep } from 'node:timers/promises'
 import type { FastifyInstance } from 'fastify'
 import { Counter, type Registry } from 'prom-client'
-import type { AnyRedisClient, RedisClient } from '../../lua/index.ts'
-import { RedisClientError } from '../common/errors.ts'
 import { adoptMetric } from '../common/metrics.ts'
 import { optionChecker, optionKeys } from '../common/options.ts'
-import { checkRedisServer, connectRedis, describeValue, isRedisClient } from '../common/redis.ts'
+import {
+  type AnyRedisClient,
+  checkRedisClient,
+  checkRedisServer,
+  connectRedis,
+  type RedisClient,
+} from '../common/redis.ts'
+import { withTimeout } from '../common/timeout.ts'
 import {
   IdempotencyFingerprintTooLargeError,
   IdempotencyInFlightError,
@@ -117,19 +122,8 @@ const CONNECT_WAIT_MS = 5000
 
 /** Resolves once the client is ready, or after CONNECT_WAIT_MS; never rejects (the claim then fails on its own). */
 async function settleConnection(redis: RedisClient): Promise<void> {
-  let timer: NodeJS.Timeout | undefined
-  try {
-    await Promise.race([
-      connectRedis(redis),
-      new Promise((resolve) => {
-        timer = setTimeout(resolve, CONNECT_WAIT_MS)
-      }),
-    ])
-  } catch {
-    // Not connected: the claim fails and `onRedisError` decides.
-  } finally {
-    clearTimeout(timer)
-  }
+  // Not connected: the claim fails and `onRedisError` decides.
+  await withTimeout(connectRedis(redis), CONNECT_WAIT_MS, () => undefined).catch(() => {})
 }
 
 /**
@@ -149,11 +143,8 @@ export function makeIdempotent<A extends unknown[], T>(
   if (typeof options !== 'object' || options === null)
     fail(`\`options\` must be an object with \`redis\` and \`keyOf\`, got ${shown(options)}`)
   check.known(options, OPTIONS)
-  const { redis, keyOf, fingerprintOf, logger = nowhere, registry } = options
-  if (!isRedisClient(redis))
-    throw new RedisClientError(
-      `makeIdempotent: \`redis\` must be an ioredis client (new Redis() or new Cluster()), got ${describeValue(redis)}`,
-    )
+  const { keyOf, fingerprintOf, logger = nowhere, registry } = options
+  const redis = checkRedisClient('makeIdempotent', options.redis)
   if (typeof keyOf !== 'function') fail(`\`keyOf\` must be a function of the arguments, got ${shown(keyOf)}`)
   if (fingerprintOf !== undefined && typeof fingerprintOf !== 'function')
     fail(`\`fingerprintOf\` must be a function of the arguments, got ${shown(fingerprintOf)}`)

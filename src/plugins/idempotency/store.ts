@@ -1,6 +1,7 @@
 import { createHash } from 'node:crypto'
-import { type RedisClient, runScript } from '../../lua/index.ts'
+import { runScript } from '../../lua/index.ts'
 import { randomToken } from '../common/random-token.ts'
+import type { RedisClient } from '../common/redis.ts'
 
 export interface StoredResponse {
   status: number

@@ -2,10 +2,10 @@ import type { FastifyInstance, FastifySchema } from 'fastify'
 import fp from 'fastify-plugin'
 import type { Command } from 'ioredis'
 import { Counter, collectDefaultMetrics, Registry } from 'prom-client'
-import { type RedisClient, scriptSources } from '../../lua/index.ts'
-import type { MetricsApi } from '../common/metrics.ts'
+import { scriptSources } from '../../lua/index.ts'
+import { adoptMetric, type MetricsApi } from '../common/metrics.ts'
 import { optionChecker, optionKeys } from '../common/options.ts'
-import '../common/redis.ts'
+import { beforeEachCommand, type RedisClient } from '../common/redis.ts'
 import { type HistogramSeries, TalliedHistogram } from '../common/tallied-histogram.ts'
 
 export type { MetricsApi }
@@ -47,8 +47,8 @@ type Observed = RedisClient & { [SINKS]?: Set<CommandSink> }
 type TimedCommand = Command & { [SENT_AT]?: number }
 
 /**
- * Wraps the client's sendCommand once (every command, script and pipelined command goes through
- * it); each app observing the client adds a sink, so two apps sharing a client count separately.
+ * Hooks into the client's commands once (every command, script and pipelined command); each app
+ * observing the client adds a sink, so two apps sharing a client count separately.
  */
 function addCommandSink(client: Observed, sink: CommandSink): () => void {
   let sinks = client[SINKS]
@@ -56,23 +56,20 @@ function addCommandSink(client: Observed, sink: CommandSink): () => void {
     const own = new Set<CommandSink>()
     sinks = own
     client[SINKS] = own
-    const send = client.sendCommand
     const report = (command: TimedCommand, error: unknown) => {
       const seconds = (performance.now() - command[SENT_AT]!) / 1000
       const label = commandLabel(command)
       for (const s of own) s(label, seconds, error)
     }
-    client.sendCommand = function (this: RedisClient, command: TimedCommand, ...rest: unknown[]) {
-      const result = (send as (...args: unknown[]) => unknown).call(this, command, ...rest)
-      if (command[SENT_AT] !== undefined) return result
+    beforeEachCommand(client, (command: TimedCommand) => {
+      if (command[SENT_AT] !== undefined) return
       command[SENT_AT] = performance.now()
       // A second listener on the command's promise; the caller's own handling is unaffected.
       command.promise?.then(
         () => report(command, undefined),
         (error: unknown) => report(command, error ?? new Error('rejected')),
       )
-      return result
-    } as typeof client.sendCommand
+    })
   }
   sinks.add(sink)
   return () => void sinks.delete(sink)
@@ -91,26 +88,32 @@ function checkOptions(options: MetricsPluginOptions): void {
 async function metricsPlugin(app: FastifyInstance, options: MetricsPluginOptions) {
   checkOptions(options)
   const registry = new Registry()
-  const registers = [registry]
   if (options.processMetrics !== false) collectDefaultMetrics({ register: registry })
-  const httpDuration = new TalliedHistogram(
-    'http_request_duration_seconds',
-    'HTTP request duration by method, route and status',
-    [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
+  const httpDuration = adoptMetric(
     registry,
+    new TalliedHistogram(
+      'http_request_duration_seconds',
+      'HTTP request duration by method, route and status',
+      [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
+    ),
   )
-  const redisDuration = new TalliedHistogram(
-    'redis_command_duration_seconds',
-    'Redis command latency seen by the client (send to reply), by client and command; scripts as script:<name>',
-    FAST_BUCKETS,
+  const redisDuration = adoptMetric(
     registry,
+    new TalliedHistogram(
+      'redis_command_duration_seconds',
+      'Redis command latency seen by the client (send to reply), by client and command; scripts as script:<name>',
+      FAST_BUCKETS,
+    ),
   )
-  const redisErrors = new Counter({
-    name: 'redis_command_errors_total',
-    help: 'Redis commands that failed, by client, command and reason (timeout, connection, noscript, reply)',
-    labelNames: ['client', 'command', 'reason'] as const,
-    registers,
-  })
+  const redisErrors = adoptMetric(
+    registry,
+    new Counter({
+      name: 'redis_command_errors_total',
+      help: 'Redis commands that failed, by client, command and reason (timeout, connection, noscript, reply)',
+      labelNames: ['client', 'command', 'reason'] as const,
+      registers: [],
+    }),
+  )
   const cleanups: Array<() => void> = []
   const observedClients = new WeakSet<RedisClient>()
   const metrics: MetricsApi = {

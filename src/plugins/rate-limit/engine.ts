@@ -1,7 +1,8 @@
 import type { FastifyBaseLogger, FastifyRequest } from 'fastify'
-import { type RedisClient, runScript } from '../../lua/index.ts'
+import { runScript } from '../../lua/index.ts'
 import type { PrincipalFunction } from '../common/principal.ts'
-import { commandTimeoutOf } from '../common/redis.ts'
+import { commandTimeoutOf, type RedisClient } from '../common/redis.ts'
+import { withTimeout } from '../common/timeout.ts'
 import { askPolicies, capCost, resolveFor } from './asked.ts'
 import { RateLimitError } from './errors.ts'
 import { FALLBACK_MAX_KEYS, RedisFallback } from './fallback.ts'
@@ -177,7 +178,7 @@ export class RateLimitEngine implements KeyNames {
     const started = performance.now()
     try {
       const sent = runScript<number[]>(redis, group.policies[0]!.script, keys, argv)
-      reply = await (this.ownTimeout ? withTimeout(sent, this.options.timeoutMs) : sent)
+      reply = await (this.ownTimeout ? answeredWithin(sent, this.options.timeoutMs) : sent)
     } catch (err) {
       if (!redisUnavailable(err)) {
         this.noteScriptError(group, keys, err as Error)
@@ -377,7 +378,7 @@ export class RateLimitEngine implements KeyNames {
     this.fallback.delete(keys)
     if (this.memory) return this.memory.delete(keys)
     const call = this.redis!.del(...keys)
-    await (this.ownTimeout ? withTimeout(call, this.options.timeoutMs) : call)
+    await (this.ownTimeout ? answeredWithin(call, this.options.timeoutMs) : call)
   }
 
   /** `app.rateLimiter.block`: rejects the key under this policy for `ms` from now. */
@@ -385,14 +386,12 @@ export class RateLimitEngine implements KeyNames {
     const key = `${this.keyOf(this.tagOf(identity), policy)}:block`
     if (this.memory) return this.memory.block(key, ms)
     const call = this.redis!.set(key, '1', 'PX', ms)
-    await (this.ownTimeout ? withTimeout(call, this.options.timeoutMs) : call)
+    await (this.ownTimeout ? answeredWithin(call, this.options.timeoutMs) : call)
   }
 }
 
-function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T> {
-  let timer: NodeJS.Timeout | undefined
-  const timeout = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`Redis did not answer within ${ms} ms`)), ms)
+/** A script call bounded by the plugin's `timeoutMs`, for a client without a commandTimeout of its own. */
+const answeredWithin = <T>(call: Promise<T>, ms: number) =>
+  withTimeout(call, ms, () => {
+    throw new Error(`Redis did not answer within ${ms} ms`)
   })
-  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer))
-}

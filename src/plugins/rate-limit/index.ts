@@ -9,9 +9,10 @@ import type {
 import fp from 'fastify-plugin'
 import { observePluginRedis, whenMetricsReady } from '../common/metrics.ts'
 import { checkPrincipalOption, type PrincipalFunction, resolvePrincipal } from '../common/principal.ts'
-import { HttpProblem, sendProblem } from '../common/problem.ts'
+import { sendProblem } from '../common/problem.ts'
 import { type AnyRedisClient, bootPluginRedis, describeValue } from '../common/redis.ts'
 import { pluginRegistered, routeCovered } from '../common/route-coverage.ts'
+import { addRouteHook, routeName } from '../common/route-hooks.ts'
 import { type Duration, durationOption, parseDuration } from './duration.ts'
 import { type Decision, type Outcome, RateLimitEngine, type RateLimitResult, type Refund } from './engine.ts'
 import {
@@ -36,6 +37,7 @@ import {
   type RateLimitPolicy,
   signature,
 } from './policy.ts'
+import { notChecked, sendRejection, writeHeaders } from './responses.ts'
 
 export type { Duration } from './duration.ts'
 export type { Decision, RateLimitResult } from './engine.ts'
@@ -171,84 +173,6 @@ function checkOptions(o: RateLimitPluginOptions): void {
   }
 }
 
-function appendHeader(reply: FastifyReply, name: string, value: string): void {
-  const previous = reply.getHeader(name)
-  reply.header(name, previous ? `${previous}, ${value}` : value)
-}
-
-function writeHeaders(reply: FastifyReply, decisions: Decision[], legacy: boolean): void {
-  for (const d of decisions) {
-    appendHeader(reply, 'ratelimit-policy', d.header)
-    if (d.remaining === null) continue
-    appendHeader(reply, 'ratelimit', `"${d.policy.name}";r=${d.remaining};t=${Math.ceil(d.resetMs / 1000)}`)
-    if (legacy) {
-      const current = reply.getHeader('x-ratelimit-remaining')
-      if (current !== undefined && Number(current) <= d.remaining) continue
-      reply.header('x-ratelimit-limit', d.header.split(';q=')[1]!.split(';')[0])
-      reply.header('x-ratelimit-remaining', d.remaining)
-      reply.header('x-ratelimit-reset', Math.ceil(d.resetMs / 1000))
-    }
-  }
-}
-
-function rejection(outcome: Outcome): HttpProblem {
-  if (outcome.unavailable) {
-    const { name } = outcome.unavailable
-    return new HttpProblem(
-      503,
-      'rate-limit-unavailable',
-      'Service unavailable',
-      `Rate limit '${name}' cannot be checked now.`,
-      {
-        headers: { 'retry-after': '1' },
-        extra: { policy: name },
-      },
-    )
-  }
-  const d = outcome.rejected!
-  const seconds = Math.max(1, Math.ceil(d.retryMs / 1000))
-  const quota = d.header.slice(d.header.indexOf(';q=') + 3).replace(';w=', ' per ')
-  if (d.isBanned)
-    return new HttpProblem(
-      403,
-      'rate-limit-banned',
-      'Forbidden',
-      `Rate limit '${d.policy.name}' (${quota} s) was exceeded too many times; banned for ${seconds} s.`,
-      {
-        headers: { 'retry-after': String(seconds) },
-        extra: { policy: d.policy.name },
-      },
-    )
-  return new HttpProblem(
-    429,
-    'rate-limited',
-    'Too many requests',
-    `Rate limit '${d.policy.name}' (${quota} s) exceeded; retry in ${seconds} s.`,
-    {
-      headers: { 'retry-after': String(seconds) },
-      extra: { policy: d.policy.name },
-    },
-  )
-}
-
-/**
- * A request the limiter could not check because of the route's own setup (a policy function threw
- * or returned what cannot be counted): 500 for this request only, logged with the policy, and never
- * taken for a Redis outage that would change every other route.
- */
-function notChecked(request: FastifyRequest, err: unknown): HttpProblem {
-  const policies = err instanceof RateLimitError ? err.policies : []
-  request.log.error({ err, policy: policies.join(', ') || undefined }, 'rate limit: request not checked')
-  const named = policies.length ? ` '${policies.join("', '")}'` : 's'
-  return new HttpProblem(
-    500,
-    'rate-limit-error',
-    'Internal server error',
-    `Rate limit${named} could not be applied to this request.`,
-    policies.length ? { extra: { policy: policies.join(', ') } } : {},
-  )
-}
-
 async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOptions) {
   checkOptions(options)
   pluginRegistered(app, 'rateLimits')
@@ -318,51 +242,6 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
     if (redis) observePluginRedis(app, metrics, redis, 'rate-limit')
   })
 
-  /** The 429: onExceeded told (never awaited), the body from errorResponse if the policy has one. */
-  async function reject(request: FastifyRequest, reply: FastifyReply, outcome: Outcome) {
-    const problem = rejection(outcome)
-    const decision = outcome.unavailable ? null : outcome.rejected
-    if (!decision) return sendProblem(reply, problem)
-    const { policy } = decision
-    if (outcome.banReached !== null && policy.onBanReach) {
-      const key = outcome.banReached
-      const logError = (err: unknown) =>
-        request.log.error({ err, policy: policy.name }, 'rate limit: onBanReach threw')
-      try {
-        const result = policy.onBanReach(request, key) as unknown
-        if (result && typeof (result as Promise<void>).then === 'function')
-          (result as Promise<void>).catch(logError)
-      } catch (err) {
-        logError(err)
-      }
-    }
-    if (policy.onExceeded) {
-      const logError = (err: unknown) =>
-        request.log.error({ err, policy: policy.name }, 'rate limit: onExceeded threw')
-      try {
-        const result = policy.onExceeded(request, decision) as unknown
-        if (result && typeof (result as Promise<void>).then === 'function')
-          (result as Promise<void>).catch(logError)
-      } catch (err) {
-        logError(err)
-      }
-    }
-    if (!policy.errorResponse) return sendProblem(reply, problem)
-    let body: unknown
-    try {
-      body = await policy.errorResponse(request, decision)
-    } catch (err) {
-      request.log.error(
-        { err, policy: policy.name },
-        'rate limit: errorResponse threw; the default body is sent',
-      )
-      return sendProblem(reply, problem)
-    }
-    reply.code(problem.status).headers(problem.headers)
-    if (typeof body === 'string') return reply.type('text/plain; charset=utf-8').send(body)
-    return reply.type('application/json; charset=utf-8').send(JSON.stringify(body ?? null))
-  }
-
   const limit = (policies: Policy[]): onRequestHookHandler =>
     async function rateLimitHook(request, reply) {
       let outcome: Outcome | null
@@ -378,7 +257,7 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
       writeHeaders(reply, outcome.decisions, legacy)
       if (outcome.refunds.length)
         request.rateLimitRefunds = (request.rateLimitRefunds ?? []).concat(outcome.refunds)
-      if (outcome.rejected || outcome.unavailable) return reject(request, reply, outcome)
+      if (outcome.rejected || outcome.unavailable) return sendRejection(request, reply, outcome)
       if (outcome.delayMs > 0) await sleep(outcome.delayMs)
     }
 
@@ -401,9 +280,8 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
     return payload
   }
 
-  const routeName = (route: RouteOptions) => `route ${[route.method].flat().join(',')} ${route.url}`
   const resolve = (route: RouteOptions, entry: unknown): Policy => {
-    const where = `${routeName(route)}: config.rateLimits: `
+    const where = `route ${routeName(route)}: config.rateLimits: `
     if (typeof entry === 'object' && entry !== null && !Array.isArray(entry))
       return define(entry as RateLimitPolicy, where)
     if (typeof entry !== 'string')
@@ -413,7 +291,7 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
     const policy = named.get(entry as string)
     if (!policy)
       throw new RateLimitUnknownPolicyError(
-        `rate-limit plugin: ${routeName(route)} names unknown policy '${entry}'${namedList()}`,
+        `rate-limit plugin: route ${routeName(route)} names unknown policy '${entry}'${namedList()}`,
         entry as string,
       )
     return policy
@@ -474,7 +352,7 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
   app.addHook('onRoute', (route) => {
     const routeConfig = route.config as Record<string, unknown> | undefined
     if (routeConfig?.rateLimit !== undefined)
-      foreignConfigs.push({ where: `${routeName(route)}: config`, value: routeConfig.rateLimit })
+      foreignConfigs.push({ where: `route ${routeName(route)}: config`, value: routeConfig.rateLimit })
     const config = route.config?.rateLimits
     if (config !== undefined) routeCovered(app, 'rateLimits', route)
     if (config === false) return
@@ -484,13 +362,11 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
     ]
     if (policies.length === 0) return
     limitedRoutes++
-    const add = <T>(existing: T | T[] | undefined, hook: T): T[] =>
-      [...(existing ? [existing].flat() : []), hook] as T[]
     const early = policies.filter((p) => p.hook === 'onRequest')
     const late = policies.filter((p) => p.hook === 'preHandler')
-    if (early.length) route.onRequest = add(route.onRequest, limit(early))
-    if (late.length) route.preHandler = add(route.preHandler, limit(late) as never)
-    if (policies.some((p) => p.isFailure)) route.onSend = add(route.onSend, refundSuccesses as never)
+    if (early.length) addRouteHook(route, 'onRequest', limit(early))
+    if (late.length) addRouteHook(route, 'preHandler', limit(late) as never)
+    if (policies.some((p) => p.isFailure)) addRouteHook(route, 'onSend', refundSuccesses as never)
   })
 
   // Requests no route matched never pass onRoute: the not-found handler of this instance (set

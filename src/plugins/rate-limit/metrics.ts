@@ -1,4 +1,5 @@
 import { Counter, type Registry } from 'prom-client'
+import { adoptMetric } from '../common/metrics.ts'
 import { type HistogramSeries, TalliedHistogram } from '../common/tallied-histogram.ts'
 
 export interface RateLimitMetrics {
@@ -19,14 +20,12 @@ type Tallies = Map<string, Map<string, { labels: { policy: string; outcome: stri
  */
 const tallies = new WeakMap<Counter<'policy' | 'outcome'>, Tallies>()
 
-function decisionsCounter(registry: Registry | undefined): Counter<'policy' | 'outcome'> {
-  const existing = registry?.getSingleMetric('rate_limit_decisions_total')
-  if (existing) return existing as Counter<'policy' | 'outcome'>
+function decisionsCounter(): Counter<'policy' | 'outcome'> {
   const counter: Counter<'policy' | 'outcome'> = new Counter({
     name: 'rate_limit_decisions_total',
     help: 'Rate limit decisions by policy and outcome (allowed, delayed, rejected, rejected_cached, degraded_*, error)',
     labelNames: ['policy', 'outcome'] as const,
-    registers: registry ? [registry] : [],
+    registers: [],
     collect() {
       for (const outcomes of tallies.get(counter)!.values()) {
         for (const cell of outcomes.values()) {
@@ -41,26 +40,26 @@ function decisionsCounter(registry: Registry | undefined): Counter<'policy' | 'o
 }
 
 /**
- * Registered in the app's registry when the metrics plugin is there (reused if a second rate-limit
- * instance registers in the same app); otherwise counted in metrics that nothing exports.
+ * Adopted by the app's registry when the metrics plugin is there (a second rate-limit instance in
+ * the same app shares the first one's); otherwise counted in metrics that nothing exports.
  */
 export function createMetrics(registry: Registry | undefined): RateLimitMetrics {
-  const byPolicy = tallies.get(decisionsCounter(registry))!
-  const scriptHistogram =
-    (registry?.getSingleMetric('rate_limit_script_duration_seconds') as unknown as TalliedHistogram) ??
+  const adopt = <T>(metric: T): T => (registry ? adoptMetric(registry, metric) : metric)
+  const byPolicy = tallies.get(adopt(decisionsCounter()))!
+  const scriptHistogram = adopt(
     new TalliedHistogram(
       'rate_limit_script_duration_seconds',
       'Round trip of one rate limit script call, by algorithm',
       [0.0002, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5],
-      registry,
-    )
-  const unavailable =
-    (registry?.getSingleMetric('rate_limit_redis_unavailable_total') as Counter | undefined) ??
+    ),
+  )
+  const unavailable = adopt(
     new Counter({
       name: 'rate_limit_redis_unavailable_total',
       help: 'Rate limit checks decided without Redis (not connected, failed or timed out), by each policy onRedisError',
-      registers: registry ? [registry] : [],
-    })
+      registers: [],
+    }),
+  )
   const scriptSeries = new Map<string, HistogramSeries>()
   return {
     unavailable: () => unavailable.inc(),

@@ -1,11 +1,19 @@
-import type { Writable } from 'node:stream'
 import type { FastifyInstance } from 'fastify'
 import fp from 'fastify-plugin'
-import { Cluster, type Command, Redis } from 'ioredis'
-import type { AnyRedisClient, RedisClient } from '../../lua/index.ts'
+import { Cluster, Redis } from 'ioredis'
+import { corkForTurn } from '../../lua/index.ts'
 import { RedisConnectionError } from '../common/errors.ts'
 import { optionChecker, optionKeys } from '../common/options.ts'
-import { boundCommands, connectRedis, describeValue, isRedisClient, redisAddress } from '../common/redis.ts'
+import {
+  type AnyRedisClient,
+  beforeEachCommand,
+  boundCommands,
+  connectRedis,
+  describeValue,
+  isRedisClient,
+  type RedisClient,
+  redisAddress,
+} from '../common/redis.ts'
 
 export type { AnyRedisClient, RedisClient }
 export { boundCommands, connectRedis }
@@ -57,29 +65,15 @@ export function createRedisClient(options: RedisConnectionOptions): RedisClient 
 }
 
 /**
- * Commands sent in the same event-loop turn leave in one write: the first command of a turn corks
- * the connection's socket and setImmediate (after every I/O callback of the turn) uncorks it, so
- * the commands of all the requests that arrived together go out in one writev, and Redis reads
- * them in one read, instead of a write syscall per command on each side. Each command keeps its
- * own reply, in order, and nothing waits beyond the current turn. A loopback write costs more CPU
- * than a cached read's other work (docs/redis.md, "Write batching"). Cluster clients route each command
- * to its node's socket and are left as they are.
+ * Commands sent in the same event-loop turn leave in one write (`corkForTurn`, which the library's
+ * script calls use on any client): the commands of all the requests that arrived together go out
+ * in one writev, and Redis reads them in one read, instead of a write syscall per command on each
+ * side. Each command keeps its own reply, in order, and nothing waits beyond the current turn. A
+ * loopback write costs more CPU than a cached read's other work (docs/redis.md, "Write batching").
+ * Cluster clients route each command to its node's socket and are left as they are.
  */
 export function batchWrites(client: Redis): void {
-  let corked: Writable | null = null
-  const uncork = () => {
-    corked?.uncork()
-    corked = null
-  }
-  const send = client.sendCommand
-  client.sendCommand = function (this: Redis, command: Command, stream?: unknown) {
-    if (corked === null && this.stream) {
-      corked = this.stream
-      corked.cork()
-      setImmediate(uncork)
-    }
-    return send.call(this, command, stream as never)
-  } as typeof client.sendCommand
+  beforeEachCommand(client, () => corkForTurn(client))
 }
 
 const PLUGIN_OPTIONS = optionKeys<RedisPluginOptions>({

@@ -7,6 +7,7 @@ import { optionChecker } from '../common/options.ts'
 import { sendProblem } from '../common/problem.ts'
 import { bootPluginRedis, describeValue } from '../common/redis.ts'
 import { contextCovered, pluginRegistered, routeCovered } from '../common/route-coverage.ts'
+import { routeName } from '../common/route-hooks.ts'
 import { type SessionPluginOptions, validateOptions } from './options.ts'
 import { requireSession, unauthenticated } from './require-session.ts'
 import { detachSession, MAX_FIELD_BYTES, MAX_SESSION_BYTES, Session, type SessionValue } from './session.ts'
@@ -121,7 +122,7 @@ async function sessionPlugin(app: FastifyInstance, rawOptions: SessionPluginOpti
     if (wanted === undefined) return
     if (wanted !== 'required' && wanted !== 'optional')
       routeConfig.fail(
-        `route ${[route.method].flat().join(',')} ${route.url}: \`config.session\` must be 'required' or 'optional', got ${describeValue(wanted)}`,
+        `route ${routeName(route)}: \`config.session\` must be 'required' or 'optional', got ${describeValue(wanted)}`,
       )
     routeCovered(app, 'session', route)
   })

@@ -1,5 +1,6 @@
 import { createHash, randomBytes } from 'node:crypto'
-import { type RedisClient, runScript } from '../../lua/index.ts'
+import { runScript } from '../../lua/index.ts'
+import type { RedisClient } from '../common/redis.ts'
 import {
   checkHandle,
   checkPrincipal,

@@ -1,4 +1,4 @@
-import { isCluster, type RedisClient } from '../../lua/index.ts'
+import { isCluster, type RedisClient } from '../../plugins/common/redis.ts'
 import { shown } from '../checks.ts'
 import { hashSlot } from '../slots.ts'
 import { FeedSourceError } from './errors.ts'

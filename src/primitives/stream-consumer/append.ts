@@ -1,5 +1,6 @@
-import { isCluster, type RedisClient, runScript } from '../../lua/index.ts'
+import { runScript } from '../../lua/index.ts'
 import { type OptionChecker, optionChecker, optionKeys } from '../../plugins/common/options.ts'
+import { isCluster, type RedisClient } from '../../plugins/common/redis.ts'
 import { checkedOptions, shown } from '../checks.ts'
 
 // The producing side of a stream: appends in one script call, each entry once per marker
