@@ -8,8 +8,8 @@ import { Redis } from 'ioredis'
 import { type RedisServerProcess, startRedisServer } from '../src/embedded/redis-server.ts'
 import { cache, idempotency, keyBy, metrics, rateLimit, session } from '../src/index.ts'
 import { scriptSources } from '../src/lua/index.ts'
-import { TEST_REDIS_URL, TEST_SECRET, uniquePrefix } from './helpers.ts'
-import { scrape } from './metrics-scrape.ts'
+import { TEST_REDIS_URL, TEST_SECRET, uniquePrefix } from './helpers/index.ts'
+import { scrape } from './helpers/metrics-scrape.ts'
 
 // Each plugin on a plain `new Redis()` the test created, as a user of the package registers it.
 
