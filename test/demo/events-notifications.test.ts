@@ -274,7 +274,7 @@ test('notifications published while the Pub/Sub connection is down arrive after 
   graceStream.close()
 })
 
-test('a stream opening while the Pub/Sub connection drops ends at its position; the reconnect misses nothing', async () => {
+test('a stream opening while the Pub/Sub connection drops ends at its position; the reconnect misses nothing', async (t) => {
   const { Redis } = await import('ioredis')
   // A hub of its own, whose replay reply is held until the test lets it through: the replay has
   // run in Redis, the subscriber drops and a notification is published, and only then does the
@@ -328,48 +328,47 @@ test('a stream opening while the Pub/Sub connection drops ends at its position; 
     const client = { customerId, sessionId: 's', out, buffer: [] as never[], lastId: null }
     return { client, out, opened: hub.open(client, lastEventId), text: () => text }
   }
-  try {
-    await notifyCommands(21, admin.multi()).exec()
-    const seen = (await admin.xrevrange(keys.stream, '+', '-', 'COUNT', 1))[0]![0]
-    const first = openClient(seen)
-    await ran
-    const subscriber = String(await admin.call('CLIENT', 'LIST', 'TYPE', 'pubsub'))
-      .split('\n')
-      .find((line) => line.includes(` name=${hubPrefix}sse-subscriber `))
-    const subscriberId = /^id=([0-9]+) /.exec(subscriber ?? '')?.[1]
-    assert.ok(subscriberId, "the hub's subscriber connection is listed")
-    // The drop and the notification in one step: no subscriber can hear it.
-    await notifyCommands(22, admin.multi().client('KILL', 'ID', subscriberId)).exec()
-    // Back and subscribed again before the open goes on.
-    for (;;) {
-      const [, count] = (await admin.call('PUBSUB', 'NUMSUB', keys.channel)) as [string, number]
-      if (Number(count) === 1) break
-      await new Promise((r) => setTimeout(r, 10))
-    }
-    release()
-    await first.opened
-    assert.equal(first.out.writableEnded, true, 'the stream ends instead of going live')
-    assert.equal(hub.count(customerId), 0)
-    assert.doesNotMatch(first.text(), /"transferId\\?":22/)
-    assert.equal(/id: (\S+)\n\n$/.exec(first.text())?.[1], seen, 'its last line is its position')
-
-    // The browser reconnects with that id: the one it missed, once, then live ones.
-    const again = openClient(seen)
-    await again.opened
-    await notifyCommands(23, admin.multi()).exec()
-    for (;;) {
-      if (/"transferId\\?":23/.test(again.text())) break
-      await new Promise((r) => setTimeout(r, 10))
-    }
-    const ids = [...again.text().matchAll(/"transferId\\?":([0-9]+)/g)].map((m) => Number(m[1]))
-    assert.deepEqual(ids, [22, 23])
-  } finally {
+  t.after(async () => {
     release()
     await hub.shutdown()
     await admin.del(keys.stream)
     redis.disconnect()
     admin.disconnect()
+  })
+  await notifyCommands(21, admin.multi()).exec()
+  const seen = (await admin.xrevrange(keys.stream, '+', '-', 'COUNT', 1))[0]![0]
+  const first = openClient(seen)
+  await ran
+  const subscriber = String(await admin.call('CLIENT', 'LIST', 'TYPE', 'pubsub'))
+    .split('\n')
+    .find((line) => line.includes(` name=${hubPrefix}sse-subscriber `))
+  const subscriberId = /^id=([0-9]+) /.exec(subscriber ?? '')?.[1]
+  assert.ok(subscriberId, "the hub's subscriber connection is listed")
+  // The drop and the notification in one step: no subscriber can hear it.
+  await notifyCommands(22, admin.multi().client('KILL', 'ID', subscriberId)).exec()
+  // Back and subscribed again before the open goes on.
+  for (;;) {
+    const [, count] = (await admin.call('PUBSUB', 'NUMSUB', keys.channel)) as [string, number]
+    if (Number(count) === 1) break
+    await new Promise((r) => setTimeout(r, 10))
   }
+  release()
+  await first.opened
+  assert.equal(first.out.writableEnded, true, 'the stream ends instead of going live')
+  assert.equal(hub.count(customerId), 0)
+  assert.doesNotMatch(first.text(), /"transferId\\?":22/)
+  assert.equal(/id: (\S+)\n\n$/.exec(first.text())?.[1], seen, 'its last line is its position')
+
+  // The browser reconnects with that id: the one it missed, once, then live ones.
+  const again = openClient(seen)
+  await again.opened
+  await notifyCommands(23, admin.multi()).exec()
+  for (;;) {
+    if (/"transferId\\?":23/.test(again.text())) break
+    await new Promise((r) => setTimeout(r, 10))
+  }
+  const ids = [...again.text().matchAll(/"transferId\\?":([0-9]+)/g)].map((m) => Number(m[1]))
+  assert.deepEqual(ids, [22, 23])
 })
 
 test('a customer gets at most SSE_MAX_STREAMS open streams per instance: 429 beyond', async () => {
@@ -388,31 +387,28 @@ test('a customer gets at most SSE_MAX_STREAMS open streams per instance: 429 bey
   assert.equal((await sse(urlB, bobCookieB)).status, 200)
 })
 
-test('a client that disconnects before its stream opens takes no place among its SSE_MAX_STREAMS', async () => {
+test('a client that disconnects before its stream opens takes no place among its SSE_MAX_STREAMS', async (t) => {
   const carol = await createCustomer(database.db, 'carol', [1_000])
   const cookie = await login(b.app, carol)
   // Redis holds every command for a moment, the session load among them: the client gives up
   // while its request waits, before the route runs.
   const { Redis } = await import('ioredis')
   const admin = new Redis(TEST_REDIS_URL)
-  try {
-    await admin.call('CLIENT', 'PAUSE', '400', 'ALL')
-    const impatient = request(`${urlB}/notifications`, { headers: { cookie }, agent: false })
-    impatient.on('error', () => {})
-    impatient.end()
-    await new Promise((r) => setTimeout(r, 100))
-    impatient.destroy()
-    // Their session loads queue behind the impatient one's: the route runs for it first.
-    const streams = [await sse(urlB, cookie), await sse(urlB, cookie), await sse(urlB, cookie)]
-    assert.deepEqual(
-      streams.map((s) => s.status),
-      [200, 200, 200],
-    )
-    assert.equal(b.app.events.hub.count(carol.customerId), 3)
-    for (const s of streams) s.close()
-  } finally {
-    admin.disconnect()
-  }
+  t.after(() => admin.disconnect())
+  await admin.call('CLIENT', 'PAUSE', '400', 'ALL')
+  const impatient = request(`${urlB}/notifications`, { headers: { cookie }, agent: false })
+  impatient.on('error', () => {})
+  impatient.end()
+  await new Promise((r) => setTimeout(r, 100))
+  impatient.destroy()
+  // Their session loads queue behind the impatient one's: the route runs for it first.
+  const streams = [await sse(urlB, cookie), await sse(urlB, cookie), await sse(urlB, cookie)]
+  assert.deepEqual(
+    streams.map((s) => s.status),
+    [200, 200, 200],
+  )
+  assert.equal(b.app.events.hub.count(carol.customerId), 3)
+  for (const s of streams) s.close()
 })
 
 test('a client that stops reading is dropped once 1 MiB waits for it; a reading one gets everything', async () => {
@@ -493,55 +489,54 @@ test('EVENT_WORKERS splits the workers: A runs no consumer, each group has one (
   }
 })
 
-test('a redelivered event is notified once per customer', async () => {
+test('a redelivered event is notified once per customer', async (context) => {
   const database2 = await createTestDatabase()
   const p = uniquePrefix('dup')
   const t = await buildTestApp({}, { testDatabase: database2, keyPrefix: p })
-  try {
-    const x = await createCustomer(t.db, 'x', [1000])
-    const y = await createCustomer(t.db, 'y', [1000])
-    const event = {
-      eventId: '42',
-      type: 'transfer.completed',
-      transferId: 42,
-      fromCustomerId: x.customerId,
-      toCustomerId: y.customerId,
-      fromAccountId: x.accountIds[0],
-      toAccountId: y.accountIds[0],
-      amount: 1,
-      currency: 'VND',
-      occurredAt: new Date().toISOString(),
-    }
-    // The same event twice on the stream (a relay that died between XADD and COMMIT).
-    for (let i = 0; i < 2; i++)
-      await t.redis.xadd(t.app.events.stream, '*', 'eventId', '42', 'data', JSON.stringify(event))
-    const { createNotifier } = await import('../../src/events/notifier.ts')
-    const notifier = createNotifier({
-      db: t.db,
-      refillReach: 100_000,
-      redis: t.redis,
-      prefix: p,
-      stream: t.app.events.stream,
-      consumer: 'c',
-      retention: 100,
-      dedupTtlMs: 3_600_000,
-      blockMs: 100,
-    })
-    await notifier.start()
-    const deadline = Date.now() + 10_000
-    while (!(await groupDone(t.app.events.stream, 'notifier'))) {
-      assert.ok(Date.now() < deadline, 'the notifier went through the stream')
-      await new Promise((r) => setTimeout(r, 20))
-    }
-    await notifier.stop()
-    assert.equal(await t.redis.xlen(notificationKeys(p, x.customerId).stream), 1)
-    assert.equal(await t.redis.xlen(notificationKeys(p, y.customerId).stream), 1)
-    const keys = await scanKeys(t.redis, p)
-    if (keys.length) await t.redis.del(...keys)
-  } finally {
+  context.after(async () => {
     await t.close()
     await database2.drop()
+  })
+  const x = await createCustomer(t.db, 'x', [1000])
+  const y = await createCustomer(t.db, 'y', [1000])
+  const event = {
+    eventId: '42',
+    type: 'transfer.completed',
+    transferId: 42,
+    fromCustomerId: x.customerId,
+    toCustomerId: y.customerId,
+    fromAccountId: x.accountIds[0],
+    toAccountId: y.accountIds[0],
+    amount: 1,
+    currency: 'VND',
+    occurredAt: new Date().toISOString(),
   }
+  // The same event twice on the stream (a relay that died between XADD and COMMIT).
+  for (let i = 0; i < 2; i++)
+    await t.redis.xadd(t.app.events.stream, '*', 'eventId', '42', 'data', JSON.stringify(event))
+  const { createNotifier } = await import('../../src/events/notifier.ts')
+  const notifier = createNotifier({
+    db: t.db,
+    refillReach: 100_000,
+    redis: t.redis,
+    prefix: p,
+    stream: t.app.events.stream,
+    consumer: 'c',
+    retention: 100,
+    dedupTtlMs: 3_600_000,
+    blockMs: 100,
+  })
+  await notifier.start()
+  const deadline = Date.now() + 10_000
+  while (!(await groupDone(t.app.events.stream, 'notifier'))) {
+    assert.ok(Date.now() < deadline, 'the notifier went through the stream')
+    await new Promise((r) => setTimeout(r, 20))
+  }
+  await notifier.stop()
+  assert.equal(await t.redis.xlen(notificationKeys(p, x.customerId).stream), 1)
+  assert.equal(await t.redis.xlen(notificationKeys(p, y.customerId).stream), 1)
+  const keys = await scanKeys(t.redis, p)
+  if (keys.length) await t.redis.del(...keys)
 })
 
 test('metrics: outbox backlog and age, stream length, group pending and lag, dead letters, SSE clients', async () => {

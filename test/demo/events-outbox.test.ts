@@ -287,32 +287,29 @@ const insertEvents = async (tx: Queryable, count: number) => {
   )
 }
 
-test("the relay's claim finds its rows by primary key: no scan of the backlog or of its dead rows", async () => {
+test("the relay's claim finds its rows by primary key: no scan of the backlog or of its dead rows", async (t) => {
   const database = await createTestDatabase()
-  try {
-    // The subquery walks the primary key from the oldest id; the delete looks its ids up in it.
-    const byPrimaryKey = ['Index Scan using outbox_events_pkey', 'Index Scan using outbox_events_pkey']
-    // A backlog of 5,000 events, half of them deleted (relayed) and not yet vacuumed: CLAIM_SQL's
-    // own shape finds its rows by primary key, without the setting (as `id IN (subquery)` it was a
-    // hash join over a scan of the whole table, which sequential scans off would only turn into a
-    // full index scan).
-    const backlog = await claimPlanScans(database, false, async (tx) => {
-      await insertEvents(tx, 5000)
-      await tx.query('ANALYZE outbox_events')
-      await tx.query('DELETE FROM outbox_events WHERE id <= 2500')
-    })
-    assert.deepEqual(backlog, byPrimaryKey)
-    // A drained outbox that (auto)vacuum has emptied and analyzed, as it finds a queue table, planned
-    // when the next events arrive. Without CLAIM_PLAN_SETTING both scans are sequential (and the
-    // subquery sorts), and the relay keeps that plan while the backlog and its dead rows grow.
-    await insertEvents(database.db, 5000)
-    await database.db.query('DELETE FROM outbox_events')
-    await database.db.query('VACUUM ANALYZE outbox_events')
-    const drained = await claimPlanScans(database, true, (tx) => insertEvents(tx, 50))
-    assert.deepEqual(drained, byPrimaryKey)
-  } finally {
-    await database.drop()
-  }
+  t.after(() => database.drop())
+  // The subquery walks the primary key from the oldest id; the delete looks its ids up in it.
+  const byPrimaryKey = ['Index Scan using outbox_events_pkey', 'Index Scan using outbox_events_pkey']
+  // A backlog of 5,000 events, half of them deleted (relayed) and not yet vacuumed: CLAIM_SQL's
+  // own shape finds its rows by primary key, without the setting (as `id IN (subquery)` it was a
+  // hash join over a scan of the whole table, which sequential scans off would only turn into a
+  // full index scan).
+  const backlog = await claimPlanScans(database, false, async (tx) => {
+    await insertEvents(tx, 5000)
+    await tx.query('ANALYZE outbox_events')
+    await tx.query('DELETE FROM outbox_events WHERE id <= 2500')
+  })
+  assert.deepEqual(backlog, byPrimaryKey)
+  // A drained outbox that (auto)vacuum has emptied and analyzed, as it finds a queue table, planned
+  // when the next events arrive. Without CLAIM_PLAN_SETTING both scans are sequential (and the
+  // subquery sorts), and the relay keeps that plan while the backlog and its dead rows grow.
+  await insertEvents(database.db, 5000)
+  await database.db.query('DELETE FROM outbox_events')
+  await database.db.query('VACUUM ANALYZE outbox_events')
+  const drained = await claimPlanScans(database, true, (tx) => insertEvents(tx, 50))
+  assert.deepEqual(drained, byPrimaryKey)
 })
 
 /** A new database where alice paid bob `n` times (n events in the backlog), a Redis client and a stream name of their own. */
@@ -454,70 +451,61 @@ async function relayedOnOwnRedis() {
   }
 }
 
-test('Redis restarted without its data: the relay refills the stream from the transfers', async () => {
+test('Redis restarted without its data: the relay refills the stream from the transfers', async (context) => {
   const t = await relayedOnOwnRedis()
-  try {
-    // Transfers keep committing while Redis is down: their events wait in the outbox.
-    await t.restartEmpty(async () => {
-      await t.transfer(5)
-      await assert.rejects(t.relay.relayPending())
-    })
-    assert.equal(await t.redis.exists(t.stream), 0, 'the restarted Redis has no stream')
-    await t.relay.relayPending()
-    await t.assertEveryEventOnce()
-  } finally {
-    await t.close()
-  }
-})
-
-test('Redis restarted empty and newer events appended before a loss check: the older ones are refilled too', async () => {
-  const t = await relayedOnOwnRedis()
-  try {
-    assert.equal(await t.relay.relayPending(), 0, 'a check that finds nothing lost')
-    await t.restartEmpty()
-    // What a pass without a loss check (a commit's wake-up) leaves when it runs first: the newer
-    // events on the empty stream, the older ones on no stream at all.
+  context.after(() => t.close())
+  // Transfers keep committing while Redis is down: their events wait in the outbox.
+  await t.restartEmpty(async () => {
     await t.transfer(5)
-    const newer = await t.db.query<{ id: string }>('DELETE FROM outbox_events RETURNING id::text AS id')
-    assert.equal(newer.length, 5)
-    await appendEvents(
-      t.redis,
-      t.stream,
-      newer.map((r) => r.id),
-    )
-
-    assert.equal(await t.relay.relayPending(), 20, 'the twenty lost with the restart go back to the stream')
-    await t.assertEveryEventOnce()
-    assert.equal(await t.relay.relayPending(), 0, 'and a later check finds nothing more to refill')
-  } finally {
-    await t.close()
-  }
+    await assert.rejects(t.relay.relayPending())
+  })
+  assert.equal(await t.redis.exists(t.stream), 0, 'the restarted Redis has no stream')
+  await t.relay.relayPending()
+  await t.assertEveryEventOnce()
 })
 
-test('Redis restarted empty, then an older batch appended first: the newer events relayed before the restart are refilled', async () => {
+test('Redis restarted empty and newer events appended before a loss check: the older ones are refilled too', async (context) => {
   const t = await relayedOnOwnRedis()
-  try {
-    await t.transfer(14)
-    const backlog = await t.db.query<{ id: string }>(
-      'SELECT id::text FROM outbox_events ORDER BY outbox_events.id',
-    )
-    const [older, newer] = [backlog.slice(0, 7).map((r) => r.id), backlog.slice(7).map((r) => r.id)]
-    // Relay C appended and committed the newer seven; relay A had claimed the older seven and its
-    // pass failed with the restart (rolled back: they stay in the backlog).
-    await t.db.query('DELETE FROM outbox_events WHERE id = ANY ($1::bigint[])', [newer])
-    await t.restartEmpty()
-    // A's next pass, a commit's wake-up (no loss check), appends the older seven first.
-    await t.db.query('DELETE FROM outbox_events WHERE id = ANY ($1::bigint[])', [older])
-    await appendEvents(t.redis, t.stream, older)
+  context.after(() => t.close())
+  assert.equal(await t.relay.relayPending(), 0, 'a check that finds nothing lost')
+  await t.restartEmpty()
+  // What a pass without a loss check (a commit's wake-up) leaves when it runs first: the newer
+  // events on the empty stream, the older ones on no stream at all.
+  await t.transfer(5)
+  const newer = await t.db.query<{ id: string }>('DELETE FROM outbox_events RETURNING id::text AS id')
+  assert.equal(newer.length, 5)
+  await appendEvents(
+    t.redis,
+    t.stream,
+    newer.map((r) => r.id),
+  )
 
-    assert.equal(await t.relay.relayPending(), 27, 'the twenty earlier events and C\u2019s seven')
-    await t.assertEveryEventOnce()
-  } finally {
-    await t.close()
-  }
+  assert.equal(await t.relay.relayPending(), 20, 'the twenty lost with the restart go back to the stream')
+  await t.assertEveryEventOnce()
+  assert.equal(await t.relay.relayPending(), 0, 'and a later check finds nothing more to refill')
 })
 
-test('a loss check reads the transfers since the previous check, never more than the retention, where most wrote no event', async () => {
+test('Redis restarted empty, then an older batch appended first: the newer events relayed before the restart are refilled', async (context) => {
+  const t = await relayedOnOwnRedis()
+  context.after(() => t.close())
+  await t.transfer(14)
+  const backlog = await t.db.query<{ id: string }>(
+    'SELECT id::text FROM outbox_events ORDER BY outbox_events.id',
+  )
+  const [older, newer] = [backlog.slice(0, 7).map((r) => r.id), backlog.slice(7).map((r) => r.id)]
+  // Relay C appended and committed the newer seven; relay A had claimed the older seven and its
+  // pass failed with the restart (rolled back: they stay in the backlog).
+  await t.db.query('DELETE FROM outbox_events WHERE id = ANY ($1::bigint[])', [newer])
+  await t.restartEmpty()
+  // A's next pass, a commit's wake-up (no loss check), appends the older seven first.
+  await t.db.query('DELETE FROM outbox_events WHERE id = ANY ($1::bigint[])', [older])
+  await appendEvents(t.redis, t.stream, older)
+
+  assert.equal(await t.relay.relayPending(), 27, 'the twenty earlier events and C\u2019s seven')
+  await t.assertEveryEventOnce()
+})
+
+test('a loss check reads the transfers since the previous check, never more than the retention, where most wrote no event', async (t) => {
   const database = await createTestDatabase()
   const redis = new Redis(TEST_REDIS_URL)
   const stream = `${uniquePrefix('search')}events:transfers`
@@ -563,74 +551,72 @@ test('a loss check reads the transfers since the previous check, never more than
     )
   let a: TestCustomer
   let b: TestCustomer
-  try {
-    a = await createCustomer(database.db, 'alice', [1_000_000])
-    b = await createCustomer(database.db, 'bob', [1_000_000])
-    await makeTransfers(database.db, a, b, 5)
-    assert.equal(await relay.relayPending(), 5, 'relayed after a check that found them all in the backlog')
-    assert.equal(await relay.relayPending(), 0)
-
-    await withoutEvents(20_000)
-    assert.equal(await relay.relayPending(), 0)
-    assert.equal(await rowsReadByLastSearch(), 1000, 'the newest 1,000 (the retention), not 20,000')
-    await withoutEvents(50)
-    assert.equal(await relay.relayPending(), 0)
-    assert.equal(await rowsReadByLastSearch(), 50, 'only those since the previous check')
-    assert.equal(await relay.relayPending(), 0)
-    assert.equal(await rowsReadByLastSearch(), 0)
-
-    // The check still finds what Redis lost: the events within the retention of the newest.
-    await makeTransfers(database.db, a, b, 3)
-    await withoutEvents(10)
-    assert.equal(await relay.relayPending(), 3)
-    await redis.del(stream)
-    assert.equal(await relay.relayPending(), 3, 'the three newer events go back to the stream')
-    assert.equal(await rowsReadByLastSearch(), 11, 'from the newest back to the newest relayed event')
-    const events = await database.db.query<{ id: string }>(
-      'SELECT id::text FROM transfers WHERE has_event ORDER BY transfers.id DESC LIMIT 3',
-    )
-    assert.deepEqual(await streamEventIds(redis, stream), events.map((e) => e.id).reverse())
-  } finally {
+  t.after(async () => {
     await redis.del(stream, `${stream}:relay-epoch`)
     redis.disconnect()
     await database.drop()
-  }
+  })
+  a = await createCustomer(database.db, 'alice', [1_000_000])
+  b = await createCustomer(database.db, 'bob', [1_000_000])
+  await makeTransfers(database.db, a, b, 5)
+  assert.equal(await relay.relayPending(), 5, 'relayed after a check that found them all in the backlog')
+  assert.equal(await relay.relayPending(), 0)
+
+  await withoutEvents(20_000)
+  assert.equal(await relay.relayPending(), 0)
+  assert.equal(await rowsReadByLastSearch(), 1000, 'the newest 1,000 (the retention), not 20,000')
+  await withoutEvents(50)
+  assert.equal(await relay.relayPending(), 0)
+  assert.equal(await rowsReadByLastSearch(), 50, 'only those since the previous check')
+  assert.equal(await relay.relayPending(), 0)
+  assert.equal(await rowsReadByLastSearch(), 0)
+
+  // The check still finds what Redis lost: the events within the retention of the newest.
+  await makeTransfers(database.db, a, b, 3)
+  await withoutEvents(10)
+  assert.equal(await relay.relayPending(), 3)
+  await redis.del(stream)
+  assert.equal(await relay.relayPending(), 3, 'the three newer events go back to the stream')
+  assert.equal(await rowsReadByLastSearch(), 11, 'from the newest back to the newest relayed event')
+  const events = await database.db.query<{ id: string }>(
+    'SELECT id::text FROM transfers WHERE has_event ORDER BY transfers.id DESC LIMIT 3',
+  )
+  assert.deepEqual(await streamEventIds(redis, stream), events.map((e) => e.id).reverse())
 })
 
-test('a refill reaches back at most the stream retention, and only to transfers that wrote an event', async () => {
+test('a refill reaches back at most the stream retention, and only to transfers that wrote an event', async (t) => {
   const database = await createTestDatabase()
   const redis = new Redis(TEST_REDIS_URL)
   const stream = `${uniquePrefix('refill')}events:transfers`
   const relay = createOutboxRelay({ db: database.db, redis, stream, retention: 10, intervalMs: 1000 })
   const eventTransfers = () => eventTransferIds(database.db)
-  try {
-    const a = await createCustomer(database.db, 'alice', [1_000_000])
-    const b = await createCustomer(database.db, 'bob', [1_000_000])
-    await makeTransfers(database.db, a, b, 30)
-    assert.equal(await relay.relayPending(), 30)
-    const all = await eventTransfers()
-    assert.equal(all.length, 30)
-    // The stream keeps about the retention (MAXLEN ~): its newest entries, each id a transfer's.
-    const onStream = (await streamEventIds(redis, stream)).map(Number)
-    assert.deepEqual(onStream, all.slice(all.length - onStream.length), 'an event id is its transfer id')
-    // Transfers made without an event (OUTBOX=off) are never turned into one.
-    await makeTransfers(database.db, a, b, 3, false)
-    assert.equal(await relay.relayPending(), 0, 'nothing was lost: nothing to refill')
-
-    await redis.del(stream)
-    assert.equal(await relay.relayPending(), 10)
-    const refilled = (await redis.xrange(stream, '-', '+')) as Array<[string, string[]]>
-    assert.deepEqual(
-      refilled.map(([, f]) => Number(f[f.indexOf('eventId') + 1])),
-      all.slice(20),
-    )
-    // Rebuilt from the transfer, the event is the one first relayed.
-    const data = JSON.parse(refilled[0]![1][refilled[0]![1].indexOf('data') + 1]!) as Record<string, unknown>
-    assert.deepEqual({ ...data, occurredAt: undefined }, transferEvent(all[20]!, a, b, 1, undefined))
-    assert.equal((await database.db.query('SELECT id FROM outbox_events')).length, 0)
-  } finally {
+  t.after(async () => {
     await redis.del(stream, `${stream}:relay-epoch`)
     redis.disconnect()
     await database.drop()
-  }
+  })
+  const a = await createCustomer(database.db, 'alice', [1_000_000])
+  const b = await createCustomer(database.db, 'bob', [1_000_000])
+  await makeTransfers(database.db, a, b, 30)
+  assert.equal(await relay.relayPending(), 30)
+  const all = await eventTransfers()
+  assert.equal(all.length, 30)
+  // The stream keeps about the retention (MAXLEN ~): its newest entries, each id a transfer's.
+  const onStream = (await streamEventIds(redis, stream)).map(Number)
+  assert.deepEqual(onStream, all.slice(all.length - onStream.length), 'an event id is its transfer id')
+  // Transfers made without an event (OUTBOX=off) are never turned into one.
+  await makeTransfers(database.db, a, b, 3, false)
+  assert.equal(await relay.relayPending(), 0, 'nothing was lost: nothing to refill')
+
+  await redis.del(stream)
+  assert.equal(await relay.relayPending(), 10)
+  const refilled = (await redis.xrange(stream, '-', '+')) as Array<[string, string[]]>
+  assert.deepEqual(
+    refilled.map(([, f]) => Number(f[f.indexOf('eventId') + 1])),
+    all.slice(20),
+  )
+  // Rebuilt from the transfer, the event is the one first relayed.
+  const data = JSON.parse(refilled[0]![1][refilled[0]![1].indexOf('data') + 1]!) as Record<string, unknown>
+  assert.deepEqual({ ...data, occurredAt: undefined }, transferEvent(all[20]!, a, b, 1, undefined))
+  assert.equal((await database.db.query('SELECT id FROM outbox_events')).length, 0)
 })

@@ -284,37 +284,36 @@ describe('transfers', () => {
 })
 
 describe('notifications', () => {
-  test('a session ended on another instance closes its stream at the next heartbeat, whatever slot its key is in', async () => {
+  test('a session ended on another instance closes its stream at the next heartbeat, whatever slot its key is in', async (t) => {
     const here = await buildTestApp({ RATE_LIMITS: 'off', SSE_HEARTBEAT: '100ms' })
     const elsewhere = await buildTestApp(
       { RATE_LIMITS: 'off' },
       { testDatabase: { db: here.db, drop: async () => {} }, keyPrefix: here.prefix },
     )
-    try {
-      const url = await listen(here.app)
-      // Several customers' sessions: on a Redis Cluster their keys sit in different slots.
-      const customers = await Promise.all(
-        ['carol', 'dave', 'erin'].map((name) => createCustomer(here.db, name, [1000])),
-      )
-      const cookies = await Promise.all(customers.map((c) => login(here.app, c)))
-      const streams = await Promise.all(cookies.map((cookie) => openSse(`${url}/notifications`, { cookie })))
-      assert.deepEqual(
-        streams.map((s) => s.status),
-        [200, 200, 200],
-      )
-      const out = await elsewhere.app.inject({
-        method: 'DELETE',
-        url: '/session',
-        headers: { cookie: cookies[0]! },
-      })
-      assert.equal(out.statusCode, 204)
-      const timedOut = new Promise<string>((resolve) => setTimeout(resolve, 10_000, 'still open').unref())
-      assert.equal(await Promise.race([streams[0]!.ended.then(() => 'ended'), timedOut]), 'ended')
-      assert.equal(here.app.events.hub.count(customers[1]!.customerId), 1, 'the others stay open')
-      for (const s of streams) s.close()
-    } finally {
+    t.after(async () => {
       await elsewhere.close()
       await here.close()
-    }
+    })
+    const url = await listen(here.app)
+    // Several customers' sessions: on a Redis Cluster their keys sit in different slots.
+    const customers = await Promise.all(
+      ['carol', 'dave', 'erin'].map((name) => createCustomer(here.db, name, [1000])),
+    )
+    const cookies = await Promise.all(customers.map((c) => login(here.app, c)))
+    const streams = await Promise.all(cookies.map((cookie) => openSse(`${url}/notifications`, { cookie })))
+    assert.deepEqual(
+      streams.map((s) => s.status),
+      [200, 200, 200],
+    )
+    const out = await elsewhere.app.inject({
+      method: 'DELETE',
+      url: '/session',
+      headers: { cookie: cookies[0]! },
+    })
+    assert.equal(out.statusCode, 204)
+    const timedOut = new Promise<string>((resolve) => setTimeout(resolve, 10_000, 'still open').unref())
+    assert.equal(await Promise.race([streams[0]!.ended.then(() => 'ended'), timedOut]), 'ended')
+    assert.equal(here.app.events.hub.count(customers[1]!.customerId), 1, 'the others stay open')
+    for (const s of streams) s.close()
   })
 })

@@ -300,7 +300,7 @@ describe('cursors', () => {
     await expectProblem(twice, 400, '/problems/validation')
   })
 
-  test('a cursor signed under another secret is refused; after a rotation the old one still works', async () => {
+  test('a cursor signed under another secret is refused; after a rotation the old one still works', async (context) => {
     const secret = 'another-secret-0123456789-abcdefghijkl'
     const elsewhere = await buildTestApp(
       { SESSION_SECRET: secret },
@@ -310,36 +310,30 @@ describe('cursors', () => {
       { SESSION_SECRET: `${secret},${TEST_SECRET}` },
       { testDatabase: { db: t.db, drop: async () => {} } },
     )
-    try {
-      const accountId = owner.accountIds[0]!
-      const signedElsewhere = await history(
-        elsewhere.app,
-        await login(elsewhere.app, owner),
-        accountId,
-        '?limit=1',
-      )
-      const foreign = (signedElsewhere.json() as Page).nextCursor!
-      assert.notEqual(foreign, first)
-      await expectProblem(await use(foreign), 400, '/problems/invalid-cursor')
-      // The new secret signs, the old one still verifies: the cursor from before the rotation pages on.
-      const cookie = await login(rotated.app, owner)
-      const res = await history(
-        rotated.app,
-        cookie,
-        accountId,
-        `?limit=1&cursor=${encodeURIComponent(first)}`,
-      )
-      assert.equal(res.statusCode, 200)
-      assert.deepEqual((res.json() as Page).items, ((await use(first)).json() as Page).items)
-      // Its next cursor is signed with the new secret: this instance takes it, one without that secret not.
-      const next = (res.json() as Page).nextCursor!
-      const after = await history(rotated.app, cookie, accountId, `?cursor=${encodeURIComponent(next)}`)
-      assert.equal(after.statusCode, 200)
-      await expectProblem(await use(next), 400, '/problems/invalid-cursor')
-    } finally {
+    context.after(async () => {
       await elsewhere.close()
       await rotated.close()
-    }
+    })
+    const accountId = owner.accountIds[0]!
+    const signedElsewhere = await history(
+      elsewhere.app,
+      await login(elsewhere.app, owner),
+      accountId,
+      '?limit=1',
+    )
+    const foreign = (signedElsewhere.json() as Page).nextCursor!
+    assert.notEqual(foreign, first)
+    await expectProblem(await use(foreign), 400, '/problems/invalid-cursor')
+    // The new secret signs, the old one still verifies: the cursor from before the rotation pages on.
+    const cookie = await login(rotated.app, owner)
+    const res = await history(rotated.app, cookie, accountId, `?limit=1&cursor=${encodeURIComponent(first)}`)
+    assert.equal(res.statusCode, 200)
+    assert.deepEqual((res.json() as Page).items, ((await use(first)).json() as Page).items)
+    // Its next cursor is signed with the new secret: this instance takes it, one without that secret not.
+    const next = (res.json() as Page).nextCursor!
+    const after = await history(rotated.app, cookie, accountId, `?cursor=${encodeURIComponent(next)}`)
+    assert.equal(after.statusCode, 200)
+    await expectProblem(await use(next), 400, '/problems/invalid-cursor')
   })
 })
 

@@ -144,7 +144,7 @@ test('a FLUSHALL mid-stream: the refilled events are not shown again, later ones
   )
 })
 
-test('the hub shows an event once per stream, even appended again under a new stream id', async () => {
+test('the hub shows an event once per stream, even appended again under a new stream id', async (context) => {
   const prefix = `${t.prefix}hub:`
   const hub = new SseHub({
     redis: t.redis,
@@ -175,40 +175,34 @@ test('the hub shows an event once per stream, even appended again under a new st
   })
   const client: SseClient = { customerId, sessionId: 's', out, buffer: [], lastId: null }
   await hub.open(client, first!)
-  try {
-    // Event 2 live; then event 1 and 2 again (their markers lost, as in a Redis data loss); then 3.
-    await notifyCustomers(t.redis, prefix, [notification('2')], 100, 60_000)
-    await t.redis.del(keys.marker('1', 'transfer.received'), keys.marker('2', 'transfer.received'))
-    const [again1, again2] = await notifyCustomers(
-      t.redis,
-      prefix,
-      [notification('1'), notification('2')],
-      100,
-      60_000,
-    )
-    await notifyCustomers(t.redis, prefix, [notification('3')], 100, 60_000)
-    await until('the live messages arrived', async () => text.includes('"transferId":3'))
-    const shown = [...text.matchAll(/"transferId":([0-9]+)/g)].map((m) => Number(m[1]))
-    assert.deepEqual(shown, [2, 1, 3], 'event 1 was not shown on this stream before: once; event 2 once')
-    assert.ok(!text.includes(`id: ${again2}\nevent`), 'the repeat of event 2 went without data')
-    assert.ok(
-      text.includes(`id: ${again2}\n\n`),
-      "the repeat's position went out, for the next Last-Event-ID",
-    )
-    assert.ok(text.includes(`id: ${again1}\nevent`))
-    // A replay from before all of them on a new stream: each event once.
-    const replayed = new PassThrough()
-    let replayText = ''
-    replayed.on('data', (chunk: Buffer) => {
-      replayText += chunk.toString()
-    })
-    const second: SseClient = { customerId, sessionId: 's2', out: replayed, buffer: [], lastId: null }
-    await hub.open(second, '0-1')
-    assert.deepEqual(
-      [...replayText.matchAll(/"transferId":([0-9]+)/g)].map((m) => Number(m[1])),
-      [1, 2, 3],
-    )
-  } finally {
-    await hub.shutdown()
-  }
+  context.after(() => hub.shutdown())
+  // Event 2 live; then event 1 and 2 again (their markers lost, as in a Redis data loss); then 3.
+  await notifyCustomers(t.redis, prefix, [notification('2')], 100, 60_000)
+  await t.redis.del(keys.marker('1', 'transfer.received'), keys.marker('2', 'transfer.received'))
+  const [again1, again2] = await notifyCustomers(
+    t.redis,
+    prefix,
+    [notification('1'), notification('2')],
+    100,
+    60_000,
+  )
+  await notifyCustomers(t.redis, prefix, [notification('3')], 100, 60_000)
+  await until('the live messages arrived', async () => text.includes('"transferId":3'))
+  const shown = [...text.matchAll(/"transferId":([0-9]+)/g)].map((m) => Number(m[1]))
+  assert.deepEqual(shown, [2, 1, 3], 'event 1 was not shown on this stream before: once; event 2 once')
+  assert.ok(!text.includes(`id: ${again2}\nevent`), 'the repeat of event 2 went without data')
+  assert.ok(text.includes(`id: ${again2}\n\n`), "the repeat's position went out, for the next Last-Event-ID")
+  assert.ok(text.includes(`id: ${again1}\nevent`))
+  // A replay from before all of them on a new stream: each event once.
+  const replayed = new PassThrough()
+  let replayText = ''
+  replayed.on('data', (chunk: Buffer) => {
+    replayText += chunk.toString()
+  })
+  const second: SseClient = { customerId, sessionId: 's2', out: replayed, buffer: [], lastId: null }
+  await hub.open(second, '0-1')
+  assert.deepEqual(
+    [...replayText.matchAll(/"transferId":([0-9]+)/g)].map((m) => Number(m[1])),
+    [1, 2, 3],
+  )
 })

@@ -88,49 +88,43 @@ test('every route is documented, with an operationId, a summary, a description a
   assert.ok(!Object.keys(demo.document.paths).some((p) => p.startsWith('/metrics') || p.startsWith('/docs')))
 })
 
-test('`servers` names the local demo; PUBLIC_URL replaces it', async () => {
+test('`servers` names the local demo; PUBLIC_URL replaces it', async (t) => {
   assert.deepEqual(
     demo.document.servers.map((s) => s.url),
     ['http://127.0.0.1:3000'],
   )
   const other = await buildTestApp({ PUBLIC_URL: 'https://bank.example.org/gateway/', PORT: '8080' })
-  try {
-    const document = other.app.swagger() as unknown as OpenApiDocument
-    assert.deepEqual(
-      document.servers.map((s) => s.url),
-      ['https://bank.example.org/gateway'],
-    )
-  } finally {
-    await other.close()
-  }
+  t.after(() => other.close())
+  const document = other.app.swagger() as unknown as OpenApiDocument
+  assert.deepEqual(
+    document.servers.map((s) => s.url),
+    ['https://bank.example.org/gateway'],
+  )
 })
 
-test('session routes require the session cookie, named as this environment sends it', async () => {
+test('session routes require the session cookie, named as this environment sends it', async (t) => {
   for (const { method, path, op } of operations(demo.document)) {
     const expected = SESSION_ROUTES.includes(`${method} ${path}`) ? [{ session: [] }] : []
     assert.deepEqual(op.security, expected, `${method} ${path}`)
   }
   const production = await startDemo({ NODE_ENV: 'production', LOG_LEVEL: 'silent' })
-  try {
-    for (const [env, running] of [
-      ['development', demo],
-      ['production', production],
-    ] as const) {
-      const scheme = running.document.components.securitySchemes.session!
-      assert.equal(scheme.type, 'apiKey')
-      assert.equal(scheme.in, 'cookie')
-      const response = await fetch(`${running.url}/session`, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json' },
-        body: JSON.stringify({ username: 'alice', password: 'demo-password' }),
-      })
-      assert.equal(response.status, 200)
-      const sent = response.headers.get('set-cookie')!.split('=', 1)[0]
-      assert.equal(scheme.name, sent, env)
-      assert.equal(sent, env === 'production' ? '__Host-sid' : 'sid')
-    }
-  } finally {
-    await production.close()
+  t.after(() => production.close())
+  for (const [env, running] of [
+    ['development', demo],
+    ['production', production],
+  ] as const) {
+    const scheme = running.document.components.securitySchemes.session!
+    assert.equal(scheme.type, 'apiKey')
+    assert.equal(scheme.in, 'cookie')
+    const response = await fetch(`${running.url}/session`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ username: 'alice', password: 'demo-password' }),
+    })
+    assert.equal(response.status, 200)
+    const sent = response.headers.get('set-cookie')!.split('=', 1)[0]
+    assert.equal(scheme.name, sent, env)
+    assert.equal(sent, env === 'production' ? '__Host-sid' : 'sid')
   }
 })
 
@@ -214,74 +208,71 @@ test('an integer path id is read only when written plainly', async (t) => {
   assert.equal((await app.inject({ url: '/scheduled-transfers/01', headers: { cookie } })).statusCode, 400)
 })
 
-test('the Idempotency-Key pattern accepts exactly the keys the gateway accepts', async () => {
+test('the Idempotency-Key pattern accepts exactly the keys the gateway accepts', async (t) => {
   // Rate limits off (the test default): hundreds of keys for one customer.
   const gateway = await buildTestApp()
-  try {
-    const customer = await createCustomer(gateway.db, `key-${randomUUID()}`, [1_000])
-    const cookie = await login(gateway.app, customer)
-    const pattern = new RegExp(IDEMPOTENCY_KEY_PATTERN)
-    // Accepted keys reach the transfer: a transfer to the same account answers 400 same-account.
-    const refusedAsInvalid = async (key: string) => {
-      const response = await gateway.app.inject({
-        method: 'POST',
-        url: '/transfers',
-        headers: { cookie, 'idempotency-key': key },
-        payload: {
-          fromAccountId: customer.accountIds[0],
-          toAccountId: customer.accountIds[0],
-          amount: 1,
-          currency: 'VND',
-        },
-      })
-      const { type } = response.json() as { type: string }
-      assert.ok(
-        ['/problems/idempotency-key-invalid', '/problems/same-account'].includes(type),
-        `${key}: ${type}`,
-      )
-      return type === '/problems/idempotency-key-invalid'
-    }
-    const samples = [
-      'a',
-      '7f3c1e2a-demo',
-      '"7f3c1e2a-demo"',
-      '"a\\"b"',
-      '"a\\\\b"',
-      '"a\\b"',
-      '""',
-      '"',
-      '"abc',
-      'abc"',
-      '"ab"c"',
-      '"a b"',
-      'a b',
-      '"a";p=1',
-      'k'.repeat(255),
-      'k'.repeat(256),
-      `"${'k'.repeat(255)}"`,
-      `"${'k'.repeat(256)}"`,
-      `"${'\\"'.repeat(255)}"`,
-      `"${'\\"'.repeat(256)}"`,
-      '~!#$%&*+-.^_`|',
-    ]
-    for (const key of samples) assert.equal(await refusedAsInvalid(key), !pattern.test(key), key)
-    // Printable ASCII with the characters that matter; HTTP trims spaces around a field value.
-    const keyText = fc
-      .array(fc.constantFrom('a', 'Z', '0', '-', '"', '\\', ' ', ';', '=', '~', '!'), {
-        minLength: 1,
-        maxLength: 8,
-      })
-      .map((chars) => chars.join('').trim())
-      .filter((key) => key.length > 0)
-    await fc.assert(
-      fc.asyncProperty(keyText, async (key) => {
-        assert.equal(await refusedAsInvalid(key), !pattern.test(key), key)
-      }),
-      { numRuns: 150 },
+  t.after(() => gateway.close())
+  const customer = await createCustomer(gateway.db, `key-${randomUUID()}`, [1_000])
+  const cookie = await login(gateway.app, customer)
+  const pattern = new RegExp(IDEMPOTENCY_KEY_PATTERN)
+  // Accepted keys reach the transfer: a transfer to the same account answers 400 same-account.
+  const refusedAsInvalid = async (key: string) => {
+    const response = await gateway.app.inject({
+      method: 'POST',
+      url: '/transfers',
+      headers: { cookie, 'idempotency-key': key },
+      payload: {
+        fromAccountId: customer.accountIds[0],
+        toAccountId: customer.accountIds[0],
+        amount: 1,
+        currency: 'VND',
+      },
+    })
+    const { type } = response.json() as { type: string }
+    assert.ok(
+      ['/problems/idempotency-key-invalid', '/problems/same-account'].includes(type),
+      `${key}: ${type}`,
     )
-  } finally {
-    await gateway.close()
+    return type === '/problems/idempotency-key-invalid'
   }
+  const samples = [
+    'a',
+    '7f3c1e2a-demo',
+    '"7f3c1e2a-demo"',
+    '"a\\"b"',
+    '"a\\\\b"',
+    '"a\\b"',
+    '""',
+    '"',
+    '"abc',
+    'abc"',
+    '"ab"c"',
+    '"a b"',
+    'a b',
+    '"a";p=1',
+    'k'.repeat(255),
+    'k'.repeat(256),
+    `"${'k'.repeat(255)}"`,
+    `"${'k'.repeat(256)}"`,
+    `"${'\\"'.repeat(255)}"`,
+    `"${'\\"'.repeat(256)}"`,
+    '~!#$%&*+-.^_`|',
+  ]
+  for (const key of samples) assert.equal(await refusedAsInvalid(key), !pattern.test(key), key)
+  // Printable ASCII with the characters that matter; HTTP trims spaces around a field value.
+  const keyText = fc
+    .array(fc.constantFrom('a', 'Z', '0', '-', '"', '\\', ' ', ';', '=', '~', '!'), {
+      minLength: 1,
+      maxLength: 8,
+    })
+    .map((chars) => chars.join('').trim())
+    .filter((key) => key.length > 0)
+  await fc.assert(
+    fc.asyncProperty(keyText, async (key) => {
+      assert.equal(await refusedAsInvalid(key), !pattern.test(key), key)
+    }),
+    { numRuns: 150 },
+  )
 })
 
 test('response headers: rate limits everywhere, Retry-After, Idempotent-Replayed, Set-Cookie', () => {
@@ -437,7 +428,7 @@ test('401, 404, 422 and 429 problems keep their body and content type, as docume
   assert.equal(((await unknown.json()) as { type: string }).type, '/problems/not-found')
 })
 
-test('503 problems keep their extension members and Retry-After, as documented', async () => {
+test('503 problems keep their extension members and Retry-After, as documented', async (t) => {
   const proxy = await startTcpProxy(
     Number(new URL(TEST_REDIS_URL).port || 6379),
     new URL(TEST_REDIS_URL).hostname,
@@ -446,34 +437,30 @@ test('503 problems keep their extension members and Retry-After, as documented',
     REDIS_URL: `redis://127.0.0.1:${proxy.port}`,
     REDIS_COMMAND_TIMEOUT_MS: '200',
   })
-  try {
-    const loggedIn = await fetch(`${cut.url}/session`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ username: 'alice', password: 'demo-password' }),
-    })
-    const cookie = cookieHeader(loggedIn.headers.getSetCookie())
-    proxy.cut()
-    const ready = await fetch(`${cut.url}/ready`)
-    const notReady = await assertDocumented(cut.document, { method: 'GET', path: '/ready' }, ready, {
-      status: 503,
-      type: '/problems/not-ready',
-    })
-    assert.deepEqual(
-      { redis: notReady.redis, postgres: notReady.postgres },
-      { redis: 'down', postgres: 'ok' },
-    )
-    assert.equal(ready.headers.get('retry-after'), '1')
-
-    const accounts = await fetch(`${cut.url}/accounts`, { headers: { cookie } })
-    await assertDocumented(cut.document, { method: 'GET', path: '/accounts' }, accounts, {
-      status: 503,
-      type: '/problems/session-store-unavailable',
-    })
-    assert.equal(accounts.headers.get('retry-after'), '1')
-  } finally {
+  t.after(async () => {
     proxy.restore()
     await cut.close()
     await proxy.close()
-  }
+  })
+  const loggedIn = await fetch(`${cut.url}/session`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ username: 'alice', password: 'demo-password' }),
+  })
+  const cookie = cookieHeader(loggedIn.headers.getSetCookie())
+  proxy.cut()
+  const ready = await fetch(`${cut.url}/ready`)
+  const notReady = await assertDocumented(cut.document, { method: 'GET', path: '/ready' }, ready, {
+    status: 503,
+    type: '/problems/not-ready',
+  })
+  assert.deepEqual({ redis: notReady.redis, postgres: notReady.postgres }, { redis: 'down', postgres: 'ok' })
+  assert.equal(ready.headers.get('retry-after'), '1')
+
+  const accounts = await fetch(`${cut.url}/accounts`, { headers: { cookie } })
+  await assertDocumented(cut.document, { method: 'GET', path: '/accounts' }, accounts, {
+    status: 503,
+    type: '/problems/session-store-unavailable',
+  })
+  assert.equal(accounts.headers.get('retry-after'), '1')
 })

@@ -22,20 +22,17 @@ test('the served OpenAPI document lints clean with Redocly recommended: 0 errors
   )
 })
 
-test('so does the production document (the __Host- cookie, a public URL)', async () => {
+test('so does the production document (the __Host- cookie, a public URL)', async (t) => {
   const production = await startDemo({
     NODE_ENV: 'production',
     LOG_LEVEL: 'silent',
     PUBLIC_URL: 'https://bank.example.org/api/',
   })
-  try {
-    const result = await lintDocument(production.document)
-    assert.deepEqual(
-      { errors: result.errors, warnings: result.warnings },
-      { errors: 0, warnings: 0 },
-      result.output,
-    )
-  } finally {
-    await production.close()
-  }
+  t.after(() => production.close())
+  const result = await lintDocument(production.document)
+  assert.deepEqual(
+    { errors: result.errors, warnings: result.warnings },
+    { errors: 0, warnings: 0 },
+    result.output,
+  )
 })

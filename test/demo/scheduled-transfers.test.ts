@@ -86,7 +86,7 @@ async function balance(t: TestApp, accountId: number): Promise<number> {
   return Number(row!.balance)
 }
 
-test('config: SCHEDULER, RECONCILIATION_PERIOD and SCHEDULED_TRANSFERS_MAX_PENDING; the workers are off under NODE_ENV=test unless asked', async () => {
+test('config: SCHEDULER, RECONCILIATION_PERIOD and SCHEDULED_TRANSFERS_MAX_PENDING; the workers are off under NODE_ENV=test unless asked', async (t) => {
   const base = { NODE_ENV: 'test', SESSION_SECRET: 'x'.repeat(32) } as const
   assert.deepEqual(loadConfig(base).scheduler, {
     enabled: true,
@@ -112,13 +112,10 @@ test('config: SCHEDULER, RECONCILIATION_PERIOD and SCHEDULED_TRANSFERS_MAX_PENDI
   const off = await buildTestApp()
   const on = await buildTestApp({}, { scheduler: 'on' })
   const disabled = await buildTestApp({ SCHEDULER: 'off' }, { scheduler: 'on' })
-  try {
-    assert.equal(off.app.scheduler.job, undefined)
-    assert.ok(on.app.scheduler.job)
-    assert.equal(disabled.app.scheduler.job, undefined)
-  } finally {
-    await Promise.all([off.close(), on.close(), disabled.close()])
-  }
+  t.after(() => Promise.all([off.close(), on.close(), disabled.close()]))
+  assert.equal(off.app.scheduler.job, undefined)
+  assert.ok(on.app.scheduler.job)
+  assert.equal(disabled.app.scheduler.job, undefined)
 })
 
 describe('routes (workers off)', () => {
@@ -454,63 +451,62 @@ describe('execution (workers on)', () => {
 })
 
 describe('Redis loses the queue', () => {
-  test('FLUSHALL mid-run: the reconciler re-queues from Postgres and every schedule runs exactly once', async () => {
+  test('FLUSHALL mid-run: the reconciler re-queues from Postgres and every schedule runs exactly once', async (context) => {
     const redis = await startRedisServer()
     const t = await buildTestApp({ REDIS_URL: redis.url }, { scheduler: FAST })
-    try {
-      const alice = await createCustomer(t.db, 'alice', [1_000_000])
-      const bob = await createCustomer(t.db, 'bob', [0])
-      const cookie = await login(t.app, alice)
-      const ids: number[] = []
-      const start = Date.now()
-      for (let i = 0; i < 40; i++) {
-        const res = await create(t, cookie, {
-          fromAccountId: alice.accountIds[0],
-          toAccountId: bob.accountIds[0],
-          amount: 100 + i,
-          currency: 'VND',
-          // Half due soon, half after the flush; each in the future when sent, on a slow machine too.
-          runAt: new Date(
-            i % 2 === 0 ? Date.now() + 800 + i * 10 : Math.max(start + 6000, Date.now() + 1000) + i * 10,
-          ).toISOString(),
-        })
-        assert.equal(res.statusCode, 201, res.body)
-        ids.push(res.json().scheduleId)
-      }
-      await waitFor('some completed', async () => {
+    context.after(async () => {
+      await t.close()
+      await redis.stop()
+    })
+    const alice = await createCustomer(t.db, 'alice', [1_000_000])
+    const bob = await createCustomer(t.db, 'bob', [0])
+    const cookie = await login(t.app, alice)
+    const ids: number[] = []
+    const start = Date.now()
+    for (let i = 0; i < 40; i++) {
+      const res = await create(t, cookie, {
+        fromAccountId: alice.accountIds[0],
+        toAccountId: bob.accountIds[0],
+        amount: 100 + i,
+        currency: 'VND',
+        // Half due soon, half after the flush; each in the future when sent, on a slow machine too.
+        runAt: new Date(
+          i % 2 === 0 ? Date.now() + 800 + i * 10 : Math.max(start + 6000, Date.now() + 1000) + i * 10,
+        ).toISOString(),
+      })
+      assert.equal(res.statusCode, 201, res.body)
+      ids.push(res.json().scheduleId)
+    }
+    await waitFor('some completed', async () => {
+      const [row] = await t.db.query<{ n: number }>(
+        "SELECT count(*)::int AS n FROM scheduled_transfers WHERE status = 'completed'",
+      )
+      return row!.n > 0
+    })
+    const queue = t.app.scheduler.worker.queue
+    assert.ok((await t.redis.zcard(queue.keys.delayed(queue.instanceId))) > 0, 'some still queued')
+    await t.redis.flushall()
+    await waitFor(
+      'all completed',
+      async () => {
         const [row] = await t.db.query<{ n: number }>(
           "SELECT count(*)::int AS n FROM scheduled_transfers WHERE status = 'completed'",
         )
-        return row!.n > 0
-      })
-      const queue = t.app.scheduler.worker.queue
-      assert.ok((await t.redis.zcard(queue.keys.delayed(queue.instanceId))) > 0, 'some still queued')
-      await t.redis.flushall()
-      await waitFor(
-        'all completed',
-        async () => {
-          const [row] = await t.db.query<{ n: number }>(
-            "SELECT count(*)::int AS n FROM scheduled_transfers WHERE status = 'completed'",
-          )
-          return row!.n === ids.length
-        },
-        30_000,
-      )
-      const rows = await t.db.query<{ id: string; amount: string; transfers: number }>(
-        `SELECT s.id, s.amount, (SELECT count(*)::int FROM transfers t WHERE t.id = s.transfer_id) AS transfers
+        return row!.n === ids.length
+      },
+      30_000,
+    )
+    const rows = await t.db.query<{ id: string; amount: string; transfers: number }>(
+      `SELECT s.id, s.amount, (SELECT count(*)::int FROM transfers t WHERE t.id = s.transfer_id) AS transfers
          FROM scheduled_transfers s ORDER BY s.id`,
-      )
-      assert.ok(rows.every((r) => r.transfers === 1))
-      const [count] = await t.db.query<{ n: number }>('SELECT count(*)::int AS n FROM transfers')
-      assert.equal(count!.n, ids.length)
-      const total = ids.reduce((sum, _, i) => sum + 100 + i, 0)
-      assert.equal(await balance(t, bob.accountIds[0]!), total)
-      assert.equal(await balance(t, alice.accountIds[0]!), 1_000_000 - total)
-      await assertLedger(t)
-    } finally {
-      await t.close()
-      await redis.stop()
-    }
+    )
+    assert.ok(rows.every((r) => r.transfers === 1))
+    const [count] = await t.db.query<{ n: number }>('SELECT count(*)::int AS n FROM transfers')
+    assert.equal(count!.n, ids.length)
+    const total = ids.reduce((sum, _, i) => sum + 100 + i, 0)
+    assert.equal(await balance(t, bob.accountIds[0]!), total)
+    assert.equal(await balance(t, alice.accountIds[0]!), 1_000_000 - total)
+    await assertLedger(t)
   })
 })
 
@@ -683,7 +679,7 @@ describe('the guarantees of POST /transfers', () => {
 })
 
 describe('reconciliation job', () => {
-  test('runs each period, records the run with its fence, and reports violations (log, metric)', async () => {
+  test('runs each period, records the run with its fence, and reports violations (log, metric)', async (context) => {
     const t = await buildTestApp(
       {},
       {
@@ -699,38 +695,35 @@ describe('reconciliation job', () => {
         },
       },
     )
-    try {
-      const alice = await createCustomer(t.db, 'alice', [1000])
-      const ok = await waitFor('a consistent run', async () => {
-        const rows = await t.db.query<{ result: string; fence: string; instance_id: string }>(
-          "SELECT result, fence::text, instance_id FROM reconciliation_runs WHERE result = 'ok'",
-        )
-        return rows[0]
-      })
-      assert.equal(ok.instance_id, t.app.scheduler.worker.queue.instanceId)
-      assert.ok(Number(ok.fence) > 0)
-      // A balance that its entries do not explain.
-      await t.db.query('UPDATE accounts SET balance = balance + 5 WHERE id = $1', [alice.accountIds[0]])
-      const bad = await waitFor('a run with violations', async () => {
-        const rows = await t.db.query<{ violations: unknown; violation_count: number }>(
-          "SELECT violations, violation_count FROM reconciliation_runs WHERE result = 'violations'",
-        )
-        return rows[0]
-      })
-      assert.equal(bad.violation_count, 1)
-      assert.deepEqual(bad.violations, [{ kind: 'balance-mismatch', id: alice.accountIds[0], amount: '5' }])
-      const metrics = await t.app.inject({ url: '/metrics' })
-      assert.match(metrics.body, /reconciliation_runs_total\{result="violations"\} [1-9]/)
-      assert.match(metrics.body, /reconciliation_violations 1/)
-      // Fences grow with the runs.
-      const runs = await t.db.query<{ fence: string }>(
-        'SELECT fence::text FROM reconciliation_runs ORDER BY started_at',
+    context.after(() => t.close())
+    const alice = await createCustomer(t.db, 'alice', [1000])
+    const ok = await waitFor('a consistent run', async () => {
+      const rows = await t.db.query<{ result: string; fence: string; instance_id: string }>(
+        "SELECT result, fence::text, instance_id FROM reconciliation_runs WHERE result = 'ok'",
       )
-      const fences = runs.map((r) => BigInt(r.fence))
-      assert.ok(fences.every((f, i) => i === 0 || f > fences[i - 1]!))
-    } finally {
-      await t.close()
-    }
+      return rows[0]
+    })
+    assert.equal(ok.instance_id, t.app.scheduler.worker.queue.instanceId)
+    assert.ok(Number(ok.fence) > 0)
+    // A balance that its entries do not explain.
+    await t.db.query('UPDATE accounts SET balance = balance + 5 WHERE id = $1', [alice.accountIds[0]])
+    const bad = await waitFor('a run with violations', async () => {
+      const rows = await t.db.query<{ violations: unknown; violation_count: number }>(
+        "SELECT violations, violation_count FROM reconciliation_runs WHERE result = 'violations'",
+      )
+      return rows[0]
+    })
+    assert.equal(bad.violation_count, 1)
+    assert.deepEqual(bad.violations, [{ kind: 'balance-mismatch', id: alice.accountIds[0], amount: '5' }])
+    const metrics = await t.app.inject({ url: '/metrics' })
+    assert.match(metrics.body, /reconciliation_runs_total\{result="violations"\} [1-9]/)
+    assert.match(metrics.body, /reconciliation_violations 1/)
+    // Fences grow with the runs.
+    const runs = await t.db.query<{ fence: string }>(
+      'SELECT fence::text FROM reconciliation_runs ORDER BY started_at',
+    )
+    const fences = runs.map((r) => BigInt(r.fence))
+    assert.ok(fences.every((f, i) => i === 0 || f > fences[i - 1]!))
   })
 
   test('a run that fails is retried with backoff until the period has a completed run', async (t) => {

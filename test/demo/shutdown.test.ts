@@ -259,7 +259,7 @@ describe('shutdown on SIGTERM', { skip: USE_PGLITE && 'needs a database shared a
     assert.ok(loggedAt(gateway, 'the same shutdown, ignored'), 'the repeated signal was seen')
   })
 
-  test('closing with a request still running releases its idempotency claim: a retry elsewhere runs at once', async () => {
+  test('closing with a request still running releases its idempotency claim: a retry elsewhere runs at once', async (t) => {
     const client = new Redis(redis.url)
     const prefix = uniquePrefix('idem')
     const build = async (handler: RouteHandlerMethod) => {
@@ -284,28 +284,27 @@ describe('shutdown on SIGTERM', { skip: USE_PGLITE && 'needs a database shared a
       await finished
       return reply.code(201).send({ run: 1 })
     })
-    try {
-      const inFlight = first.inject(call)
-      await running
-      assert.equal((await scanKeys(client, prefix)).length, 1, 'claimed while the handler runs')
-      // The process closes while the handler still runs (its request cut by the shutdown).
-      await first.close()
-      assert.deepEqual(await scanKeys(client, prefix), [], 'the claim is released on close')
-      finish()
-      await inFlight
-      // A retry on another instance runs at once: no 409 until the lease would have ended.
-      const second = await build(async (_request, reply) => reply.code(201).send({ run: 2 }))
-      const retry = await second.inject(call)
-      assert.equal(retry.statusCode, 201)
-      assert.deepEqual(retry.json(), { run: 2 })
-      await second.close()
-    } finally {
+    t.after(async () => {
       finish()
       await client.quit()
-    }
+    })
+    const inFlight = first.inject(call)
+    await running
+    assert.equal((await scanKeys(client, prefix)).length, 1, 'claimed while the handler runs')
+    // The process closes while the handler still runs (its request cut by the shutdown).
+    await first.close()
+    assert.deepEqual(await scanKeys(client, prefix), [], 'the claim is released on close')
+    finish()
+    await inFlight
+    // A retry on another instance runs at once: no 409 until the lease would have ended.
+    const second = await build(async (_request, reply) => reply.code(201).send({ run: 2 }))
+    const retry = await second.inject(call)
+    assert.equal(retry.statusCode, 201)
+    assert.deepEqual(retry.json(), { run: 2 })
+    await second.close()
   })
 
-  test('a request still running at the end of the grace period is cut, its claim released: the retry elsewhere gets 201, once', async () => {
+  test('a request still running at the end of the grace period is cut, its claim released: the retry elsewhere gets 201, once', async (t) => {
     const [from, to] = await Promise.all([
       createCustomer(database.db, `cut-a-${randomUUID().slice(0, 8)}`),
       createCustomer(database.db, `cut-b-${randomUUID().slice(0, 8)}`),
@@ -320,61 +319,60 @@ describe('shutdown on SIGTERM', { skip: USE_PGLITE && 'needs a database shared a
     const probe = new Redis(redis.url)
     const locker = new pg.Client({ connectionString: database.url })
     await locker.connect()
-    try {
-      const cookie = await loginCookie(a.url, from)
-      const key = randomUUID()
-      const send = (url: string, agent: http.Agent) =>
-        request(
-          agent,
-          url,
-          'POST',
-          '/transfers',
-          { cookie, 'idempotency-key': key },
-          {
-            fromAccountId: from.accountIds[0],
-            toAccountId: to.accountIds[0],
-            amount: 10,
-            currency: 'VND',
-          },
-        )
-      // The sender's account row is locked here: the transfer on a waits for it, past the grace period.
-      await locker.query('BEGIN')
-      await locker.query('SELECT id FROM accounts WHERE id = $1 FOR UPDATE', [from.accountIds[0]])
-      // Idempotency records being processed (claimed, not completed) in this Redis: Hashes (a
-      // completed record, such as the first test's transfer, is a String).
-      const claimed = async () => {
-        let n = 0
-        for (const k of await probe.keys('idem:*'))
-          if ((await probe.type(k)) === 'hash' && (await probe.hget(k, 'state')) === 'processing') n++
-        return n
-      }
-      const agent = new http.Agent({ keepAlive: true })
-      const cut = send(a.url, agent).then(
-        (answer) => ({ answer }),
-        (err: NodeJS.ErrnoException) => ({ error: err.code ?? err.message }),
-      )
-      await waitFor('the claim', async () => (await claimed()) > 0, 10_000)
-      a.child.kill('SIGTERM')
-      assert.deepEqual(await cut, { error: 'ECONNRESET' }, 'cut at the end of the grace period')
-      await waitFor('the claim released', async () => (await claimed()) === 0, 10_000)
-      await locker.query('ROLLBACK')
-      // The retry elsewhere runs at once (no 409 until a lease ends); the database guard keeps it once.
-      const retry = await send(b.url, agent)
-      assert.equal(retry.status, 201, retry.body)
-      agent.destroy()
-      assert.equal(await a.exited, 0, a.output())
-      const [row] = await database.db.query<{ n: number }>(
-        'SELECT count(*)::int AS n FROM transfers WHERE idempotency_key = $1',
-        [key],
-      )
-      assert.equal(row!.n, 1, 'one transfer for the key')
-    } finally {
+    t.after(async () => {
       await locker.end()
       await probe.quit()
       b.child.kill('SIGTERM')
       await b.exited
       if (a.child.exitCode === null) a.child.kill('SIGKILL')
+    })
+    const cookie = await loginCookie(a.url, from)
+    const key = randomUUID()
+    const send = (url: string, agent: http.Agent) =>
+      request(
+        agent,
+        url,
+        'POST',
+        '/transfers',
+        { cookie, 'idempotency-key': key },
+        {
+          fromAccountId: from.accountIds[0],
+          toAccountId: to.accountIds[0],
+          amount: 10,
+          currency: 'VND',
+        },
+      )
+    // The sender's account row is locked here: the transfer on a waits for it, past the grace period.
+    await locker.query('BEGIN')
+    await locker.query('SELECT id FROM accounts WHERE id = $1 FOR UPDATE', [from.accountIds[0]])
+    // Idempotency records being processed (claimed, not completed) in this Redis: Hashes (a
+    // completed record, such as the first test's transfer, is a String).
+    const claimed = async () => {
+      let n = 0
+      for (const k of await probe.keys('idem:*'))
+        if ((await probe.type(k)) === 'hash' && (await probe.hget(k, 'state')) === 'processing') n++
+      return n
     }
+    const agent = new http.Agent({ keepAlive: true })
+    const cut = send(a.url, agent).then(
+      (answer) => ({ answer }),
+      (err: NodeJS.ErrnoException) => ({ error: err.code ?? err.message }),
+    )
+    await waitFor('the claim', async () => (await claimed()) > 0, 10_000)
+    a.child.kill('SIGTERM')
+    assert.deepEqual(await cut, { error: 'ECONNRESET' }, 'cut at the end of the grace period')
+    await waitFor('the claim released', async () => (await claimed()) === 0, 10_000)
+    await locker.query('ROLLBACK')
+    // The retry elsewhere runs at once (no 409 until a lease ends); the database guard keeps it once.
+    const retry = await send(b.url, agent)
+    assert.equal(retry.status, 201, retry.body)
+    agent.destroy()
+    assert.equal(await a.exited, 0, a.output())
+    const [row] = await database.db.query<{ n: number }>(
+      'SELECT count(*)::int AS n FROM transfers WHERE idempotency_key = $1',
+      [key],
+    )
+    assert.equal(row!.n, 1, 'one transfer for the key')
   })
 
   test('two instances under load, one stopped mid-load: every transfer once, no reset during the drain, exit 0 in time', async () => {
@@ -496,7 +494,7 @@ describe('shutdown on SIGTERM', { skip: USE_PGLITE && 'needs a database shared a
     console.log({ transfers: keys.length, statuses: Object.fromEntries(statuses), errorsAfterDrain })
   })
 
-  test('SIGTERM while the relay, the notifier and the scheduler hold work: nothing lost, doubled or left for a timeout', async () => {
+  test('SIGTERM while the relay, the notifier and the scheduler hold work: nothing lost, doubled or left for a timeout', async (context) => {
     const prefix = uniquePrefix('sd')
     // Timeouts far beyond the test: only a finished or handed-back item can explain a run elsewhere.
     const tuning = {
@@ -524,130 +522,127 @@ describe('shutdown on SIGTERM', { skip: USE_PGLITE && 'needs a database shared a
     const start = () => spawnGateway('test/helpers/shutdown-gateway.ts', env, /READY (\S+)/)
     const [a, b] = await Promise.all([start(), start()])
     let c: Gateway | null = null
-    try {
-      const customers: TestCustomer[] = []
-      for (let i = 0; i < 6; i++)
-        customers.push(
-          await createCustomer(database.db, `work-${i}-${randomUUID().slice(0, 8)}`, [1_000_000_000]),
-        )
-      const customerIds = customers.map((x) => x.customerId)
-      // Sessions on b: the schedules go into b's delayed set, so a's stop (not an adoption) decides.
-      const cookies = await Promise.all(customers.map((x) => loginCookie(b.url, x)))
-      const post = (url: string, path: string, i: number, extra: Record<string, unknown> = {}) =>
-        fetch(`${url}${path}`, {
-          method: 'POST',
-          headers: {
-            'content-type': 'application/json',
-            cookie: cookies[i % 6]!,
-            'idempotency-key': randomUUID(),
-          },
-          body: JSON.stringify({
-            fromAccountId: customers[i % 6]!.accountIds[0],
-            toAccountId: customers[(i + 1) % 6]!.accountIds[0],
-            amount: 1 + i,
-            currency: 'VND',
-            ...extra,
-          }),
-        })
-      const base = Date.now() + 5000
-      const scheduleCount = 120
-      for (let i = 0; i < scheduleCount; i += 20) {
-        await Promise.all(
-          Array.from({ length: 20 }, async (_, j) => {
-            const res = await post(b.url, '/scheduled-transfers', i + j, {
-              runAt: new Date(base + ((i + j) % 60) * 50).toISOString(),
-            })
-            assert.equal(res.status, 201, await res.text())
-          }),
-        )
-      }
-      const completed = async () => {
-        const [row] = await database.db.query<{ n: number }>(
-          "SELECT count(*)::int AS n FROM scheduled_transfers WHERE status = 'completed' AND from_account_id = ANY($1)",
-          [customers.map((x) => x.accountIds[0])],
-        )
-        return row!.n
-      }
-      // Immediate transfers on both instances keep the relay and the notifiers busy meanwhile.
-      let stop = false
-      const load = (async () => {
-        for (let i = 0; !stop; i++) {
-          const target = i % 2 === 0 ? a : b
-          if (target === a && a.child.exitCode !== null) continue
-          await post(target.url, '/transfers', i).catch(() => {})
-        }
-      })()
-      await waitFor('the first completions', async () => (await completed()) >= 10, 30_000)
-      a.child.kill('SIGTERM')
-      assert.equal(await a.exited, 0, a.output())
-      stop = true
-      await load
-      // After the restart: a new instance joins b.
-      c = await start()
-      await waitFor('every schedule completed', async () => (await completed()) === scheduleCount, 60_000)
-
-      const [runs] = await database.db.query<{ n: number; transfers: number }>(
-        `SELECT count(*)::int AS n, count(DISTINCT transfer_id)::int AS transfers FROM scheduled_transfers
-         WHERE from_account_id = ANY($1)`,
-        [customers.map((x) => x.accountIds[0])],
-      )
-      assert.deepEqual(runs, { n: scheduleCount, transfers: scheduleCount }, 'each schedule ran exactly once')
-
-      // Every committed transfer of these customers: one notification to each side, none twice.
-      const transfers = await database.db.query<{ id: number; from_customer: number; to_customer: number }>(
-        `SELECT t.id, fa.customer_id AS from_customer, ta.customer_id AS to_customer
-         FROM transfers t JOIN accounts fa ON fa.id = t.from_account_id JOIN accounts ta ON ta.id = t.to_account_id
-         WHERE fa.customer_id = ANY($1)`,
-        [customerIds],
-      )
-      const probe = new Redis(redis.url)
-      try {
-        const expected = new Set<string>()
-        for (const t of transfers) {
-          expected.add(`${t.from_customer}:transfer.sent:${t.id}`)
-          expected.add(`${t.to_customer}:transfer.received:${t.id}`)
-        }
-        const seen = async () => {
-          const got: string[] = []
-          for (const id of customerIds) {
-            const entries = (await probe.xrange(notificationKeys(prefix, id).stream, '-', '+')) as Array<
-              [string, string[]]
-            >
-            for (const [, fields] of entries) {
-              const f: Record<string, string> = {}
-              for (let i = 0; i + 1 < fields.length; i += 2) f[fields[i]!] = fields[i + 1]!
-              got.push(
-                `${id}:${f.event}:${(JSON.parse(f.data ?? '{}') as { transferId: number }).transferId}`,
-              )
-            }
-          }
-          return got
-        }
-        const got = await waitFor(
-          'every notification',
-          async () => {
-            const list = await seen()
-            return list.length >= expected.size ? list : undefined
-          },
-          90_000,
-        )
-        assert.equal(new Set(got).size, got.length, 'no notification twice')
-        assert.deepEqual(new Set(got), expected, 'one notification per transfer and side')
-        const [pending] = (await probe.xpending(`${prefix}events:transfers`, 'notifier')) as [number]
-        assert.equal(pending, 0, 'no stream entry left pending')
-        const [unrelayed] = await database.db.query<{ n: number }>(
-          'SELECT count(*)::int AS n FROM outbox_events',
-        )
-        assert.equal(unrelayed!.n, 0, 'every outbox event relayed')
-      } finally {
-        await probe.quit()
-      }
-    } finally {
+    context.after(async () => {
       for (const g of [a, b, c]) {
         if (!g || g.child.exitCode !== null) continue
         g.child.kill('SIGTERM')
         await g.exited
       }
+    })
+    const customers: TestCustomer[] = []
+    for (let i = 0; i < 6; i++)
+      customers.push(
+        await createCustomer(database.db, `work-${i}-${randomUUID().slice(0, 8)}`, [1_000_000_000]),
+      )
+    const customerIds = customers.map((x) => x.customerId)
+    // Sessions on b: the schedules go into b's delayed set, so a's stop (not an adoption) decides.
+    const cookies = await Promise.all(customers.map((x) => loginCookie(b.url, x)))
+    const post = (url: string, path: string, i: number, extra: Record<string, unknown> = {}) =>
+      fetch(`${url}${path}`, {
+        method: 'POST',
+        headers: {
+          'content-type': 'application/json',
+          cookie: cookies[i % 6]!,
+          'idempotency-key': randomUUID(),
+        },
+        body: JSON.stringify({
+          fromAccountId: customers[i % 6]!.accountIds[0],
+          toAccountId: customers[(i + 1) % 6]!.accountIds[0],
+          amount: 1 + i,
+          currency: 'VND',
+          ...extra,
+        }),
+      })
+    const base = Date.now() + 5000
+    const scheduleCount = 120
+    for (let i = 0; i < scheduleCount; i += 20) {
+      await Promise.all(
+        Array.from({ length: 20 }, async (_, j) => {
+          const res = await post(b.url, '/scheduled-transfers', i + j, {
+            runAt: new Date(base + ((i + j) % 60) * 50).toISOString(),
+          })
+          assert.equal(res.status, 201, await res.text())
+        }),
+      )
+    }
+    const completed = async () => {
+      const [row] = await database.db.query<{ n: number }>(
+        "SELECT count(*)::int AS n FROM scheduled_transfers WHERE status = 'completed' AND from_account_id = ANY($1)",
+        [customers.map((x) => x.accountIds[0])],
+      )
+      return row!.n
+    }
+    // Immediate transfers on both instances keep the relay and the notifiers busy meanwhile.
+    let stop = false
+    const load = (async () => {
+      for (let i = 0; !stop; i++) {
+        const target = i % 2 === 0 ? a : b
+        if (target === a && a.child.exitCode !== null) continue
+        await post(target.url, '/transfers', i).catch(() => {})
+      }
+    })()
+    await waitFor('the first completions', async () => (await completed()) >= 10, 30_000)
+    a.child.kill('SIGTERM')
+    assert.equal(await a.exited, 0, a.output())
+    stop = true
+    await load
+    // After the restart: a new instance joins b.
+    c = await start()
+    await waitFor('every schedule completed', async () => (await completed()) === scheduleCount, 60_000)
+
+    const [runs] = await database.db.query<{ n: number; transfers: number }>(
+      `SELECT count(*)::int AS n, count(DISTINCT transfer_id)::int AS transfers FROM scheduled_transfers
+         WHERE from_account_id = ANY($1)`,
+      [customers.map((x) => x.accountIds[0])],
+    )
+    assert.deepEqual(runs, { n: scheduleCount, transfers: scheduleCount }, 'each schedule ran exactly once')
+
+    // Every committed transfer of these customers: one notification to each side, none twice.
+    const transfers = await database.db.query<{ id: number; from_customer: number; to_customer: number }>(
+      `SELECT t.id, fa.customer_id AS from_customer, ta.customer_id AS to_customer
+         FROM transfers t JOIN accounts fa ON fa.id = t.from_account_id JOIN accounts ta ON ta.id = t.to_account_id
+         WHERE fa.customer_id = ANY($1)`,
+      [customerIds],
+    )
+    const probe = new Redis(redis.url)
+    try {
+      const expected = new Set<string>()
+      for (const t of transfers) {
+        expected.add(`${t.from_customer}:transfer.sent:${t.id}`)
+        expected.add(`${t.to_customer}:transfer.received:${t.id}`)
+      }
+      const seen = async () => {
+        const got: string[] = []
+        for (const id of customerIds) {
+          const entries = (await probe.xrange(notificationKeys(prefix, id).stream, '-', '+')) as Array<
+            [string, string[]]
+          >
+          for (const [, fields] of entries) {
+            const f: Record<string, string> = {}
+            for (let i = 0; i + 1 < fields.length; i += 2) f[fields[i]!] = fields[i + 1]!
+            got.push(`${id}:${f.event}:${(JSON.parse(f.data ?? '{}') as { transferId: number }).transferId}`)
+          }
+        }
+        return got
+      }
+      const got = await waitFor(
+        'every notification',
+        async () => {
+          const list = await seen()
+          return list.length >= expected.size ? list : undefined
+        },
+        90_000,
+      )
+      assert.equal(new Set(got).size, got.length, 'no notification twice')
+      assert.deepEqual(new Set(got), expected, 'one notification per transfer and side')
+      const [pending] = (await probe.xpending(`${prefix}events:transfers`, 'notifier')) as [number]
+      assert.equal(pending, 0, 'no stream entry left pending')
+      const [unrelayed] = await database.db.query<{ n: number }>(
+        'SELECT count(*)::int AS n FROM outbox_events',
+      )
+      assert.equal(unrelayed!.n, 0, 'every outbox event relayed')
+    } finally {
+      await probe.quit()
     }
   })
 })
