@@ -411,7 +411,7 @@ describe('a policy name is one set of settings: any other option under the same 
 })
 
 describe('local fallback limiters are per process for one quota', () => {
-  test('two apps sharing a key space share the local share while Redis is away; closing releases it', async () => {
+  test('two apps sharing a key space share the local share while Redis is away; closing releases it', async (t) => {
     const client = new Redis(TEST_REDIS_URL, { enableOfflineQueue: false, lazyConnect: true })
     client.on('error', () => {})
     await connectRedis(client)
@@ -444,22 +444,19 @@ describe('local fallback limiters are per process for one quota', () => {
       }
       return statuses
     }
+    t.after(() => client.disconnect())
+    const first = await start()
+    const ended = new Promise((resolve) => client.once('end', resolve))
+    client.disconnect()
+    await ended
+    assert.deepEqual(await alternate(first), [200, 200, 429, 429], 'one local share of 2 for the process')
+    for (const app of first) await app.close()
+    // Nothing holds the old limiter any more: apps started afterwards begin with a fresh one.
+    const second = await start()
     try {
-      const first = await start()
-      const ended = new Promise((resolve) => client.once('end', resolve))
-      client.disconnect()
-      await ended
-      assert.deepEqual(await alternate(first), [200, 200, 429, 429], 'one local share of 2 for the process')
-      for (const app of first) await app.close()
-      // Nothing holds the old limiter any more: apps started afterwards begin with a fresh one.
-      const second = await start()
-      try {
-        assert.deepEqual(await alternate(second), [200, 200, 429, 429])
-      } finally {
-        for (const app of second) await app.close()
-      }
+      assert.deepEqual(await alternate(second), [200, 200, 429, 429])
     } finally {
-      client.disconnect()
+      for (const app of second) await app.close()
     }
   })
 })
@@ -479,7 +476,7 @@ describe('Redis replies that mean it cannot serve anyone still decide by onRedis
     await server.stop()
   })
 
-  test('a server turned replica (READONLY, as after a failover): open allows, closed answers 503', async () => {
+  test('a server turned replica (READONLY, as after a failover): open allows, closed answers 503', async (t) => {
     const app = Fastify()
     await app.register(rateLimit, { redis: client, keyPrefix: 'rl:', retryRedisAfterMs: 60_000 })
     const policy = (name: string, onRedisError: 'open' | 'closed') =>
@@ -488,20 +485,19 @@ describe('Redis replies that mean it cannot serve anyone still decide by onRedis
     app.get('/closed', { config: { rateLimits: policy('ro-closed', 'closed') } }, async () => 'ok')
     await app.ready()
     const admin = new Redis(server.url)
-    try {
-      assert.match(String((await app.inject('/open')).headers.ratelimit), /;r=4;/)
-      // A master nobody answers on: the server keeps serving reads and refuses writes.
-      await admin.call('REPLICAOF', '127.0.0.1', '1')
-      const open = await app.inject('/open')
-      assert.equal(open.statusCode, 200)
-      assert.equal(open.headers.ratelimit, undefined, 'degraded: nothing is claimed about the quota')
-      const closed = await app.inject('/closed')
-      assert.equal(closed.statusCode, 503)
-      assert.equal(closed.json().type, '/problems/rate-limit-unavailable')
-    } finally {
+    t.after(async () => {
       await admin.call('REPLICAOF', 'NO', 'ONE')
       admin.disconnect()
       await app.close()
-    }
+    })
+    assert.match(String((await app.inject('/open')).headers.ratelimit), /;r=4;/)
+    // A master nobody answers on: the server keeps serving reads and refuses writes.
+    await admin.call('REPLICAOF', '127.0.0.1', '1')
+    const open = await app.inject('/open')
+    assert.equal(open.statusCode, 200)
+    assert.equal(open.headers.ratelimit, undefined, 'degraded: nothing is claimed about the quota')
+    const closed = await app.inject('/closed')
+    assert.equal(closed.statusCode, 503)
+    assert.equal(closed.json().type, '/problems/rate-limit-unavailable')
   })
 })

@@ -135,7 +135,7 @@ test('every key on the dedicated Redis has a TTL', async () => {
   for (const key of keys) assert.ok((await redis.pttl(key)) > 0, key)
 })
 
-test('a client with an offline queue (ioredis defaults) never makes a request wait for a dead Redis', async () => {
+test('a client with an offline queue (ioredis defaults) never makes a request wait for a dead Redis', async (t) => {
   // Nothing defined on the client: the plugin runs its scripts on any ioredis client.
   const client = new Redis(server.url)
   client.on('error', () => {})
@@ -148,15 +148,14 @@ test('a client with an offline queue (ioredis defaults) never makes a request wa
     async () => 'ok',
   )
   const otherUrl = await listen(other)
-  try {
-    assert.equal((await fetch(`${otherUrl}/x`)).headers.get('ratelimit')?.startsWith('"queued";r=4'), true)
-    await server.stop()
-    const res = await fetch(`${otherUrl}/x`, { signal: AbortSignal.timeout(3000) })
-    assert.equal(res.status, 200)
-    assert.equal(res.headers.get('ratelimit'), null)
-  } finally {
+  t.after(async () => {
     await other.close()
     client.disconnect()
     server = await startRedisServer(server.port)
-  }
+  })
+  assert.equal((await fetch(`${otherUrl}/x`)).headers.get('ratelimit')?.startsWith('"queued";r=4'), true)
+  await server.stop()
+  const res = await fetch(`${otherUrl}/x`, { signal: AbortSignal.timeout(3000) })
+  assert.equal(res.status, 200)
+  assert.equal(res.headers.get('ratelimit'), null)
 })
