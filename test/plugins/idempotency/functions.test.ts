@@ -474,73 +474,71 @@ describe('makeIdempotent: failures and results', () => {
     assert.equal(runs, values.length)
   })
 
-  test("Redis down: 'closed' throws IdempotencyStoreUnavailableError without running; 'open' runs", async () => {
+  test("Redis down: 'closed' throws IdempotencyStoreUnavailableError without running; 'open' runs", async (t) => {
     const server = await startRedisServer()
     const redis = createRedisClient({ url: server.url })
-    try {
-      let runs = 0
-      const options = { redis, keyOf: (id: string) => id }
-      const closed = makeIdempotent(async (id: string) => `${id} ${++runs}`, options)
-      const open = makeIdempotent(async (id: string) => `${id} ${++runs}`, {
-        ...options,
-        onRedisError: 'open',
-      })
-      assert.equal(await closed('up'), 'up 1')
-      await server.stop()
-      await assert.rejects(closed('down'), (err: IdempotencyStoreUnavailableError) => {
-        assert.ok(err instanceof IdempotencyStoreUnavailableError)
-        assert.equal(err.code, 'FRG_IDEMPOTENCY_STORE_UNAVAILABLE')
-        assert.ok(err.cause instanceof Error)
-        return true
-      })
-      assert.equal(runs, 1)
-      assert.equal(await open('down'), 'down 2')
-      assert.equal(await open('down'), 'down 3')
-    } finally {
+    t.after(async () => {
       redis.disconnect()
       await server.stop()
-    }
+    })
+    let runs = 0
+    const options = { redis, keyOf: (id: string) => id }
+    const closed = makeIdempotent(async (id: string) => `${id} ${++runs}`, options)
+    const open = makeIdempotent(async (id: string) => `${id} ${++runs}`, {
+      ...options,
+      onRedisError: 'open',
+    })
+    assert.equal(await closed('up'), 'up 1')
+    await server.stop()
+    await assert.rejects(closed('down'), (err: IdempotencyStoreUnavailableError) => {
+      assert.ok(err instanceof IdempotencyStoreUnavailableError)
+      assert.equal(err.code, 'FRG_IDEMPOTENCY_STORE_UNAVAILABLE')
+      assert.ok(err.cause instanceof Error)
+      return true
+    })
+    assert.equal(runs, 1)
+    assert.equal(await open('down'), 'down 2')
+    assert.equal(await open('down'), 'down 3')
   })
 
-  test('a result that cannot be stored is still returned; the claim stays until its lease ends', async () => {
+  test('a result that cannot be stored is still returned; the claim stays until its lease ends', async (t) => {
     const server = await startRedisServer()
     const redis = createRedisClient({ url: server.url, commandTimeoutMs: 200 })
     const admin = new Redis(server.url)
     const log = captureLog()
-    try {
-      const running = gate()
-      let runs = 0
-      const ship = makeIdempotent(
-        async (id: string) => {
-          runs++
-          await running.opened
-          return `shipped ${id}`
-        },
-        { redis, keyOf: (id) => id, leaseMs: 10_000, waitMs: 0, logger: log.logger },
-      )
-      const first = ship('p-1')
-      await waitFor(() => runs === 1)
-      // Writes (scripts included) block past the client's command timeout; killing the connection
-      // afterwards drops the blocked write, so the store really failed.
-      const clientId = await redis.call('CLIENT', 'ID')
-      await admin.call('CLIENT', 'PAUSE', '5000', 'WRITE')
-      running.open()
-      assert.equal(await first, 'shipped p-1')
-      await admin.call('CLIENT', 'KILL', 'ID', String(clientId))
-      await admin.call('CLIENT', 'UNPAUSE')
-      await waitFor(() => redis.status === 'ready')
-      assert.ok(
-        log.lines.some((l) => l.level === 'error' && l.message === 'idempotency record could not be written'),
-      )
-      const [recordKey] = await scanKeys(admin, 'idem:')
-      assert.equal(await admin.hget(recordKey!, 'state'), 'processing')
-      // The live claim refuses another run until its lease ends; it was not deleted.
-      await assert.rejects(ship('p-1'), IdempotencyInFlightError)
-      assert.equal(runs, 1)
-    } finally {
+    t.after(async () => {
       redis.disconnect()
       admin.disconnect()
       await server.stop()
-    }
+    })
+    const running = gate()
+    let runs = 0
+    const ship = makeIdempotent(
+      async (id: string) => {
+        runs++
+        await running.opened
+        return `shipped ${id}`
+      },
+      { redis, keyOf: (id) => id, leaseMs: 10_000, waitMs: 0, logger: log.logger },
+    )
+    const first = ship('p-1')
+    await waitFor(() => runs === 1)
+    // Writes (scripts included) block past the client's command timeout; killing the connection
+    // afterwards drops the blocked write, so the store really failed.
+    const clientId = await redis.call('CLIENT', 'ID')
+    await admin.call('CLIENT', 'PAUSE', '5000', 'WRITE')
+    running.open()
+    assert.equal(await first, 'shipped p-1')
+    await admin.call('CLIENT', 'KILL', 'ID', String(clientId))
+    await admin.call('CLIENT', 'UNPAUSE')
+    await waitFor(() => redis.status === 'ready')
+    assert.ok(
+      log.lines.some((l) => l.level === 'error' && l.message === 'idempotency record could not be written'),
+    )
+    const [recordKey] = await scanKeys(admin, 'idem:')
+    assert.equal(await admin.hget(recordKey!, 'state'), 'processing')
+    // The live claim refuses another run until its lease ends; it was not deleted.
+    await assert.rejects(ship('p-1'), IdempotencyInFlightError)
+    assert.equal(runs, 1)
   })
 })

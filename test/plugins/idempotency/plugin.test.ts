@@ -383,65 +383,63 @@ describe('in flight', () => {
 })
 
 describe('when Redis fails', () => {
-  test('a failed store is logged and counted and leaves the claim in place', async () => {
+  test('a failed store is logged and counted and leaves the claim in place', async (t) => {
     const server = await startRedisServer()
     const redis = createRedisClient({ url: server.url, commandTimeoutMs: 200 })
     const admin = new Redis(server.url)
-    try {
-      const { app, runs, gates, prefix } = await pluginApp(redis, { leaseMs: 10_000 })
-      gates.set('store', gate())
-      const first = post(app, '/slow', 'store-fails', { gate: 'store' })
-      while (runs.get('slow') !== 1) await new Promise((r) => setTimeout(r, 5))
-      // Writes (scripts included) now block past the client's command timeout; killing the
-      // connection afterwards drops the blocked write, so the store really failed.
-      const clientId = await redis.call('CLIENT', 'ID')
-      await admin.call('CLIENT', 'PAUSE', '5000', 'WRITE')
-      gates.get('store')!.open()
-      const done = await first
-      assert.equal(done.statusCode, 201)
-      await admin.call('CLIENT', 'KILL', 'ID', String(clientId))
-      await admin.call('CLIENT', 'UNPAUSE')
-      while (redis.status !== 'ready') await new Promise((r) => setTimeout(r, 20))
-      const [recordKey] = await scanKeys(admin, prefix)
-      const record = await admin.hgetall(recordKey!)
-      assert.equal(record.state, 'processing')
-      assert.equal(await metricValue(app, 'idempotency_responses_total{result="store_failed"}'), 1)
-      // The live claim answers 409 until its lease ends; it was not deleted, so no retry ran early.
-      assert.equal((await post(app, '/slow', 'store-fails', { gate: 'store' })).statusCode, 409)
-      assert.equal(runs.get('slow'), 1)
-      await app.close()
-    } finally {
+    t.after(async () => {
       redis.disconnect()
       admin.disconnect()
       await server.stop()
-    }
+    })
+    const { app, runs, gates, prefix } = await pluginApp(redis, { leaseMs: 10_000 })
+    gates.set('store', gate())
+    const first = post(app, '/slow', 'store-fails', { gate: 'store' })
+    while (runs.get('slow') !== 1) await new Promise((r) => setTimeout(r, 5))
+    // Writes (scripts included) now block past the client's command timeout; killing the
+    // connection afterwards drops the blocked write, so the store really failed.
+    const clientId = await redis.call('CLIENT', 'ID')
+    await admin.call('CLIENT', 'PAUSE', '5000', 'WRITE')
+    gates.get('store')!.open()
+    const done = await first
+    assert.equal(done.statusCode, 201)
+    await admin.call('CLIENT', 'KILL', 'ID', String(clientId))
+    await admin.call('CLIENT', 'UNPAUSE')
+    while (redis.status !== 'ready') await new Promise((r) => setTimeout(r, 20))
+    const [recordKey] = await scanKeys(admin, prefix)
+    const record = await admin.hgetall(recordKey!)
+    assert.equal(record.state, 'processing')
+    assert.equal(await metricValue(app, 'idempotency_responses_total{result="store_failed"}'), 1)
+    // The live claim answers 409 until its lease ends; it was not deleted, so no retry ran early.
+    assert.equal((await post(app, '/slow', 'store-fails', { gate: 'store' })).statusCode, 409)
+    assert.equal(runs.get('slow'), 1)
+    await app.close()
   })
 
-  test("Redis down: 503 by default; 'open' runs the handler, which sees the key unclaimed", async () => {
+  test("Redis down: 503 by default; 'open' runs the handler, which sees the key unclaimed", async (t) => {
     const server = await startRedisServer()
     const redis = createRedisClient({ url: server.url })
-    try {
-      const reject = await pluginApp(redis)
-      const proceed = await pluginApp(redis, { onRedisError: 'open' })
-      await server.stop()
-      const refused = await post(reject.app, '/echo', 'down-1', {})
-      assert.equal(refused.statusCode, 503)
-      assert.equal(refused.json().type, '/problems/idempotency-store-unavailable')
-      assert.equal(refused.headers['retry-after'], '1')
-      assert.equal(reject.runs.get('echo'), undefined)
-      const ran = await post(proceed.app, '/echo', 'down-1', { x: 1 })
-      assert.equal(ran.statusCode, 201)
-      assert.deepEqual(ran.json().idempotency, {
-        key: 'down-1',
-        fingerprint: requestFingerprint('POST', '/echo', { x: 1 }),
-        claimed: false,
-      })
-      assert.equal(await metricValue(proceed.app, 'idempotency_requests_total{outcome="unavailable"}'), 1)
-      await reject.app.close()
-      await proceed.app.close()
-    } finally {
+    t.after(async () => {
       redis.disconnect()
       await server.stop()
-    }
+    })
+    const reject = await pluginApp(redis)
+    const proceed = await pluginApp(redis, { onRedisError: 'open' })
+    await server.stop()
+    const refused = await post(reject.app, '/echo', 'down-1', {})
+    assert.equal(refused.statusCode, 503)
+    assert.equal(refused.json().type, '/problems/idempotency-store-unavailable')
+    assert.equal(refused.headers['retry-after'], '1')
+    assert.equal(reject.runs.get('echo'), undefined)
+    const ran = await post(proceed.app, '/echo', 'down-1', { x: 1 })
+    assert.equal(ran.statusCode, 201)
+    assert.deepEqual(ran.json().idempotency, {
+      key: 'down-1',
+      fingerprint: requestFingerprint('POST', '/echo', { x: 1 }),
+      claimed: false,
+    })
+    assert.equal(await metricValue(proceed.app, 'idempotency_requests_total{outcome="unavailable"}'), 1)
+    await reject.app.close()
+    await proceed.app.close()
   })
 })
