@@ -227,28 +227,25 @@ describe('remember me: a lifetime of its own, set at login', () => {
     assert.deepEqual((await me(app, remembered.cookie)).json().data, { note: 'kept' })
   })
 
-  test('requests and saves slide it by its own idle timeout, also on an instance that never saw it', async () => {
+  test('requests and saves slide it by its own idle timeout, also on an instance that never saw it', async (t) => {
     const remembered = await login(app, 'grace', REMEMBER)
     const key = app.sessions.sessionKey(idOf(remembered.cookie))
     await redis.pexpire(key, 60_000)
     // Another instance (its first load of this session slides by the plugin default, then by the session's).
     const other = await buildApp({ keyPrefix: app.sessions.options.keyPrefix, touchAfterMs: 0 })
-    try {
-      assert.equal((await me(other, remembered.cookie)).statusCode, 200)
-      // The same connection answers in order: this PTTL follows the load's commands.
-      const afterLoad = await other.sessions.redis.pttl(key)
-      assert.ok(afterLoad > IDLE, `PTTL after a load ${afterLoad}`)
-      await redis.pexpire(key, 60_000)
-      assert.equal(
-        (await other.inject({ method: 'POST', url: '/touch', headers: { cookie: remembered.cookie } }))
-          .statusCode,
-        200,
-      )
-      const afterSave = await redis.pttl(key)
-      assert.ok(afterSave > IDLE, `PTTL after a save with touch ${afterSave}`)
-    } finally {
-      await other.close()
-    }
+    t.after(() => other.close())
+    assert.equal((await me(other, remembered.cookie)).statusCode, 200)
+    // The same connection answers in order: this PTTL follows the load's commands.
+    const afterLoad = await other.sessions.redis.pttl(key)
+    assert.ok(afterLoad > IDLE, `PTTL after a load ${afterLoad}`)
+    await redis.pexpire(key, 60_000)
+    assert.equal(
+      (await other.inject({ method: 'POST', url: '/touch', headers: { cookie: remembered.cookie } }))
+        .statusCode,
+      200,
+    )
+    const afterSave = await redis.pttl(key)
+    assert.ok(afterSave > IDLE, `PTTL after a save with touch ${afterSave}`)
   })
 
   test('a shorter lifetime is allowed; past the maxima, or inconsistent, is refused and the presented session kept', async () => {
@@ -284,15 +281,12 @@ describe('remember me: a lifetime of its own, set at login', () => {
     }
   })
 
-  test('without maxima, a login may not ask for more than the defaults', async () => {
+  test('without maxima, a login may not ask for more than the defaults', async (t) => {
     const plainApp = await buildApp({ maxIdleTimeoutMs: undefined, maxAbsoluteTimeoutMs: undefined })
-    try {
-      await assert.rejects(plainApp.sessions.create('ivan', {}, REMEMBER), SessionLifetimeError)
-      const session = await plainApp.sessions.create('ivan', {}, { absoluteTimeoutMs: ABSOLUTE })
-      assert.equal(session.absoluteExpiresAt - session.createdAt, ABSOLUTE)
-    } finally {
-      await plainApp.close()
-    }
+    t.after(() => plainApp.close())
+    await assert.rejects(plainApp.sessions.create('ivan', {}, REMEMBER), SessionLifetimeError)
+    const session = await plainApp.sessions.create('ivan', {}, { absoluteTimeoutMs: ABSOLUTE })
+    assert.equal(session.absoluteExpiresAt - session.createdAt, ABSOLUTE)
   })
 })
 

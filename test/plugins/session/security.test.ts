@@ -51,27 +51,24 @@ describe('cookie', () => {
     assert.equal(Buffer.from(id, 'base64url').length, 32)
   })
 
-  test('production: Secure and the __Host- prefix', async () => {
+  test('production: Secure and the __Host- prefix', async (t) => {
     const prod = await buildTestApp({
       RATE_LIMITS: 'off',
       NODE_ENV: 'production',
       SESSION_SECRET: TEST_SECRET,
     })
-    try {
-      const carol = await createCustomer(prod.db, 'carol')
-      const res = await prod.app.inject({
-        method: 'POST',
-        url: '/session',
-        payload: { username: carol.username, password: carol.password },
-      })
-      const setCookie = String(res.headers['set-cookie'])
-      assert.match(setCookie, /^__Host-sid=/)
-      assert.match(setCookie, /Secure/)
-      assert.match(setCookie, /Path=\//)
-      assert.doesNotMatch(setCookie, /Domain=/i)
-    } finally {
-      await prod.close()
-    }
+    t.after(() => prod.close())
+    const carol = await createCustomer(prod.db, 'carol')
+    const res = await prod.app.inject({
+      method: 'POST',
+      url: '/session',
+      payload: { username: carol.username, password: carol.password },
+    })
+    const setCookie = String(res.headers['set-cookie'])
+    assert.match(setCookie, /^__Host-sid=/)
+    assert.match(setCookie, /Secure/)
+    assert.match(setCookie, /Path=\//)
+    assert.doesNotMatch(setCookie, /Domain=/i)
   })
 })
 
@@ -178,7 +175,7 @@ describe('secret rotation', () => {
   })
   after(() => database.drop())
 
-  test('the first secret signs, all verify; a retired-secret cookie is re-signed', async () => {
+  test('the first secret signs, all verify; a retired-secret cookie is re-signed', async (t) => {
     const prefix = `rot${randomBytes(3).toString('hex')}:`
     const oldApp = await buildTestApp(
       { RATE_LIMITS: 'off', SESSION_SECRET: OLD_SECRET },
@@ -192,81 +189,72 @@ describe('secret rotation', () => {
       { RATE_LIMITS: 'off', SESSION_SECRET: NEW_SECRET },
       { testDatabase: database, keyPrefix: prefix },
     )
-    try {
-      const oldCookie = await login(oldApp.app, { username: 'dave', password: 'dave-password' })
-      const res = await rotated.app.inject({ url: '/session', headers: { cookie: oldCookie } })
-      assert.equal(res.statusCode, 200)
-      const renewed = cookieHeader(res.headers['set-cookie'])
-      assert.equal(sessionIdOf(renewed), sessionIdOf(oldCookie), 'same session, new signature')
-      assert.notEqual(renewed, oldCookie)
-      // Verified signatures are remembered per process: a second presentation is re-signed too,
-      // and a cookie one character away from a remembered one is still refused.
-      const again = await rotated.app.inject({ url: '/session', headers: { cookie: oldCookie } })
-      assert.equal(cookieHeader(again.headers['set-cookie']), renewed)
-      const flipped = oldCookie.slice(0, -1) + (oldCookie.endsWith('A') ? 'B' : 'A')
-      assert.equal(
-        (await rotated.app.inject({ url: '/session', headers: { cookie: flipped } })).statusCode,
-        401,
-      )
-      assert.equal(
-        (await newOnly.app.inject({ url: '/session', headers: { cookie: renewed } })).statusCode,
-        200,
-      )
-      assert.equal(
-        (await newOnly.app.inject({ url: '/session', headers: { cookie: oldCookie } })).statusCode,
-        401,
-      )
-    } finally {
-      await Promise.all([oldApp.close(), rotated.close(), newOnly.close()])
-    }
+    t.after(() => Promise.all([oldApp.close(), rotated.close(), newOnly.close()]))
+    const oldCookie = await login(oldApp.app, { username: 'dave', password: 'dave-password' })
+    const res = await rotated.app.inject({ url: '/session', headers: { cookie: oldCookie } })
+    assert.equal(res.statusCode, 200)
+    const renewed = cookieHeader(res.headers['set-cookie'])
+    assert.equal(sessionIdOf(renewed), sessionIdOf(oldCookie), 'same session, new signature')
+    assert.notEqual(renewed, oldCookie)
+    // Verified signatures are remembered per process: a second presentation is re-signed too,
+    // and a cookie one character away from a remembered one is still refused.
+    const again = await rotated.app.inject({ url: '/session', headers: { cookie: oldCookie } })
+    assert.equal(cookieHeader(again.headers['set-cookie']), renewed)
+    const flipped = oldCookie.slice(0, -1) + (oldCookie.endsWith('A') ? 'B' : 'A')
+    assert.equal(
+      (await rotated.app.inject({ url: '/session', headers: { cookie: flipped } })).statusCode,
+      401,
+    )
+    assert.equal(
+      (await newOnly.app.inject({ url: '/session', headers: { cookie: renewed } })).statusCode,
+      200,
+    )
+    assert.equal(
+      (await newOnly.app.inject({ url: '/session', headers: { cookie: oldCookie } })).statusCode,
+      401,
+    )
   })
 })
 
 describe('expiry', () => {
-  test('idle expiry slides with activity using a TTL-only touch', async () => {
+  test('idle expiry slides with activity using a TTL-only touch', async (t) => {
     const app = await buildTestApp({
       RATE_LIMITS: 'off',
       SESSION_IDLE_TIMEOUT: '400ms',
       SESSION_ABSOLUTE_TIMEOUT: '1h',
     })
-    try {
-      const erin = await createCustomer(app.db, 'erin')
-      const cookie = await login(app.app, erin)
-      const key = app.app.sessions.sessionKey(sessionIdOf(cookie))
-      const before = await app.redis.hgetall(key)
-      for (let i = 0; i < 4; i++) {
-        await sleep(200)
-        assert.equal((await app.app.inject({ url: '/session', headers: { cookie } })).statusCode, 200)
-      }
-      assert.deepEqual(await app.redis.hgetall(key), before, 'touching does not rewrite the hash')
-      await sleep(600)
-      assert.equal((await app.app.inject({ url: '/session', headers: { cookie } })).statusCode, 401)
-      assert.equal(await app.redis.exists(key), 0)
-    } finally {
-      await app.close()
+    t.after(() => app.close())
+    const erin = await createCustomer(app.db, 'erin')
+    const cookie = await login(app.app, erin)
+    const key = app.app.sessions.sessionKey(sessionIdOf(cookie))
+    const before = await app.redis.hgetall(key)
+    for (let i = 0; i < 4; i++) {
+      await sleep(200)
+      assert.equal((await app.app.inject({ url: '/session', headers: { cookie } })).statusCode, 200)
     }
+    assert.deepEqual(await app.redis.hgetall(key), before, 'touching does not rewrite the hash')
+    await sleep(600)
+    assert.equal((await app.app.inject({ url: '/session', headers: { cookie } })).statusCode, 401)
+    assert.equal(await app.redis.exists(key), 0)
   })
 
-  test('the absolute lifetime ends a session however active it is', async () => {
+  test('the absolute lifetime ends a session however active it is', async (t) => {
     const app = await buildTestApp({
       RATE_LIMITS: 'off',
       SESSION_IDLE_TIMEOUT: '500ms',
       SESSION_ABSOLUTE_TIMEOUT: '900ms',
     })
-    try {
-      const fay = await createCustomer(app.db, 'fay')
-      const cookie = await login(app.app, fay)
-      const statuses: number[] = []
-      for (let i = 0; i < 8; i++) {
-        statuses.push((await app.app.inject({ url: '/session', headers: { cookie } })).statusCode)
-        await sleep(200)
-      }
-      assert.equal(statuses[0], 200)
-      assert.equal(statuses.at(-1), 401)
-      assert.ok(statuses.indexOf(401) > 0 && statuses.slice(statuses.indexOf(401)).every((s) => s === 401))
-    } finally {
-      await app.close()
+    t.after(() => app.close())
+    const fay = await createCustomer(app.db, 'fay')
+    const cookie = await login(app.app, fay)
+    const statuses: number[] = []
+    for (let i = 0; i < 8; i++) {
+      statuses.push((await app.app.inject({ url: '/session', headers: { cookie } })).statusCode)
+      await sleep(200)
     }
+    assert.equal(statuses[0], 200)
+    assert.equal(statuses.at(-1), 401)
+    assert.ok(statuses.indexOf(401) > 0 && statuses.slice(statuses.indexOf(401)).every((s) => s === 401))
   })
 })
 
