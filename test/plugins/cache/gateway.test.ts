@@ -212,27 +212,26 @@ test('with the L1 on, an invalidation on one instance reaches the other instance
 
 test('with Postgres down a cached balance is still served and a miss answers 503', {
   skip: USE_PGLITE && 'PGlite runs in-process',
-}, async () => {
+}, async (context) => {
   const proxy = await startTcpProxy(5432)
   const url = new URL(database.url!)
   url.port = String(proxy.port)
   const proxied = createPgDatabase({ connectionString: url.toString(), connectionTimeoutMs: 500 })
   const t = await buildTestApp({}, { testDatabase: { db: proxied, drop: async () => {} } })
-  try {
-    const alice = await createCustomer(database.db, `pgdown-${randomUUID()}`, [1_000, 2_000])
-    const cookie = await login(t.app, alice)
-    const [cached, cold] = alice.accountIds as [number, number]
-    assert.equal(await balance(t, cookie, cached), 1_000)
-    proxy.cut()
-    assert.equal(await balance(t, cookie, cached), 1_000)
-    const miss = await t.app.inject({ url: `/accounts/${cold}/balance`, headers: { cookie } })
-    assert.equal(miss.statusCode, 503)
-    assert.equal(miss.json().type, '/problems/database-unavailable')
-    proxy.restore()
-    assert.equal(await balance(t, cookie, cold), 2_000)
-  } finally {
+  context.after(async () => {
     await t.close()
     await proxied.close()
     await proxy.close()
-  }
+  })
+  const alice = await createCustomer(database.db, `pgdown-${randomUUID()}`, [1_000, 2_000])
+  const cookie = await login(t.app, alice)
+  const [cached, cold] = alice.accountIds as [number, number]
+  assert.equal(await balance(t, cookie, cached), 1_000)
+  proxy.cut()
+  assert.equal(await balance(t, cookie, cached), 1_000)
+  const miss = await t.app.inject({ url: `/accounts/${cold}/balance`, headers: { cookie } })
+  assert.equal(miss.statusCode, 503)
+  assert.equal(miss.json().type, '/problems/database-unavailable')
+  proxy.restore()
+  assert.equal(await balance(t, cookie, cold), 2_000)
 })

@@ -41,7 +41,7 @@ before(async () => {
   await Promise.all(clients.map(connectRedis))
 })
 
-test('a key that fails again while an older retry of it is in flight is retried after that retry succeeds', async () => {
+test('a key that fails again while an older retry of it is in flight is retried after that retry succeeds', async (t) => {
   const app = await cacheApp({ keyPrefix: uniquePrefix('cretry') })
   let balance = 100
   const read = () => app.cache.getOrLoad('account:1', async () => balance)
@@ -65,24 +65,21 @@ test('a key that fails again while an older retry of it is in flight is retried 
     60_000,
     app.log,
   )
-  try {
-    // Commit 1; the route's invalidation fails and is queued.
-    balance = 200
-    retry.add(['account:1'])
-    await firstRan.promise
-    // The first retry has invalidated in Redis; a reader fills the entry from the source meanwhile.
-    assert.equal(await read(), 200)
-    // Commit 2; its invalidation fails too, while the first retry still waits for its reply.
-    balance = 300
-    retry.add(['account:1'])
-    firstReplies.resolve()
+  t.after(() => retry.close())
+  // Commit 1; the route's invalidation fails and is queued.
+  balance = 200
+  retry.add(['account:1'])
+  await firstRan.promise
+  // The first retry has invalidated in Redis; a reader fills the entry from the source meanwhile.
+  assert.equal(await read(), 200)
+  // Commit 2; its invalidation fails too, while the first retry still waits for its reply.
+  balance = 300
+  retry.add(['account:1'])
+  firstReplies.resolve()
 
-    await Promise.race([secondRan.promise, sleep(5000, undefined, { ref: false })])
-    assert.equal(attempts, 2, 'the newer failure was retried')
-    assert.equal(await read(), 300, 'the balance is not stale until the TTL')
-  } finally {
-    retry.close()
-  }
+  await Promise.race([secondRan.promise, sleep(5000, undefined, { ref: false })])
+  assert.equal(attempts, 2, 'the newer failure was retried')
+  assert.equal(await read(), 300, 'the balance is not stale until the TTL')
 })
 
 test('an invalidation published while the L1 subscriber is resubscribing does not leave the L1 stale', async () => {
