@@ -56,22 +56,21 @@ describe('Redis commands', () => {
     assert.equal(moved(REDIS_ERRORS, { client: 'main', command: 'script:lockHolder', reason: 'noscript' }), 1)
   })
 
-  test('a command beyond the timeout is an error with reason timeout', async () => {
+  test('a command beyond the timeout is an error with reason timeout', async (t) => {
     const admin = new Redis(server.url)
-    try {
-      await admin.client('PAUSE', 1000, 'ALL')
-      const before = await scrape(app)
-      await assert.rejects(app.redis.get(`${prefix}a`), /timed out/i)
-      const moved = delta(before, await scrape(app))
-      assert.equal(moved(REDIS_ERRORS, { client: 'main', command: 'get', reason: 'timeout' }), 1)
-      assert.equal(moved(REDIS_COUNT, { client: 'main', command: 'get' }), 1)
-    } finally {
+    t.after(async () => {
       await admin.client('UNPAUSE')
       admin.disconnect()
-    }
+    })
+    await admin.client('PAUSE', 1000, 'ALL')
+    const before = await scrape(app)
+    await assert.rejects(app.redis.get(`${prefix}a`), /timed out/i)
+    const moved = delta(before, await scrape(app))
+    assert.equal(moved(REDIS_ERRORS, { client: 'main', command: 'get', reason: 'timeout' }), 1)
+    assert.equal(moved(REDIS_COUNT, { client: 'main', command: 'get' }), 1)
   })
 
-  test('two apps sharing a client count separately; a closed app stops counting', async () => {
+  test('two apps sharing a client count separately; a closed app stops counting', async (t) => {
     const client = createRedisClient({ url: server.url })
     const first = await appWith(async (a) => {
       await a.register(redis, { redis: client })
@@ -79,43 +78,39 @@ describe('Redis commands', () => {
     const second = await appWith(async (a) => {
       await a.register(redis, { redis: client })
     })
-    try {
-      const [before1, before2] = [await scrape(first), await scrape(second)]
-      await client.get(`${prefix}shared`)
-      assert.equal(delta(before1, await scrape(first))(REDIS_COUNT, { command: 'get' }), 1)
-      assert.equal(delta(before2, await scrape(second))(REDIS_COUNT, { command: 'get' }), 1)
-      await first.close()
-      const after2 = await scrape(second)
-      const closedBefore = (await first.metrics.registry.getSingleMetricAsString(
-        'redis_command_duration_seconds',
-      )) as string
-      await client.get(`${prefix}shared`)
-      assert.equal(delta(after2, await scrape(second))(REDIS_COUNT, { command: 'get' }), 1)
-      assert.equal(
-        await first.metrics.registry.getSingleMetricAsString('redis_command_duration_seconds'),
-        closedBefore,
-      )
-    } finally {
+    t.after(async () => {
       await first.close()
       await second.close()
       await client.quit()
-    }
+    })
+    const [before1, before2] = [await scrape(first), await scrape(second)]
+    await client.get(`${prefix}shared`)
+    assert.equal(delta(before1, await scrape(first))(REDIS_COUNT, { command: 'get' }), 1)
+    assert.equal(delta(before2, await scrape(second))(REDIS_COUNT, { command: 'get' }), 1)
+    await first.close()
+    const after2 = await scrape(second)
+    const closedBefore = (await first.metrics.registry.getSingleMetricAsString(
+      'redis_command_duration_seconds',
+    )) as string
+    await client.get(`${prefix}shared`)
+    assert.equal(delta(after2, await scrape(second))(REDIS_COUNT, { command: 'get' }), 1)
+    assert.equal(
+      await first.metrics.registry.getSingleMetricAsString('redis_command_duration_seconds'),
+      closedBefore,
+    )
   })
 
-  test('observeRedis labels another client by the name it is given, once', async () => {
+  test('observeRedis labels another client by the name it is given, once', async (t) => {
     const cacheClient = createRedisClient({ url: server.url })
     await cacheClient.connect()
-    try {
-      app.metrics.observeRedis(cacheClient, 'cache')
-      app.metrics.observeRedis(cacheClient, 'cache')
-      const before = await scrape(app)
-      await cacheClient.get(`${prefix}c`)
-      const moved = delta(before, await scrape(app))
-      assert.equal(moved(REDIS_COUNT, { client: 'cache', command: 'get' }), 1)
-      assert.equal(moved(REDIS_COUNT, { client: 'main' }), 0)
-    } finally {
-      cacheClient.disconnect()
-    }
+    t.after(() => cacheClient.disconnect())
+    app.metrics.observeRedis(cacheClient, 'cache')
+    app.metrics.observeRedis(cacheClient, 'cache')
+    const before = await scrape(app)
+    await cacheClient.get(`${prefix}c`)
+    const moved = delta(before, await scrape(app))
+    assert.equal(moved(REDIS_COUNT, { client: 'cache', command: 'get' }), 1)
+    assert.equal(moved(REDIS_COUNT, { client: 'main' }), 0)
   })
 
   test('commands to a stopped Redis fail fast and count as connection errors', async () => {
@@ -196,24 +191,21 @@ describe('Postgres statements, transactions and pool', () => {
   })
 })
 
-test('the plugin alone: HTTP histogram by route pattern; path false serves nothing', async () => {
+test('the plugin alone: HTTP histogram by route pattern; path false serves nothing', async (t) => {
   const app = await appWith(async (a) => {
     a.get('/items/:id', async () => ({ ok: true }))
   })
   const hidden = await appWith(async () => {})
   const bare = Fastify({ logger: false })
   await bare.register(metrics, { path: false, processMetrics: false })
-  try {
-    await app.inject({ url: '/items/1' })
-    await app.inject({ url: '/items/2' })
-    const now = await scrape(app)
-    assert.equal(
-      now.value('http_request_duration_seconds_count', { route: '/items/:id', status: '200', method: 'GET' }),
-      2,
-    )
-    assert.ok((await hidden.inject({ url: '/metrics' })).body.includes('http_request_duration_seconds'))
-    assert.equal((await bare.inject({ url: '/metrics' })).statusCode, 404)
-  } finally {
-    await Promise.all([app.close(), hidden.close(), bare.close()])
-  }
+  t.after(() => Promise.all([app.close(), hidden.close(), bare.close()]))
+  await app.inject({ url: '/items/1' })
+  await app.inject({ url: '/items/2' })
+  const now = await scrape(app)
+  assert.equal(
+    now.value('http_request_duration_seconds_count', { route: '/items/:id', status: '200', method: 'GET' }),
+    2,
+  )
+  assert.ok((await hidden.inject({ url: '/metrics' })).body.includes('http_request_duration_seconds'))
+  assert.equal((await bare.inject({ url: '/metrics' })).statusCode, 404)
 })
