@@ -53,29 +53,26 @@ test('an unreachable Redis fails the boot with a message naming it', async () =>
   )
 })
 
-test('while Redis is down commands fail at once instead of queueing, and work again when it returns', async () => {
+test('while Redis is down commands fail at once instead of queueing, and work again when it returns', async (t) => {
   const server = await startRedisServer()
   const client = createRedisClient({ url: server.url })
   await client.connect()
+  t.after(() => server.stop())
+  assert.equal(await client.set('k', '1'), 'OK')
+  await server.stop()
+  await assert.rejects(client.incr('k'))
+  const restarted = await startRedisServer(server.port)
   try {
-    assert.equal(await client.set('k', '1'), 'OK')
-    await server.stop()
-    await assert.rejects(client.incr('k'))
-    const restarted = await startRedisServer(server.port)
-    try {
-      let value: string | null = null
-      for (let i = 0; i < 50 && value === null; i++) {
-        value = await client.set('k', '2').catch(() => null)
-        if (value === null) await new Promise((r) => setTimeout(r, 100))
-      }
-      assert.equal(value, 'OK', 'reconnected')
-      assert.equal(await client.get('k'), '2', 'the failed INCR was not replayed after the reconnect')
-    } finally {
-      client.disconnect()
-      await restarted.stop()
+    let value: string | null = null
+    for (let i = 0; i < 50 && value === null; i++) {
+      value = await client.set('k', '2').catch(() => null)
+      if (value === null) await new Promise((r) => setTimeout(r, 100))
     }
+    assert.equal(value, 'OK', 'reconnected')
+    assert.equal(await client.get('k'), '2', 'the failed INCR was not replayed after the reconnect')
   } finally {
-    await server.stop()
+    client.disconnect()
+    await restarted.stop()
   }
 })
 
@@ -99,48 +96,46 @@ async function timersCreatedBy(work: () => Promise<unknown>): Promise<number> {
 const thousandGets = (client: Redis) => () =>
   Promise.all(Array.from({ length: 1000 }, (_, i) => client.get(`bound:${i % 10}`)))
 
-test("createRedisClient's command timeout costs one timer per client, not one per command", async () => {
+test("createRedisClient's command timeout costs one timer per client, not one per command", async (t) => {
   const bounded = createRedisClient({ url: TEST_REDIS_URL, commandTimeoutMs: 500 }) as Redis
   const perCommand = new Redis(TEST_REDIS_URL, { commandTimeout: 500, lazyConnect: true })
   await Promise.all([bounded.connect(), perCommand.connect()])
-  try {
-    await bounded.get('bound:warm')
-    assert.ok(
-      (await timersCreatedBy(thousandGets(bounded))) <= 2,
-      'at most the one timer of the oldest command',
-    )
-    // The control: ioredis's own commandTimeout sets a timer for each command.
-    assert.ok((await timersCreatedBy(thousandGets(perCommand))) >= 1000)
-  } finally {
+  t.after(() => {
     bounded.disconnect()
     perCommand.disconnect()
-  }
+  })
+  await bounded.get('bound:warm')
+  assert.ok(
+    (await timersCreatedBy(thousandGets(bounded))) <= 2,
+    'at most the one timer of the oldest command',
+  )
+  // The control: ioredis's own commandTimeout sets a timer for each command.
+  assert.ok((await timersCreatedBy(thousandGets(perCommand))) >= 1000)
 })
 
-test('a command unanswered for commandTimeoutMs fails; answered ones do not, and its late reply goes to nobody else', async () => {
+test('a command unanswered for commandTimeoutMs fails; answered ones do not, and its late reply goes to nobody else', async (t) => {
   const server = await startRedisServer()
   const client = createRedisClient({ url: server.url, commandTimeoutMs: 200 }) as Redis
   const admin = new Redis(server.url)
-  try {
-    await client.connect()
-    await client.mset('first', 'a', 'second', 'b')
-    // Answered before the pause, and while the timer runs for later commands: none of them fails.
-    assert.deepEqual(await Promise.all([client.get('first'), client.get('second')]), ['a', 'b'])
-    await admin.client('PAUSE', 1000, 'ALL')
-    await assert.rejects(client.get('first'), { message: 'Command timed out' })
-    await assert.rejects(client.get('second'), { message: 'Command timed out' })
-    // Once Redis answers again, each command gets its own reply: the timed-out ones' replies are
-    // matched to them (and dropped), not to the commands sent after.
-    let value: string | null = null
-    for (let i = 0; i < 30 && value === null; i++) {
-      value = await client.get('second').catch(() => null)
-      if (value === null) await new Promise((r) => setTimeout(r, 100))
-    }
-    assert.equal(value, 'b')
-    assert.equal(await client.get('first'), 'a')
-  } finally {
+  t.after(async () => {
     client.disconnect()
     admin.disconnect()
     await server.stop()
+  })
+  await client.connect()
+  await client.mset('first', 'a', 'second', 'b')
+  // Answered before the pause, and while the timer runs for later commands: none of them fails.
+  assert.deepEqual(await Promise.all([client.get('first'), client.get('second')]), ['a', 'b'])
+  await admin.client('PAUSE', 1000, 'ALL')
+  await assert.rejects(client.get('first'), { message: 'Command timed out' })
+  await assert.rejects(client.get('second'), { message: 'Command timed out' })
+  // Once Redis answers again, each command gets its own reply: the timed-out ones' replies are
+  // matched to them (and dropped), not to the commands sent after.
+  let value: string | null = null
+  for (let i = 0; i < 30 && value === null; i++) {
+    value = await client.get('second').catch(() => null)
+    if (value === null) await new Promise((r) => setTimeout(r, 100))
   }
+  assert.equal(value, 'b')
+  assert.equal(await client.get('first'), 'a')
 })
