@@ -161,7 +161,7 @@ test('several shards: one key each, with a hash tag of its own, at the computed 
   assert.deepEqual(keys, shards.flatMap((shard) => [shard.bits, shard.rebuild]).sort())
 })
 
-test('one script call per shard the batch touches, all sent together', async () => {
+test('one script call per shard the batch touches, all sent together', async (t) => {
   const counter = connection.clusterNodes ? new Cluster(connection.clusterNodes) : new Redis(connection.url!)
   counter.on('error', () => {})
   type SendCommand = (this: Redis, command: { name: string; args: unknown[] }, stream?: unknown) => unknown
@@ -178,52 +178,51 @@ test('one script call per shard the batch touches, all sent together', async () 
     falsePositiveRate: P,
     maxBitsPerShard: 65_536,
   })
-  try {
-    await bloom.rebuild(ids('user', 3000))
-    // Every script already ran on every shard's node (EVALSHA finds them: no EVAL fallback below).
-    await bloom.add(ids('warm', 300))
-    await bloom.check(ids('warm', 300))
-    const scripts = () => sent.filter((c) => c.name !== 'cluster' && c.name !== 'info')
-    const bits = [0, 1, 2].map((shard) => bloom.keys(shard).bits)
-
-    sent.length = 0
-    await bloom.check(ids('user', 3000))
-    assert.deepEqual(
-      scripts().map((c) => c.name),
-      ['evalsha', 'evalsha', 'evalsha'],
-    )
-    assert.deepEqual(
-      scripts()
-        .map((c) => c.key)
-        .sort(),
-      [...bits].sort(),
-    )
-
-    sent.length = 0
-    await bloom.add(ids('more', 3000))
-    assert.deepEqual(
-      scripts().map((c) => c.name),
-      ['evalsha', 'evalsha', 'evalsha'],
-    )
-
-    // A batch whose items all fall on shard 1 is one call, to shard 1.
-    const onOne = ids('pick', 200).filter((id) => bloom.shardOf(id) === 1)
-    sent.length = 0
-    assert.equal(count(await bloom.mightContain(onOne), false), count(await bloom.check(onOne), 'absent'))
-    assert.deepEqual(scripts(), [
-      { name: 'evalsha', key: bits[1] },
-      { name: 'evalsha', key: bits[1] },
-    ])
-
-    // One item: one call, to its shard.
-    sent.length = 0
-    assert.equal(await bloom.mightContain('user-7'), true)
-    assert.deepEqual(scripts(), [{ name: 'evalsha', key: bits[bloom.shardOf('user-7')] }])
-  } finally {
+  t.after(async () => {
     ;(Redis.prototype as unknown as { sendCommand: SendCommand }).sendCommand = original
     await bloom.destroy()
     counter.disconnect()
-  }
+  })
+  await bloom.rebuild(ids('user', 3000))
+  // Every script already ran on every shard's node (EVALSHA finds them: no EVAL fallback below).
+  await bloom.add(ids('warm', 300))
+  await bloom.check(ids('warm', 300))
+  const scripts = () => sent.filter((c) => c.name !== 'cluster' && c.name !== 'info')
+  const bits = [0, 1, 2].map((shard) => bloom.keys(shard).bits)
+
+  sent.length = 0
+  await bloom.check(ids('user', 3000))
+  assert.deepEqual(
+    scripts().map((c) => c.name),
+    ['evalsha', 'evalsha', 'evalsha'],
+  )
+  assert.deepEqual(
+    scripts()
+      .map((c) => c.key)
+      .sort(),
+    [...bits].sort(),
+  )
+
+  sent.length = 0
+  await bloom.add(ids('more', 3000))
+  assert.deepEqual(
+    scripts().map((c) => c.name),
+    ['evalsha', 'evalsha', 'evalsha'],
+  )
+
+  // A batch whose items all fall on shard 1 is one call, to shard 1.
+  const onOne = ids('pick', 200).filter((id) => bloom.shardOf(id) === 1)
+  sent.length = 0
+  assert.equal(count(await bloom.mightContain(onOne), false), count(await bloom.check(onOne), 'absent'))
+  assert.deepEqual(scripts(), [
+    { name: 'evalsha', key: bits[1] },
+    { name: 'evalsha', key: bits[1] },
+  ])
+
+  // One item: one call, to its shard.
+  sent.length = 0
+  assert.equal(await bloom.mightContain('user-7'), true)
+  assert.deepEqual(scripts(), [{ name: 'evalsha', key: bits[bloom.shardOf('user-7')] }])
 })
 
 test('the largest batch at the most hashes (5000 items, k = 30) goes in one call per shard', async () => {

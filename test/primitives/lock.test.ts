@@ -170,28 +170,27 @@ test('withLock aborts fn’s signal when the lock is taken away, and does not re
   assert.equal((await lock.holder('rebalance'))?.owner, (next as LockHandle).owner)
 })
 
-test('withLock aborts fn’s signal when Redis cannot be reached for longer than the ttl', async () => {
+test('withLock aborts fn’s signal when Redis cannot be reached for longer than the ttl', async (t) => {
   const port = Number(new URL(TEST_REDIS_URL).port || 6379)
   const proxy = await startTcpProxy(port, new URL(TEST_REDIS_URL).hostname)
   const keyPrefix = uniquePrefix('lock')
   const client = connect(`redis://127.0.0.1:${proxy.port}`)
   client.on('error', () => {}) // the cut connection's errors, expected
-  try {
-    const lock = createLock(client, { keyPrefix })
-    const reason = await lock.withLock(
-      'export',
-      async (signal) => {
-        proxy.cut()
-        if (!signal.aborted) await once(signal, 'abort')
-        return signal.reason
-      },
-      { ttlMs: 200 },
-    )
-    assert.ok(reason instanceof LockLostError)
-  } finally {
+  t.after(async () => {
     client.disconnect()
     await proxy.close()
-  }
+  })
+  const lock = createLock(client, { keyPrefix })
+  const reason = await lock.withLock(
+    'export',
+    async (signal) => {
+      proxy.cut()
+      if (!signal.aborted) await once(signal, 'abort')
+      return signal.reason
+    },
+    { ttlMs: 200 },
+  )
+  assert.ok(reason instanceof LockLostError)
 })
 
 test('withLock throws LockNotAcquiredError when held, and waits for a release with waitMs', async () => {

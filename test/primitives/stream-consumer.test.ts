@@ -334,7 +334,7 @@ test('handleBatch: a read is handled in one call and acknowledged in one XACK; a
   await consumer.stop()
 })
 
-test('appendEachOnce: several entries in one call, each once per marker, published once', async () => {
+test('appendEachOnce: several entries in one call, each once per marker, published once', async (t) => {
   const { appendEachOnce } = await import('../../src/index.ts')
   const stream = `${prefix}append:{c}`
   const channel = `${prefix}append-channel:{c}`
@@ -342,36 +342,33 @@ test('appendEachOnce: several entries in one call, each once per marker, publish
   const messages: string[] = []
   await listener.subscribe(channel)
   listener.on('message', (_channel, message) => messages.push(message))
-  try {
-    const entries = ['e1', 'e2', 'e3'].map((event) => ({
-      marker: `${prefix}append-seen:{c}:${event}`,
-      fields: { event },
-      message: { event },
-    }))
-    const first = await appendEachOnce(redis, { stream, channel, markerTtlMs: 60_000, entries })
-    const again = await appendEachOnce(redis, {
-      stream,
-      channel,
-      markerTtlMs: 60_000,
-      entries: [entries[1]!, { marker: `${prefix}append-seen:{c}:e4`, fields: { event: 'e4' } }],
-    })
-    assert.deepEqual(
-      first.map((r) => r.appended),
-      [true, true, true],
-    )
-    assert.deepEqual(again[0], { id: first[1]!.id, appended: false })
-    assert.equal(again[1]!.appended, true)
-    const stored = (await redis.xrange(stream, '-', '+')) as Array<[string, string[]]>
-    assert.deepEqual(
-      stored.map(([id, fields]) => [id, fields[1]]),
-      [...first.map((r, i) => [r.id, `e${i + 1}`]), [again[1]!.id, 'e4']],
-    )
-    await until(() => messages.length === 4, 'the messages')
-    assert.deepEqual(JSON.parse(messages[0]!), { id: first[0]!.id, event: 'e1' })
-    assert.deepEqual(JSON.parse(messages[3]!), { id: again[1]!.id })
-  } finally {
-    await listener.quit()
-  }
+  t.after(() => listener.quit())
+  const entries = ['e1', 'e2', 'e3'].map((event) => ({
+    marker: `${prefix}append-seen:{c}:${event}`,
+    fields: { event },
+    message: { event },
+  }))
+  const first = await appendEachOnce(redis, { stream, channel, markerTtlMs: 60_000, entries })
+  const again = await appendEachOnce(redis, {
+    stream,
+    channel,
+    markerTtlMs: 60_000,
+    entries: [entries[1]!, { marker: `${prefix}append-seen:{c}:e4`, fields: { event: 'e4' } }],
+  })
+  assert.deepEqual(
+    first.map((r) => r.appended),
+    [true, true, true],
+  )
+  assert.deepEqual(again[0], { id: first[1]!.id, appended: false })
+  assert.equal(again[1]!.appended, true)
+  const stored = (await redis.xrange(stream, '-', '+')) as Array<[string, string[]]>
+  assert.deepEqual(
+    stored.map(([id, fields]) => [id, fields[1]]),
+    [...first.map((r, i) => [r.id, `e${i + 1}`]), [again[1]!.id, 'e4']],
+  )
+  await until(() => messages.length === 4, 'the messages')
+  assert.deepEqual(JSON.parse(messages[0]!), { id: first[0]!.id, event: 'e1' })
+  assert.deepEqual(JSON.parse(messages[3]!), { id: again[1]!.id })
 })
 
 /** Every command `client` sends from now on, once connected (its ready check is not one). */
@@ -396,7 +393,7 @@ const acrossStreams = (tags: string[], event: string) =>
     message: { event },
   }))
 
-test('appendEachOnce: entries of several streams in one script call, each once, each on its own channel', async () => {
+test('appendEachOnce: entries of several streams in one script call, each once, each on its own channel', async (t) => {
   const { appendEachOnce } = await import('../../src/index.ts')
   const client = new Redis(TEST_REDIS_URL)
   const listener = new Redis(TEST_REDIS_URL)
@@ -404,58 +401,57 @@ test('appendEachOnce: entries of several streams in one script call, each once, 
   await listener.subscribe(`${prefix}across-channel:{a}`, `${prefix}across-channel:{b}`)
   listener.on('message', (channel, message) => messages.push([channel, message]))
   const commands = await commandsSentBy(client)
-  try {
-    const first = await appendEachOnce(client, {
-      markerTtlMs: 60_000,
-      entries: acrossStreams(['a', 'b', 'a'], 'e1'),
-    })
-    // The third entry repeats the first's marker: it is the first's, not appended again.
-    assert.deepEqual(
-      first.map((r) => r.appended),
-      [true, true, false],
-    )
-    assert.equal(first[2]!.id, first[0]!.id)
-    // One script call: EVALSHA, and EVAL only if the server did not know the script yet.
-    assert.deepEqual(
-      commands.map((c) => c.name).filter((name) => name !== 'eval'),
-      ['evalsha'],
-    )
-    const again = await appendEachOnce(client, {
-      markerTtlMs: 60_000,
-      entries: [...acrossStreams(['b'], 'e1'), ...acrossStreams(['b'], 'e2')],
-    })
-    assert.deepEqual(again[0], { id: first[1]!.id, appended: false })
-    assert.equal(again[1]!.appended, true)
-    const a = (await redis.xrange(`${prefix}across:{a}`, '-', '+')) as Array<[string, string[]]>
-    const b = (await redis.xrange(`${prefix}across:{b}`, '-', '+')) as Array<[string, string[]]>
-    assert.deepEqual(
-      a.map(([id, fields]) => [id, fields[1]]),
-      [[first[0]!.id, 'e1']],
-    )
-    assert.deepEqual(
-      b.map(([id, fields]) => [id, fields[1]]),
-      [
-        [first[1]!.id, 'e1'],
-        [again[1]!.id, 'e2'],
-      ],
-    )
-    await until(() => messages.length === 3, 'the messages')
-    assert.deepEqual(
-      messages.map(([channel, message]) => [channel, JSON.parse(message)]),
-      [
-        [`${prefix}across-channel:{a}`, { id: first[0]!.id, event: 'e1' }],
-        [`${prefix}across-channel:{b}`, { id: first[1]!.id, event: 'e1' }],
-        [`${prefix}across-channel:{b}`, { id: again[1]!.id, event: 'e2' }],
-      ],
-    )
-    await assert.rejects(
-      appendEachOnce(client, { markerTtlMs: 1000, entries: [{ marker: `${prefix}x`, fields: { a: '1' } }] }),
-      { code: 'FRG_INVALID_OPTION', message: /an entry has no stream/ },
-    )
-  } finally {
+  t.after(async () => {
     client.disconnect()
     await listener.quit()
-  }
+  })
+  const first = await appendEachOnce(client, {
+    markerTtlMs: 60_000,
+    entries: acrossStreams(['a', 'b', 'a'], 'e1'),
+  })
+  // The third entry repeats the first's marker: it is the first's, not appended again.
+  assert.deepEqual(
+    first.map((r) => r.appended),
+    [true, true, false],
+  )
+  assert.equal(first[2]!.id, first[0]!.id)
+  // One script call: EVALSHA, and EVAL only if the server did not know the script yet.
+  assert.deepEqual(
+    commands.map((c) => c.name).filter((name) => name !== 'eval'),
+    ['evalsha'],
+  )
+  const again = await appendEachOnce(client, {
+    markerTtlMs: 60_000,
+    entries: [...acrossStreams(['b'], 'e1'), ...acrossStreams(['b'], 'e2')],
+  })
+  assert.deepEqual(again[0], { id: first[1]!.id, appended: false })
+  assert.equal(again[1]!.appended, true)
+  const a = (await redis.xrange(`${prefix}across:{a}`, '-', '+')) as Array<[string, string[]]>
+  const b = (await redis.xrange(`${prefix}across:{b}`, '-', '+')) as Array<[string, string[]]>
+  assert.deepEqual(
+    a.map(([id, fields]) => [id, fields[1]]),
+    [[first[0]!.id, 'e1']],
+  )
+  assert.deepEqual(
+    b.map(([id, fields]) => [id, fields[1]]),
+    [
+      [first[1]!.id, 'e1'],
+      [again[1]!.id, 'e2'],
+    ],
+  )
+  await until(() => messages.length === 3, 'the messages')
+  assert.deepEqual(
+    messages.map(([channel, message]) => [channel, JSON.parse(message)]),
+    [
+      [`${prefix}across-channel:{a}`, { id: first[0]!.id, event: 'e1' }],
+      [`${prefix}across-channel:{b}`, { id: first[1]!.id, event: 'e1' }],
+      [`${prefix}across-channel:{b}`, { id: again[1]!.id, event: 'e2' }],
+    ],
+  )
+  await assert.rejects(
+    appendEachOnce(client, { markerTtlMs: 1000, entries: [{ marker: `${prefix}x`, fields: { a: '1' } }] }),
+    { code: 'FRG_INVALID_OPTION', message: /an entry has no stream/ },
+  )
 })
 
 test('appendEachOnce: a marker lifetime that is not a positive whole number is refused before anything is appended', async () => {
@@ -532,73 +528,69 @@ test('appendEachOnce with streamTtlMs: each stream appended to gets the TTL, ref
   assert.equal(await redis.exists(bad), 0)
 })
 
-test('appendEachOnce: 250 entries go as three script calls of at most 100, appended in order', async () => {
+test('appendEachOnce: 250 entries go as three script calls of at most 100, appended in order', async (t) => {
   const { appendEachOnce } = await import('../../src/index.ts')
   const client = new Redis(TEST_REDIS_URL)
   const commands = await commandsSentBy(client)
-  try {
-    const stream = `${prefix}chunked:{c}`
-    const entries = Array.from({ length: 250 }, (_, i) => ({
-      marker: `${prefix}chunked-seen:{c}:${i}`,
-      fields: { n: String(i) },
-    }))
-    // The last entry repeats the first's marker: a later call sees the first call's marker.
-    entries.push({ ...entries[0]!, fields: { n: 'again' } })
-    const results = await appendEachOnce(client, { stream, markerTtlMs: 60_000, entries })
-    // EVALSHA <sha> <numkeys> ...: two keys per entry.
-    const calls = commands.filter((c) => c.name === 'evalsha').map((c) => Number(c.args[1]) / 2)
-    assert.deepEqual(calls, [100, 100, 51])
-    assert.deepEqual(results.at(-1), { id: results[0]!.id, appended: false })
-    const stored = (await redis.xrange(stream, '-', '+')) as Array<[string, string[]]>
-    assert.deepEqual(
-      stored.map(([id, fields]) => [id, fields[1]]),
-      results.slice(0, 250).map((r, i) => [r.id, String(i)]),
-    )
-  } finally {
-    client.disconnect()
-  }
+  t.after(() => client.disconnect())
+  const stream = `${prefix}chunked:{c}`
+  const entries = Array.from({ length: 250 }, (_, i) => ({
+    marker: `${prefix}chunked-seen:{c}:${i}`,
+    fields: { n: String(i) },
+  }))
+  // The last entry repeats the first's marker: a later call sees the first call's marker.
+  entries.push({ ...entries[0]!, fields: { n: 'again' } })
+  const results = await appendEachOnce(client, { stream, markerTtlMs: 60_000, entries })
+  // EVALSHA <sha> <numkeys> ...: two keys per entry.
+  const calls = commands.filter((c) => c.name === 'evalsha').map((c) => Number(c.args[1]) / 2)
+  assert.deepEqual(calls, [100, 100, 51])
+  assert.deepEqual(results.at(-1), { id: results[0]!.id, appended: false })
+  const stored = (await redis.xrange(stream, '-', '+')) as Array<[string, string[]]>
+  assert.deepEqual(
+    stored.map(([id, fields]) => [id, fields[1]]),
+    results.slice(0, 250).map((r, i) => [r.id, String(i)]),
+  )
 })
 
-test('appendEachOnce on a Redis Cluster: entries of streams in different slots, one call per stream; appendJsonEntries too', async () => {
+test('appendEachOnce on a Redis Cluster: entries of streams in different slots, one call per stream; appendJsonEntries too', async (t) => {
   const { appendEachOnce } = await import('../../src/index.ts')
   const { startRedisCluster } = await import('../../scripts/redis-cluster.ts')
   const { createRedisClient } = await import('../../src/plugins/redis/index.ts')
   const cluster = await startRedisCluster()
   const client = createRedisClient({ clusterNodes: cluster.nodes })
-  try {
-    await client.connect()
-    // Tags chosen to land on different masters of three (slots 15495, 3300, 7365).
-    const tags = ['a', 'b', 'c']
-    const first = await appendEachOnce(client, { markerTtlMs: 60_000, entries: acrossStreams(tags, 'e1') })
-    const again = await appendEachOnce(client, { markerTtlMs: 60_000, entries: acrossStreams(tags, 'e1') })
-    assert.deepEqual(
-      first.map((r) => r.appended),
-      [true, true, true],
-    )
-    assert.deepEqual(
-      again,
-      first.map((r) => ({ id: r.id, appended: false })),
-    )
-    for (const [i, tag] of tags.entries()) {
-      const stored = (await client.xrange(`${prefix}across:{${tag}}`, '-', '+')) as Array<[string, string[]]>
-      assert.deepEqual(
-        stored.map(([id]) => id),
-        [first[i]!.id],
-      )
-    }
-    // A JSON batch goes to its stream's node.
-    const { appendJsonEntries } = await import('../../src/index.ts')
-    const jsonStream = `${prefix}json:{b}`
-    const ids = await appendJsonEntries(client, { stream: jsonStream, entries: '[["n","1"],["n","2"]]' })
-    const stored = (await client.xrange(jsonStream, '-', '+')) as Array<[string, string[]]>
-    assert.deepEqual(stored, [
-      [ids[0], ['n', '1']],
-      [ids[1], ['n', '2']],
-    ])
-  } finally {
+  t.after(async () => {
     client.disconnect()
     await cluster.stop()
+  })
+  await client.connect()
+  // Tags chosen to land on different masters of three (slots 15495, 3300, 7365).
+  const tags = ['a', 'b', 'c']
+  const first = await appendEachOnce(client, { markerTtlMs: 60_000, entries: acrossStreams(tags, 'e1') })
+  const again = await appendEachOnce(client, { markerTtlMs: 60_000, entries: acrossStreams(tags, 'e1') })
+  assert.deepEqual(
+    first.map((r) => r.appended),
+    [true, true, true],
+  )
+  assert.deepEqual(
+    again,
+    first.map((r) => ({ id: r.id, appended: false })),
+  )
+  for (const [i, tag] of tags.entries()) {
+    const stored = (await client.xrange(`${prefix}across:{${tag}}`, '-', '+')) as Array<[string, string[]]>
+    assert.deepEqual(
+      stored.map(([id]) => id),
+      [first[i]!.id],
+    )
   }
+  // A JSON batch goes to its stream's node.
+  const { appendJsonEntries } = await import('../../src/index.ts')
+  const jsonStream = `${prefix}json:{b}`
+  const ids = await appendJsonEntries(client, { stream: jsonStream, entries: '[["n","1"],["n","2"]]' })
+  const stored = (await client.xrange(jsonStream, '-', '+')) as Array<[string, string[]]>
+  assert.deepEqual(stored, [
+    [ids[0], ['n', '1']],
+    [ids[1], ['n', '2']],
+  ])
 })
 
 test('appendJsonEntries: a JSON batch goes on the stream in order, byte for byte, capped, in one script call', async () => {
@@ -650,7 +642,7 @@ test('appendJsonEntries: a JSON batch goes on the stream in order, byte for byte
   assert.equal(await redis.xlen(stream), stored.length, 'an empty batch appends nothing')
 })
 
-test('after a Redis outage longer than a read timeout, new entries are handled at once, not held by reads sent late', async () => {
+test('after a Redis outage longer than a read timeout, new entries are handled at once, not held by reads sent late', async (t) => {
   const server = await startRedisServer()
   let restarted: RedisServerProcess | undefined
   // Lazy, as the redis plugin creates its client: the consumer's own connection must connect by itself.
@@ -669,25 +661,24 @@ test('after a Redis outage longer than a read timeout, new entries are handled a
     handler: async (entry: StreamEntry) => void handled.push(entry.id),
     onError: () => {},
   })
-  try {
-    await consumer.start()
-    await server.stop()
-    // Down past the read's timeout (blockMs + 5 s): the read in flight when it went down times out.
-    await new Promise((r) => setTimeout(r, 6500))
-    restarted = await startRedisServer(server.port)
-    // The stream and its group are back with entries before the consumer reconnects.
-    const admin = new Redis(restarted.url)
-    await admin.xgroup('CREATE', stream, 'g', '0', 'MKSTREAM')
-    const ids: string[] = []
-    for (let i = 0; i < 3; i++) ids.push((await admin.xadd(stream, '*', 'n', String(i))) as string)
-    await until(() => handled.length === 3, 'the three entries handled', 10_000)
-    assert.deepEqual(handled, ids)
-    admin.disconnect()
-  } finally {
+  t.after(async () => {
     await consumer.stop()
     own.disconnect()
     await (restarted ?? server).stop()
-  }
+  })
+  await consumer.start()
+  await server.stop()
+  // Down past the read's timeout (blockMs + 5 s): the read in flight when it went down times out.
+  await new Promise((r) => setTimeout(r, 6500))
+  restarted = await startRedisServer(server.port)
+  // The stream and its group are back with entries before the consumer reconnects.
+  const admin = new Redis(restarted.url)
+  await admin.xgroup('CREATE', stream, 'g', '0', 'MKSTREAM')
+  const ids: string[] = []
+  for (let i = 0; i < 3; i++) ids.push((await admin.xadd(stream, '*', 'n', String(i))) as string)
+  await until(() => handled.length === 3, 'the three entries handled', 10_000)
+  assert.deepEqual(handled, ids)
+  admin.disconnect()
 })
 
 test('a stop while starting starts nothing; two starts at once run one loop; a later start runs', async () => {
