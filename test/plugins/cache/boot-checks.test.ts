@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict'
 import { after, before, describe, test } from 'node:test'
-import Fastify, { type FastifyInstance } from 'fastify'
+import Fastify from 'fastify'
 import { Redis } from 'ioredis'
 import { freePort } from '../../../src/embedded/redis-server.ts'
 import {
@@ -13,6 +13,7 @@ import cachePlugin, { type CachePluginOptions } from '../../../src/plugins/cache
 import metrics from '../../../src/plugins/metrics/index.ts'
 import { connectRedis, createRedisClient } from '../../../src/plugins/redis/index.ts'
 import { testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
+import { counter } from './fixtures.ts'
 
 // What the cache refuses instead of letting a guarantee lapse in silence: values its serializer
 // cannot hold, unknown or wrong options, routes it does not cover, and how it reports a Redis away.
@@ -39,11 +40,6 @@ async function cacheApp(t: { after(fn: () => unknown): void }, options: CachePlu
   await app.register(cachePlugin, { redis: client, keyPrefix, ...options })
   await app.ready()
   return { app, lines, keyPrefix }
-}
-
-async function counter(app: FastifyInstance, metric: string, name: string): Promise<number> {
-  const found = await app.metrics.registry.getSingleMetric(metric)?.get()
-  return found?.values.find((v) => v.labels.name === name)?.value ?? 0
 }
 
 function counted<T>(value: () => T) {

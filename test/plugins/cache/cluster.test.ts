@@ -7,6 +7,7 @@ import cachePlugin, { type CachePluginOptions } from '../../../src/plugins/cache
 import metrics from '../../../src/plugins/metrics/index.ts'
 import { createRedisClient, type RedisClient } from '../../../src/plugins/redis/index.ts'
 import { uniquePrefix } from '../../helpers/index.ts'
+import { counter, l1Subscribed } from './fixtures.ts'
 
 // Three masters: the cache's keys land in many slots.
 let cluster: RedisClusterProcess
@@ -36,21 +37,8 @@ async function clusterCache(options: CachePluginOptions): Promise<FastifyInstanc
   return app
 }
 
-/**
- * The L1 is used once its SUBSCRIBE is confirmed (shortly after ready), and emptied then: wait for
- * it, so the reads below are not dropped by that confirmation.
- */
-async function l1Subscribed(app: FastifyInstance): Promise<void> {
-  for (let i = 0; i < 100 && (await l1Hits(app, 'probe')) === 0; i++) {
-    await app.cache.getOrLoad('probe:1', async () => 1)
-    await app.cache.getOrLoad('probe:1', async () => 1)
-    await sleep(10)
-  }
-}
-
-async function l1Hits(app: FastifyInstance, name: string): Promise<number> {
-  const found = await app.metrics.registry.getSingleMetric('cache_l1_hits_total')?.get()
-  return found?.values.find((v) => v.labels.name === name)?.value ?? 0
+function l1Hits(app: FastifyInstance, name: string): Promise<number> {
+  return counter(app, 'cache_l1_hits_total', name)
 }
 
 test('fills, fences, leases, multi-slot invalidation and the L1 channel work on a Redis Cluster', async () => {

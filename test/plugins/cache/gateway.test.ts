@@ -2,7 +2,7 @@ import assert from 'node:assert/strict'
 import { randomUUID } from 'node:crypto'
 import { after, before, describe, test } from 'node:test'
 import { setTimeout as sleep } from 'node:timers/promises'
-import Fastify, { type FastifyInstance } from 'fastify'
+import Fastify from 'fastify'
 import { createPgDatabase } from '../../../src/db/database.ts'
 import { getAccountWithOwner } from '../../../src/ledger/ledger.ts'
 import cachePlugin from '../../../src/plugins/cache/index.ts'
@@ -22,11 +22,7 @@ import {
   USE_PGLITE,
   uniquePrefix,
 } from '../../helpers/index.ts'
-
-async function counter(app: FastifyInstance, metric: string, name: string): Promise<number> {
-  const found = await app.metrics.registry.getSingleMetric(metric)?.get()
-  return found?.values.find((v) => v.labels.name === name)?.value ?? 0
-}
+import { counter } from './fixtures.ts'
 
 let database: TestDatabase
 const closers: Array<() => Promise<unknown>> = []

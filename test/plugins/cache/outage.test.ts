@@ -2,7 +2,7 @@ import assert from 'node:assert/strict'
 import { randomUUID } from 'node:crypto'
 import { after, before, test } from 'node:test'
 import { setTimeout as sleep } from 'node:timers/promises'
-import Fastify, { type FastifyInstance } from 'fastify'
+import Fastify from 'fastify'
 import { Redis } from 'ioredis'
 import { freePort, type RedisServerProcess, startRedisServer } from '../../../src/embedded/redis-server.ts'
 import cachePlugin from '../../../src/plugins/cache/index.ts'
@@ -19,11 +19,7 @@ import {
   type TestDatabase,
   uniquePrefix,
 } from '../../helpers/index.ts'
-
-async function counter(app: FastifyInstance, metric: string, name: string): Promise<number> {
-  const found = await app.metrics.registry.getSingleMetric(metric)?.get()
-  return found?.values.find((v) => v.labels.name === name)?.value ?? 0
-}
+import { counter } from './fixtures.ts'
 
 let database: TestDatabase
 before(async () => {

@@ -22,6 +22,7 @@ import {
   testRedisConnection,
   uniquePrefix,
 } from '../../helpers/index.ts'
+import { counter } from './fixtures.ts'
 
 // What the requests measured send to Redis, on every client of the process: each command by name
 // (scripts by their file's name), and round trips as the client lives them (a new one starts
@@ -83,11 +84,6 @@ async function measure<T>(run: () => Promise<T>): Promise<T & Tally> {
   } finally {
     tally = null
   }
-}
-
-async function counter(app: FastifyInstance, metric: string, name: string): Promise<number> {
-  const found = await app.metrics.registry.getSingleMetric(metric)?.get()
-  return found?.values.find((v) => v.labels.name === name)?.value ?? 0
 }
 
 /** A loader over a mutable source, counting its calls. */

@@ -6,6 +6,7 @@ import cachePlugin, { type CachePluginOptions } from '../../../src/plugins/cache
 import { InvalidationRetry } from '../../../src/plugins/cache/retry.ts'
 import { connectRedis, createRedisClient, type RedisClient } from '../../../src/plugins/redis/index.ts'
 import { testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
+import { signal } from './fixtures.ts'
 
 const apps: FastifyInstance[] = []
 const clients: RedisClient[] = []
@@ -26,15 +27,6 @@ async function cacheApp(options: CachePluginOptions): Promise<FastifyInstance> {
   await app.ready()
   apps.push(app)
   return app
-}
-
-/** A promise and the function that settles it. */
-function signal() {
-  let resolve!: () => void
-  const promise = new Promise<void>((r) => {
-    resolve = r
-  })
-  return { promise, resolve }
 }
 
 before(async () => {

@@ -7,6 +7,7 @@ import cachePlugin, { type CachePluginOptions } from '../../../src/plugins/cache
 import metrics from '../../../src/plugins/metrics/index.ts'
 import { connectRedis, createRedisClient, type RedisClient } from '../../../src/plugins/redis/index.ts'
 import { scanKeys, testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
+import { counter, l1Subscribed, signal } from './fixtures.ts'
 
 // Runs on the Redis the suites use: a single node, or the Redis Cluster under `npm run test:cluster`
 // (tags live in other slots than the entries that carry them).
@@ -39,20 +40,6 @@ async function twoInstances(options: CachePluginOptions = {}) {
   return apps
 }
 
-/** The L1 is used once its pub/sub subscription is confirmed: wait until it answers a probe key. */
-async function l1Subscribed(app: FastifyInstance): Promise<void> {
-  for (let i = 0; i < 100 && (await counter(app, 'cache_l1_hits_total', 'probe')) === 0; i++) {
-    await app.cache.getOrLoad('probe:1', async () => 1)
-    await app.cache.getOrLoad('probe:1', async () => 1)
-    await sleep(10)
-  }
-}
-
-async function counter(app: FastifyInstance, metric: string, name: string): Promise<number> {
-  const found = await app.metrics.registry.getSingleMetric(metric)?.get()
-  return found?.values.find((v) => v.labels.name === name)?.value ?? 0
-}
-
 /** A loader that returns the current value of `source()` and counts its calls. */
 function loader<T>(source: () => T) {
   const counted = async () => {
@@ -61,15 +48,6 @@ function loader<T>(source: () => T) {
   }
   counted.calls = 0
   return counted
-}
-
-/** A promise and the function that settles it. */
-function signal<T = void>() {
-  let resolve!: (value: T) => void
-  const promise = new Promise<T>((r) => {
-    resolve = r
-  })
-  return { promise, resolve }
 }
 
 /** The scripts and commands a client sends, by name, and how many were in flight at once at most. */

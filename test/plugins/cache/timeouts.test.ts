@@ -7,6 +7,7 @@ import cachePlugin, { type CachePluginOptions } from '../../../src/plugins/cache
 import metrics from '../../../src/plugins/metrics/index.ts'
 import { connectRedis, createRedisClient, type RedisClient } from '../../../src/plugins/redis/index.ts'
 import { testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
+import { counter } from './fixtures.ts'
 
 const apps: FastifyInstance[] = []
 const clients: RedisClient[] = []
@@ -27,11 +28,6 @@ async function cacheApp(options: CachePluginOptions = {}): Promise<FastifyInstan
   await app.ready()
   apps.push(app)
   return app
-}
-
-async function counter(app: FastifyInstance, metric: string, name: string): Promise<number> {
-  const found = await app.metrics.registry.getSingleMetric(metric)?.get()
-  return found?.values.find((v) => v.labels.name === name)?.value ?? 0
 }
 
 /** A loader the test controls: each call waits until the test resolves or rejects it. */
