@@ -1,6 +1,5 @@
 import assert from 'node:assert/strict'
 import { type AddressInfo, createServer, type Socket } from 'node:net'
-import { Writable } from 'node:stream'
 import { after, before, describe, test } from 'node:test'
 import Fastify, { type FastifyInstance } from 'fastify'
 import { startRedisServer } from '../../../src/embedded/redis-server.ts'
@@ -23,6 +22,7 @@ import rateLimit, {
 import { identityTag } from '../../../src/plugins/rate-limit/keys.ts'
 import { connectRedis, createRedisClient, type RedisClient } from '../../../src/plugins/redis/index.ts'
 import { scanKeys, testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
+import { loggedApp } from './fixtures.ts'
 
 let redis: RedisClient
 
@@ -32,18 +32,6 @@ before(async () => {
 })
 
 after(() => redis.disconnect())
-
-/** A Fastify app whose JSON log lines are collected. */
-function loggedApp(level = 'warn') {
-  const logs: Array<Record<string, unknown>> = []
-  const stream = new Writable({
-    write(chunk, _encoding, done) {
-      for (const line of String(chunk).split('\n')) if (line) logs.push(JSON.parse(line))
-      done()
-    },
-  })
-  return { app: Fastify({ logger: { level, stream } }), logs }
-}
 
 /** Closes the app and removes the keys of its prefix once the test is over. */
 function cleanUp(t: { after(fn: () => Promise<void>): void }, app: FastifyInstance, prefix?: string) {

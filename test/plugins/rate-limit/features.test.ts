@@ -1,5 +1,4 @@
 import assert from 'node:assert/strict'
-import { Writable } from 'node:stream'
 import { after, before, describe, test } from 'node:test'
 import Fastify, { type FastifyInstance, type FastifyRequest, type InjectOptions } from 'fastify'
 import { memoryStoreOf } from '../../../src/plugins/rate-limit/engine.ts'
@@ -16,6 +15,7 @@ import rateLimit, {
 import { identityTag } from '../../../src/plugins/rate-limit/keys.ts'
 import { connectRedis, createRedisClient, type RedisClient } from '../../../src/plugins/redis/index.ts'
 import { listen, scanKeys, testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
+import { answerStatus, loggedApp } from './fixtures.ts'
 
 // Per-request limits and windows, duration strings, blocks, programmatic use, custom 429s, IPv6
 // grouping and 404s: each against both stores where it concerns the store.
@@ -57,14 +57,7 @@ async function build(
   options: RateLimitPluginOptions = {},
   setup: (app: FastifyInstance) => void = () => {},
 ): Promise<Built> {
-  const logs: Array<Record<string, unknown>> = []
-  const stream = new Writable({
-    write(chunk, _encoding, done) {
-      for (const line of String(chunk).split('\n')) if (line) logs.push(JSON.parse(line))
-      done()
-    },
-  })
-  const app = Fastify({ logger: { level: 'warn', stream } })
+  const { app, logs } = loggedApp()
   const prefix = options.keyPrefix ?? uniquePrefix('rlf')
   prefixes.push(prefix)
   await app.register(rateLimit, {
@@ -73,10 +66,7 @@ async function build(
     ...options,
   })
   for (const [path, rateLimits] of Object.entries(routes)) {
-    app.get(path, { config: { rateLimits } }, async (request, reply) => {
-      const status = Number((request.query as { status?: string }).status ?? 200)
-      return reply.code(status).send({ ok: status < 400 })
-    })
+    app.get(path, { config: { rateLimits } }, answerStatus)
   }
   setup(app)
   await app.ready()

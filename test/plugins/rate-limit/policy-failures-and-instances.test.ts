@@ -1,5 +1,4 @@
 import assert from 'node:assert/strict'
-import { Writable } from 'node:stream'
 import { after, before, describe, test } from 'node:test'
 import Fastify, { type FastifyInstance, type FastifyRequest } from 'fastify'
 import { Redis } from 'ioredis'
@@ -15,6 +14,7 @@ import rateLimit, {
 import { identityTag } from '../../../src/plugins/rate-limit/keys.ts'
 import { connectRedis, createRedisClient, type RedisClient } from '../../../src/plugins/redis/index.ts'
 import { scanKeys, TEST_REDIS_URL, testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
+import { answerStatus, loggedApp } from './fixtures.ts'
 
 let redis: RedisClient
 const prefixes: string[] = []
@@ -56,22 +56,12 @@ async function build(
   routes: Record<string, RouteRateLimit>,
   options: RateLimitPluginOptions = {},
 ): Promise<Built> {
-  const logs: Array<Record<string, unknown>> = []
-  const stream = new Writable({
-    write(chunk, _encoding, done) {
-      for (const line of String(chunk).split('\n')) if (line) logs.push(JSON.parse(line))
-      done()
-    },
-  })
-  const app = Fastify({ logger: { level: 'warn', stream } })
+  const { app, logs } = loggedApp()
   await app.register(metrics, { path: '/metrics', processMetrics: false })
   const prefix = options.keyPrefix ?? newPrefix()
   await app.register(rateLimit, { redis, keyPrefix: prefix, ...options })
   for (const [path, rateLimits] of Object.entries(routes)) {
-    app.get(path, { config: { rateLimits } }, async (request, reply) => {
-      const status = Number((request.query as { status?: string }).status ?? 200)
-      return reply.code(status).send({ ok: status < 400 })
-    })
+    app.get(path, { config: { rateLimits } }, answerStatus)
   }
   await app.ready()
   apps.push(app)
