@@ -20,15 +20,7 @@ import * as subpath from '../../../src/plugins/idempotency/index.ts'
 import { createRedisClient } from '../../../src/plugins/redis/index.ts'
 import { readIdempotencyRecord } from '../../helpers/idempotency-record.ts'
 import { scanKeys, testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
-
-/** A promise the test resolves, so "still running" needs no timing. */
-function gate() {
-  let open!: () => void
-  const opened = new Promise<void>((resolve) => {
-    open = resolve
-  })
-  return { open, opened }
-}
+import { gate } from './fixtures.ts'
 
 /** A logger keeping what it was told. */
 function captureLog() {

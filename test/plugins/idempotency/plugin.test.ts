@@ -13,15 +13,7 @@ import idempotency, {
 import metrics from '../../../src/plugins/metrics/index.ts'
 import redisPlugin, { createRedisClient } from '../../../src/plugins/redis/index.ts'
 import { scanKeys, testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
-
-/** A handler that waits for the test to open it, so "in flight" needs no timing. */
-function gate() {
-  let open!: () => void
-  const opened = new Promise<void>((resolve) => {
-    open = resolve
-  })
-  return { open, opened }
-}
+import { gate } from './fixtures.ts'
 
 interface PluginApp {
   app: FastifyInstance
