@@ -8,14 +8,14 @@ import { parseArgs } from 'node:util'
 import { Redis } from 'ioredis'
 import { createPgDatabase } from '../src/db/database.ts'
 import { migrate } from '../src/db/migrate.ts'
-import { createCustomer, TEST_SECRET } from '../test/helpers.ts'
+import { createCustomer, TEST_SECRET } from '../test/helpers/index.ts'
 import {
   type Actor,
   mixedLoad,
   moneyAndKeyInvariants,
   settle,
   type TransferAttempt,
-} from '../test/mixed-load.ts'
+} from '../test/helpers/mixed-load.ts'
 import { startServer, writeResults } from './lib/runner.ts'
 import { startBenchServices } from './lib/services.ts'
 

@@ -3,7 +3,7 @@ import { after, before, test } from 'node:test'
 import Fastify, { type FastifyInstance } from 'fastify'
 import { Redis as Valkey } from 'iovalkey'
 import { cache, createLock, idempotency, rateLimit, session } from '../src/index.ts'
-import { TEST_SECRET, testRedisConnection, uniquePrefix } from './helpers.ts'
+import { TEST_SECRET, testRedisConnection, uniquePrefix } from './helpers/index.ts'
 
 // Every Redis-backed plugin on an iovalkey client (the Valkey fork of ioredis, its own classes and
 // types): accepted as an ioredis client is, with no cast, and each plugin answers from Redis.

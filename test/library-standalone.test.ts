@@ -8,8 +8,8 @@ import { Redis } from 'ioredis'
 import { type RedisServerProcess, startRedisServer } from '../src/embedded/redis-server.ts'
 import { cache, idempotency, keyBy, metrics, rateLimit, session } from '../src/index.ts'
 import { scriptSources } from '../src/lua/index.ts'
-import { TEST_REDIS_URL, TEST_SECRET, uniquePrefix } from './helpers.ts'
-import { scrape } from './metrics-scrape.ts'
+import { TEST_REDIS_URL, TEST_SECRET, uniquePrefix } from './helpers/index.ts'
+import { scrape } from './helpers/metrics-scrape.ts'
 
 // Each plugin on a plain `new Redis()` the test created, as a user of the package registers it.
 
@@ -30,7 +30,7 @@ before(async () => {
 })
 after(async () => server?.stop())
 
-test('SCRIPT FLUSH mid-run: every plugin keeps answering, and the scripts come back', async () => {
+test('SCRIPT FLUSH mid-run: every plugin keeps answering, and the scripts come back', async (t) => {
   const redis = new Redis(server.url)
   const app = Fastify()
   await app.register(session, { redis, secrets: [TEST_SECRET] })
@@ -51,40 +51,39 @@ test('SCRIPT FLUSH mid-run: every plugin keeps answering, and the scripts come b
     paid: request.body,
     balance: await app.cache.getOrLoad('balance:alice', async () => ++loads),
   }))
-  try {
-    const login = await app.inject({ method: 'POST', url: '/login' })
-    const cookies = { sid: login.cookies.find((c) => c.name === 'sid')!.value }
-    const pay = (key: string) =>
-      app.inject({
-        method: 'POST',
-        url: '/pay',
-        cookies,
-        headers: { 'idempotency-key': key },
-        payload: { n: 1 },
-      })
-    const used = ['rateLimitSlidingLog', 'idempotencyClaim', 'cacheGet'].map(
-      (name) => scriptSources.get(name)!.sha,
-    )
-    const first = await pay('k1')
-    assert.equal(first.statusCode, 200)
-    assert.ok(first.headers.ratelimit, 'decided by Redis')
-    assert.equal(await redis.script('FLUSH'), 'OK')
-    assert.deepEqual(await redis.call('SCRIPT', 'EXISTS', ...used), [0, 0, 0])
-    const [again, next] = [await pay('k1'), await pay('k2')]
-    assert.equal(again.statusCode, 200)
-    assert.equal(again.headers['idempotent-replayed'], 'true')
-    assert.equal(next.statusCode, 200)
-    assert.match(String(next.headers.ratelimit), /^"ip";r=996;/, 'the limiter still counts in Redis')
-    assert.deepEqual(next.json(), { paid: { n: 1 }, balance: 1 })
-    assert.equal(loads, 1, 'the cached balance survived the flush')
-    assert.deepEqual(await redis.call('SCRIPT', 'EXISTS', ...used), [1, 1, 1], 'loaded again on use')
-  } finally {
+  t.after(async () => {
     await app.close()
     await redis.quit()
-  }
+  })
+  const login = await app.inject({ method: 'POST', url: '/login' })
+  const cookies = { sid: login.cookies.find((c) => c.name === 'sid')!.value }
+  const pay = (key: string) =>
+    app.inject({
+      method: 'POST',
+      url: '/pay',
+      cookies,
+      headers: { 'idempotency-key': key },
+      payload: { n: 1 },
+    })
+  const used = ['rateLimitSlidingLog', 'idempotencyClaim', 'cacheGet'].map(
+    (name) => scriptSources.get(name)!.sha,
+  )
+  const first = await pay('k1')
+  assert.equal(first.statusCode, 200)
+  assert.ok(first.headers.ratelimit, 'decided by Redis')
+  assert.equal(await redis.script('FLUSH'), 'OK')
+  assert.deepEqual(await redis.call('SCRIPT', 'EXISTS', ...used), [0, 0, 0])
+  const [again, next] = [await pay('k1'), await pay('k2')]
+  assert.equal(again.statusCode, 200)
+  assert.equal(again.headers['idempotent-replayed'], 'true')
+  assert.equal(next.statusCode, 200)
+  assert.match(String(next.headers.ratelimit), /^"ip";r=996;/, 'the limiter still counts in Redis')
+  assert.deepEqual(next.json(), { paid: { n: 1 }, balance: 1 })
+  assert.equal(loads, 1, 'the cached balance survived the flush')
+  assert.deepEqual(await redis.call('SCRIPT', 'EXISTS', ...used), [1, 1, 1], 'loaded again on use')
 })
 
-test('with @fastify/session, rate limit and idempotency tell callers apart through `principal`', async () => {
+test('with @fastify/session, rate limit and idempotency tell callers apart through `principal`', async (t) => {
   const redis = new Redis(TEST_REDIS_URL)
   const app = Fastify()
   await app.register(fastifyCookie)
@@ -117,39 +116,38 @@ test('with @fastify/session, rate limit and idempotency tell callers apart throu
     run: ++runs,
     user: peerSession(request).get('user'),
   }))
-  try {
-    const cookieOf = async (user: string) => {
-      const res = await app.inject({ method: 'POST', url: `/login/${user}` })
-      return { sessionId: res.cookies.find((c) => c.name === 'sessionId')!.value }
-    }
-    const [alice, bob] = [await cookieOf('alice'), await cookieOf('bob')]
-    const order = (cookies: Record<string, string>, key: string) =>
-      app.inject({
-        method: 'POST',
-        url: '/orders',
-        cookies,
-        headers: { 'idempotency-key': key },
-        payload: {},
-      })
-    // The same key from two users: two orders, neither replays the other's.
-    const [a1, b1] = [await order(alice, 'same-key'), await order(bob, 'same-key')]
-    assert.deepEqual([a1.statusCode, b1.statusCode], [200, 200])
-    assert.deepEqual([a1.json().user, b1.json().user], ['alice', 'bob'])
-    assert.equal(b1.headers['idempotent-replayed'], undefined)
-    // Alice's quota is hers: her third order is refused while bob still has his second.
-    assert.equal((await order(alice, 'a2')).statusCode, 200)
-    const refused = await order(alice, 'a3')
-    assert.equal(refused.statusCode, 429)
-    assert.equal(refused.json().policy, 'per-user')
-    assert.equal((await order(bob, 'b2')).statusCode, 200)
-    assert.equal(runs, 4)
-  } finally {
+  t.after(async () => {
     await app.close()
     await redis.quit()
+  })
+  const cookieOf = async (user: string) => {
+    const res = await app.inject({ method: 'POST', url: `/login/${user}` })
+    return { sessionId: res.cookies.find((c) => c.name === 'sessionId')!.value }
   }
+  const [alice, bob] = [await cookieOf('alice'), await cookieOf('bob')]
+  const order = (cookies: Record<string, string>, key: string) =>
+    app.inject({
+      method: 'POST',
+      url: '/orders',
+      cookies,
+      headers: { 'idempotency-key': key },
+      payload: {},
+    })
+  // The same key from two users: two orders, neither replays the other's.
+  const [a1, b1] = [await order(alice, 'same-key'), await order(bob, 'same-key')]
+  assert.deepEqual([a1.statusCode, b1.statusCode], [200, 200])
+  assert.deepEqual([a1.json().user, b1.json().user], ['alice', 'bob'])
+  assert.equal(b1.headers['idempotent-replayed'], undefined)
+  // Alice's quota is hers: her third order is refused while bob still has his second.
+  assert.equal((await order(alice, 'a2')).statusCode, 200)
+  const refused = await order(alice, 'a3')
+  assert.equal(refused.statusCode, 429)
+  assert.equal(refused.json().policy, 'per-user')
+  assert.equal((await order(bob, 'b2')).statusCode, 200)
+  assert.equal(runs, 4)
 })
 
-test('the metrics plugin registered last still exports every plugin series and Redis client', async () => {
+test('the metrics plugin registered last still exports every plugin series and Redis client', async (t) => {
   const redis = new Redis(TEST_REDIS_URL)
   const app = Fastify()
   await app.register(rateLimit, {
@@ -165,30 +163,29 @@ test('the metrics plugin registered last still exports every plugin series and R
   app.post('/things', { config: { idempotency: true } }, async () =>
     app.cache.getOrLoad('thing:1', async () => 1),
   )
-  try {
-    const send = () =>
-      app.inject({ method: 'POST', url: '/things', headers: { 'idempotency-key': 'k' }, payload: {} })
-    assert.equal((await send()).statusCode, 200)
-    assert.equal((await send()).headers['idempotent-replayed'], 'true')
-    const m = await scrape(app)
-    // Two: the scrape itself is never behind a global policy.
-    assert.equal(m.value('rate_limit_decisions_total', { policy: 'ip', outcome: 'allowed' }), 2)
-    assert.equal(m.value('idempotency_requests_total', { outcome: 'new' }), 1)
-    assert.equal(m.value('idempotency_requests_total', { outcome: 'replayed' }), 1)
-    assert.equal(m.value('cache_misses_total', { name: 'thing' }), 1)
-    // On a Redis that never ran a script, its first EVALSHA answers NOSCRIPT and an EVAL follows: both are timed.
-    const scriptCalls = (command: string) =>
-      m.value('redis_command_duration_seconds_count', { client: 'rate-limit', command }) -
-      m.value('redis_command_errors_total', { client: 'rate-limit', command, reason: 'noscript' })
-    assert.equal(scriptCalls('script:rateLimitGcra'), 2)
-    assert.equal(scriptCalls('script:cacheFill'), 1)
-  } finally {
+  t.after(async () => {
     await app.close()
     await redis.quit()
-  }
+  })
+  const send = () =>
+    app.inject({ method: 'POST', url: '/things', headers: { 'idempotency-key': 'k' }, payload: {} })
+  assert.equal((await send()).statusCode, 200)
+  assert.equal((await send()).headers['idempotent-replayed'], 'true')
+  const m = await scrape(app)
+  // Two: the scrape itself is never behind a global policy.
+  assert.equal(m.value('rate_limit_decisions_total', { policy: 'ip', outcome: 'allowed' }), 2)
+  assert.equal(m.value('idempotency_requests_total', { outcome: 'new' }), 1)
+  assert.equal(m.value('idempotency_requests_total', { outcome: 'replayed' }), 1)
+  assert.equal(m.value('cache_misses_total', { name: 'thing' }), 1)
+  // On a Redis that never ran a script, its first EVALSHA answers NOSCRIPT and an EVAL follows: both are timed.
+  const scriptCalls = (command: string) =>
+    m.value('redis_command_duration_seconds_count', { client: 'rate-limit', command }) -
+    m.value('redis_command_errors_total', { client: 'rate-limit', command, reason: 'noscript' })
+  assert.equal(scriptCalls('script:rateLimitGcra'), 2)
+  assert.equal(scriptCalls('script:cacheFill'), 1)
 })
 
-test('a rate limiter whose Redis is away lets requests through as its policy says, and says so', async () => {
+test('a rate limiter whose Redis is away lets requests through as its policy says, and says so', async (t) => {
   const lines: string[] = []
   const logs = new Writable({
     write(chunk, _encoding, callback) {
@@ -211,27 +208,22 @@ test('a rate limiter whose Redis is away lets requests through as its policy say
     policies: [{ name: 'ip', algorithm: 'fixed-window', limit: 1, windowMs: 60_000, onRedisError: 'open' }],
   })
   app.get('/', async () => 'ok')
-  try {
-    const statuses = []
-    for (let i = 0; i < 3; i++) {
-      const res = await app.inject('/')
-      statuses.push(res.statusCode)
-      assert.equal(res.headers['ratelimit-policy'], '"ip";q=1;w=60', 'the policy is advertised')
-      assert.equal(res.headers.ratelimit, undefined, 'no remaining quota is invented')
-    }
-    assert.deepEqual(statuses, [200, 200, 200])
-    const m = await scrape(app)
-    assert.equal(m.value('rate_limit_redis_unavailable_total'), 3)
-    assert.equal(m.value('rate_limit_decisions_total', { policy: 'ip', outcome: 'degraded_open' }), 3)
-    const warnings = lines.filter((l) =>
-      l.includes('Redis unavailable, policies decide by their onRedisError'),
-    )
-    assert.equal(warnings.length, 1, 'one warning, not one per request')
-    assert.ok(
-      lines.some((l) => /rate-limit plugin: Redis at localhost:1 is not ready at boot/.test(l)),
-      'the boot warning names the address',
-    )
-  } finally {
-    await app.close()
+  t.after(() => app.close())
+  const statuses = []
+  for (let i = 0; i < 3; i++) {
+    const res = await app.inject('/')
+    statuses.push(res.statusCode)
+    assert.equal(res.headers['ratelimit-policy'], '"ip";q=1;w=60', 'the policy is advertised')
+    assert.equal(res.headers.ratelimit, undefined, 'no remaining quota is invented')
   }
+  assert.deepEqual(statuses, [200, 200, 200])
+  const m = await scrape(app)
+  assert.equal(m.value('rate_limit_redis_unavailable_total'), 3)
+  assert.equal(m.value('rate_limit_decisions_total', { policy: 'ip', outcome: 'degraded_open' }), 3)
+  const warnings = lines.filter((l) => l.includes('Redis unavailable, policies decide by their onRedisError'))
+  assert.equal(warnings.length, 1, 'one warning, not one per request')
+  assert.ok(
+    lines.some((l) => /rate-limit plugin: Redis at localhost:1 is not ready at boot/.test(l)),
+    'the boot warning names the address',
+  )
 })

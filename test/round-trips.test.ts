@@ -2,7 +2,7 @@ import assert from 'node:assert/strict'
 import { randomUUID } from 'node:crypto'
 import { after, before, test } from 'node:test'
 import { Redis } from 'ioredis'
-import { buildTestApp, createCustomer, login, type TestApp, type TestCustomer } from './helpers.ts'
+import { buildTestApp, createCustomer, login, type TestApp, type TestCustomer } from './helpers/index.ts'
 
 // Round trips as the client lives them: a new one starts whenever a command is sent while none of
 // the request's commands is in flight. Requests here run one at a time, so every command in the

@@ -64,7 +64,7 @@ interface SseStream {
 }
 
 /**
- * GET /notifications on a connection of its own (test/events-sse.ts's approach): resolves once the
+ * GET /notifications on a connection of its own (test/helpers/events-sse.ts's approach): resolves once the
  * server said `: connected`; each `transfer.received` is timestamped when its frame is parsed.
  */
 function openNotifications(url: string, cookie: string, received: Map<number, Arrival>): Promise<SseStream> {

@@ -1,6 +1,6 @@
 /**
  * Every problem `type` the gateway answers with: the one table behind docs/problems.md (checked by
- * test/openapi-problems.test.ts), the pages served at `/problems/<slug>` (the `type` URIs resolve
+ * test/demo/openapi-problems.test.ts), the pages served at `/problems/<slug>` (the `type` URIs resolve
  * there) and the problem responses of the OpenAPI document.
  */
 export interface ProblemType {

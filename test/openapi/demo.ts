@@ -1,6 +1,6 @@
 import { fileURLToPath } from 'node:url'
 import { seedDemo } from '../../src/ledger/seed.ts'
-import { buildTestApp, listen, type TestApp } from '../helpers.ts'
+import { buildTestApp, listen, type TestApp } from '../helpers/index.ts'
 
 export const ROOT = fileURLToPath(new URL('../../', import.meta.url))
 

@@ -1,12 +1,12 @@
 // The README's walk-through, written against the client generated from the served OpenAPI document
 // (openapi-typescript types + openapi-fetch) and nothing else: no hand-written request, no path, header
-// or body the document does not declare. test/openapi-client.test.ts generates the types, type-checks
+// or body the document does not declare. test/demo/openapi-client.test.ts generates the types, type-checks
 // this file against them and runs it against a real server. By hand, against `npm start`:
 //   npx tsx test/openapi/walkthrough.ts http://127.0.0.1:3000
 import assert from 'node:assert/strict'
 import { randomUUID } from 'node:crypto'
 import { pathToFileURL } from 'node:url'
-// The generated types: a temporary file in test/openapi-client.test.ts (see generated-client.d.ts).
+// The generated types: a temporary file in test/demo/openapi-client.test.ts (see generated-client.d.ts).
 import type { paths } from 'gateway-openapi-client'
 import createClient, { type Middleware } from 'openapi-fetch'
 

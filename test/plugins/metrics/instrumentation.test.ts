@@ -1,0 +1,211 @@
+import assert from 'node:assert/strict'
+import { after, before, describe, test } from 'node:test'
+import Fastify, { type FastifyInstance } from 'fastify'
+import { Redis } from 'ioredis'
+import postgres from '../../../src/db/plugin.ts'
+import { startRedisServer } from '../../../src/embedded/redis-server.ts'
+import { runScript } from '../../../src/lua/index.ts'
+import metrics from '../../../src/plugins/metrics/index.ts'
+import redis, { createRedisClient } from '../../../src/plugins/redis/index.ts'
+import { createTestDatabase, type TestDatabase, uniquePrefix } from '../../helpers/index.ts'
+import { delta, scrape } from '../../helpers/metrics-scrape.ts'
+
+const REDIS_COUNT = 'redis_command_duration_seconds_count'
+const REDIS_ERRORS = 'redis_command_errors_total'
+
+async function appWith(register: (app: FastifyInstance) => Promise<void>): Promise<FastifyInstance> {
+  const app = Fastify({ logger: false })
+  await app.register(metrics, { processMetrics: false })
+  await register(app)
+  await app.ready()
+  return app
+}
+
+describe('Redis commands', () => {
+  // A dedicated server: it is paused and stopped by these tests.
+  let server: Awaited<ReturnType<typeof startRedisServer>>
+  let app: FastifyInstance
+  const prefix = uniquePrefix('m')
+  before(async () => {
+    server = await startRedisServer()
+    app = await appWith(async (a) => {
+      await a.register(redis, { url: server.url, commandTimeoutMs: 200 })
+    })
+  })
+  after(async () => {
+    await app?.close()
+    await server?.stop()
+  })
+
+  test('each command is counted once under its name, scripts under their file name', async () => {
+    const before = await scrape(app)
+    await app.redis.set(`${prefix}a`, '1')
+    await app.redis.get(`${prefix}a`)
+    await app.redis.pipeline().get(`${prefix}a`).get(`${prefix}b`).exec()
+    // On this fresh server the first run's EVALSHA gets NOSCRIPT and runScript sends EVAL; the
+    // second run's EVALSHA is answered: all three named after the file.
+    await runScript(app.redis, 'lockHolder', [`${prefix}{s}`, `${prefix}{s}:fence`])
+    await runScript(app.redis, 'lockHolder', [`${prefix}{s}`, `${prefix}{s}:fence`])
+    const moved = delta(before, await scrape(app))
+    assert.equal(moved(REDIS_COUNT, { client: 'main', command: 'set' }), 1)
+    assert.equal(moved(REDIS_COUNT, { client: 'main', command: 'get' }), 3)
+    assert.equal(moved(REDIS_COUNT, { client: 'main', command: 'script:lockHolder' }), 3)
+    assert.equal(moved(REDIS_COUNT, { client: 'main', command: 'script:unknown' }), 0)
+    // The one NOSCRIPT is the only error, counted as such.
+    assert.equal(moved(REDIS_ERRORS), 1)
+    assert.equal(moved(REDIS_ERRORS, { client: 'main', command: 'script:lockHolder', reason: 'noscript' }), 1)
+  })
+
+  test('a command beyond the timeout is an error with reason timeout', async (t) => {
+    const admin = new Redis(server.url)
+    t.after(async () => {
+      await admin.client('UNPAUSE')
+      admin.disconnect()
+    })
+    await admin.client('PAUSE', 1000, 'ALL')
+    const before = await scrape(app)
+    await assert.rejects(app.redis.get(`${prefix}a`), /timed out/i)
+    const moved = delta(before, await scrape(app))
+    assert.equal(moved(REDIS_ERRORS, { client: 'main', command: 'get', reason: 'timeout' }), 1)
+    assert.equal(moved(REDIS_COUNT, { client: 'main', command: 'get' }), 1)
+  })
+
+  test('two apps sharing a client count separately; a closed app stops counting', async (t) => {
+    const client = createRedisClient({ url: server.url })
+    const first = await appWith(async (a) => {
+      await a.register(redis, { redis: client })
+    })
+    const second = await appWith(async (a) => {
+      await a.register(redis, { redis: client })
+    })
+    t.after(async () => {
+      await first.close()
+      await second.close()
+      await client.quit()
+    })
+    const [before1, before2] = [await scrape(first), await scrape(second)]
+    await client.get(`${prefix}shared`)
+    assert.equal(delta(before1, await scrape(first))(REDIS_COUNT, { command: 'get' }), 1)
+    assert.equal(delta(before2, await scrape(second))(REDIS_COUNT, { command: 'get' }), 1)
+    await first.close()
+    const after2 = await scrape(second)
+    const closedBefore = (await first.metrics.registry.getSingleMetricAsString(
+      'redis_command_duration_seconds',
+    )) as string
+    await client.get(`${prefix}shared`)
+    assert.equal(delta(after2, await scrape(second))(REDIS_COUNT, { command: 'get' }), 1)
+    assert.equal(
+      await first.metrics.registry.getSingleMetricAsString('redis_command_duration_seconds'),
+      closedBefore,
+    )
+  })
+
+  test('observeRedis labels another client by the name it is given, once', async (t) => {
+    const cacheClient = createRedisClient({ url: server.url })
+    await cacheClient.connect()
+    t.after(() => cacheClient.disconnect())
+    app.metrics.observeRedis(cacheClient, 'cache')
+    app.metrics.observeRedis(cacheClient, 'cache')
+    const before = await scrape(app)
+    await cacheClient.get(`${prefix}c`)
+    const moved = delta(before, await scrape(app))
+    assert.equal(moved(REDIS_COUNT, { client: 'cache', command: 'get' }), 1)
+    assert.equal(moved(REDIS_COUNT, { client: 'main' }), 0)
+  })
+
+  test('commands to a stopped Redis fail fast and count as connection errors', async () => {
+    await server.stop()
+    const before = await scrape(app)
+    await assert.rejects(app.redis.get(`${prefix}a`))
+    const moved = delta(before, await scrape(app))
+    assert.equal(moved(REDIS_ERRORS, { client: 'main', command: 'get', reason: 'connection' }), 1)
+  })
+})
+
+describe('Postgres statements, transactions and pool', () => {
+  let database: TestDatabase
+  let app: FastifyInstance
+  before(async () => {
+    database = await createTestDatabase()
+    app = await appWith(async (a) => {
+      await a.register(postgres, { database: database.db, migrate: false })
+    })
+  })
+  after(async () => {
+    await app?.close()
+    await database?.drop()
+  })
+
+  test('statements by keyword and outcome, transactions by outcome', async () => {
+    const before = await scrape(app)
+    await app.db.query('SELECT 1')
+    await app.db.transaction(async (tx) => tx.query('SELECT 2'))
+    await assert.rejects(
+      app.db.transaction(async (tx) => {
+        await tx.query('SELECT 3')
+        throw new Error('abandon')
+      }),
+      /abandon/,
+    )
+    await assert.rejects(app.db.query('SELECT no_such_column FROM customers'))
+    const moved = delta(before, await scrape(app))
+    const statements = (statement: string, outcome = 'ok') =>
+      moved('db_query_duration_seconds_count', { statement, outcome })
+    assert.equal(statements('SELECT'), 3)
+    assert.equal(statements('SELECT', 'error'), 1)
+    // PGlite runs BEGIN/COMMIT inside its own transaction(), not as statements of ours.
+    if (database.db.kind === 'postgres') {
+      assert.equal(statements('BEGIN'), 2)
+      assert.equal(statements('COMMIT'), 1)
+      assert.equal(statements('ROLLBACK'), 1)
+    }
+    assert.equal(moved('db_transaction_duration_seconds_count', { outcome: 'commit' }), 1)
+    assert.equal(moved('db_transaction_duration_seconds_count', { outcome: 'rollback' }), 1)
+  })
+
+  test('pool gauges report the pool', async () => {
+    // pg drops a connection whose query failed; one successful query leaves one idle.
+    await app.db.query('SELECT 1')
+    const now = await scrape(app)
+    if (database.db.kind === 'pglite') {
+      assert.equal(now.value('db_pool_connections'), 0)
+      return
+    }
+    assert.equal(now.value('db_pool_connections', { state: 'max' }), 20)
+    assert.equal(now.value('db_pool_connections', { state: 'active' }), 0)
+    assert.ok(now.value('db_pool_connections', { state: 'idle' }) >= 1)
+    assert.equal(now.value('db_pool_waiting_requests'), 0)
+  })
+
+  test('after close the database is no longer observed', async () => {
+    const other = await appWith(async (a) => {
+      await a.register(postgres, { database: database.db, migrate: false })
+    })
+    const read = () => other.metrics.registry.getSingleMetricAsString('db_query_duration_seconds')
+    await other.db.query('SELECT 1')
+    await other.close()
+    const closed = await read()
+    await database.db.query('SELECT 1')
+    assert.equal(await read(), closed)
+    assert.match(closed, /db_query_duration_seconds_count\{statement="SELECT",outcome="ok"\} 1/)
+  })
+})
+
+test('the plugin alone: HTTP histogram by route pattern; path false serves nothing', async (t) => {
+  const app = await appWith(async (a) => {
+    a.get('/items/:id', async () => ({ ok: true }))
+  })
+  const hidden = await appWith(async () => {})
+  const bare = Fastify({ logger: false })
+  await bare.register(metrics, { path: false, processMetrics: false })
+  t.after(() => Promise.all([app.close(), hidden.close(), bare.close()]))
+  await app.inject({ url: '/items/1' })
+  await app.inject({ url: '/items/2' })
+  const now = await scrape(app)
+  assert.equal(
+    now.value('http_request_duration_seconds_count', { route: '/items/:id', status: '200', method: 'GET' }),
+    2,
+  )
+  assert.ok((await hidden.inject({ url: '/metrics' })).body.includes('http_request_duration_seconds'))
+  assert.equal((await bare.inject({ url: '/metrics' })).statusCode, 404)
+})
