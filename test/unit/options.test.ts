@@ -26,6 +26,16 @@ function thrown<E extends Error>(fn: () => unknown, kind: new (...args: never[])
   assert.fail(`expected a ${kind.name}, nothing was thrown`)
 }
 
+/** Each case's value is refused with an InvalidOptionError whose message matches the case's. */
+function refusesEach<V>(cases: Array<[V, RegExp]>, check: (value: V) => unknown): void {
+  for (const [value, message] of cases)
+    assert.throws(
+      () => check(value),
+      (err) => err instanceof InvalidOptionError && message.test(err.message),
+      `${JSON.stringify(value)} should fail with ${message}`,
+    )
+}
+
 const SECRET = 'a-secret-of-at-least-32-characters!!'
 
 describe('optionChecker', () => {
@@ -197,12 +207,7 @@ describe('rate-limit policy options', () => {
       [{ onExceeded: 'log' }, /`onExceeded` must be a function/],
       [{ allowList: '127.0.0.1' }, /`allowList` must be an array of IP strings or a function/],
     ]
-    for (const [extra, message] of cases)
-      assert.throws(
-        () => normalizePolicy(policy(extra)),
-        (err) => err instanceof InvalidOptionError && message.test(err.message),
-        `${JSON.stringify(extra)} should fail with ${message}`,
-      )
+    refusesEach(cases, (extra) => normalizePolicy(policy(extra)))
   })
 
   test('algorithm-specific rules: the token bucket takes no window, gcra caps its rate, penalties need a fixed window', () => {
@@ -307,12 +312,7 @@ describe('session plugin options', () => {
       [options({ keyPrefix: 1 }), /`keyPrefix` must be a string/],
       [options({ connectTimeoutMs: -1 }), /`connectTimeoutMs` must be a whole number/],
     ]
-    for (const [value, message] of cases)
-      assert.throws(
-        () => validateOptions(value as SessionPluginOptions),
-        (err) => err instanceof InvalidOptionError && message.test(err.message),
-        `${JSON.stringify(value)} should fail with ${message}`,
-      )
+    refusesEach(cases, (value) => validateOptions(value as SessionPluginOptions))
   })
 })
 
@@ -357,12 +357,7 @@ describe('idempotency plugin options', () => {
       [{ connectTimeoutMs: 1.5 }, /`connectTimeoutMs` must be a whole number/],
       [{ allowEviction: 'no' }, /`allowEviction` must be a boolean/],
     ]
-    for (const [value, message] of cases)
-      assert.throws(
-        () => resolveOptions(value as IdempotencyPluginOptions),
-        (err) => err instanceof InvalidOptionError && message.test(err.message),
-        `${JSON.stringify(value)} should fail with ${message}`,
-      )
+    refusesEach(cases, (value) => resolveOptions(value as IdempotencyPluginOptions))
   })
 
   test("a route's config.idempotency: true or false, or an object of known keys overriding the plugin's", () => {
@@ -390,11 +385,6 @@ describe('idempotency plugin options', () => {
       [{ keyFrom: 'header' }, /`config.idempotency.keyFrom` must be a function/],
       [{ onReplay: 1 }, /`config.idempotency.onReplay` must be a function/],
     ]
-    for (const [value, message] of cases)
-      assert.throws(
-        () => resolveRouteConfig(value, defaults, 'POST /x'),
-        (err) => err instanceof InvalidOptionError && message.test(err.message),
-        `${JSON.stringify(value)} should fail with ${message}`,
-      )
+    refusesEach(cases, (value) => resolveRouteConfig(value, defaults, 'POST /x'))
   })
 })
