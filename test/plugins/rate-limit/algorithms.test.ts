@@ -29,16 +29,20 @@ before(async () => {
 })
 
 after(async () => {
-  for (const app of apps) await app.close()
-  // No rate-limit key may outlive its window: every one carries a TTL.
-  const keys = await scanKeys(redis, prefix)
-  const ttls = await Promise.all(keys.map((k) => redis.pttl(k)))
-  assert.deepEqual(
-    // -2: a short-window key expired between SCAN and PTTL, which is what a TTL is for.
-    keys.filter((_, i) => ttls[i] === -1),
-    [],
-  )
-  redis.disconnect()
+  try {
+    for (const app of apps) await app.close()
+    // No rate-limit key may outlive its window: every one carries a TTL.
+    const keys = await scanKeys(redis, prefix)
+    const ttls = await Promise.all(keys.map((k) => redis.pttl(k)))
+    assert.deepEqual(
+      // -2: a short-window key expired between SCAN and PTTL, which is what a TTL is for.
+      keys.filter((_, i) => ttls[i] === -1),
+      [],
+    )
+  } finally {
+    // A failed check must not leave the client open: the file's process would never end.
+    redis?.disconnect()
+  }
 })
 
 type Routes = Record<string, RouteRateLimit>
