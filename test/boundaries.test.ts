@@ -297,3 +297,13 @@ test('the layer check catches an import up the layers, a file in no layer and a 
     [],
   )
 })
+
+/** Past this a file holds more than one responsibility: split it by what each part does. */
+const MAX_SOURCE_LINES = 450
+
+test(`no source file is over ${MAX_SOURCE_LINES} lines`, () => {
+  const long = sourceFiles(src)
+    .map((path) => ({ file: relative(src, path), lines: readFileSync(path, 'utf8').split('\n').length }))
+    .filter(({ lines }) => lines > MAX_SOURCE_LINES)
+  assert.deepEqual(long, [])
+})
