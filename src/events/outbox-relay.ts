@@ -1,3 +1,4 @@
+import { randomUUID } from 'node:crypto'
 import type { Database, Queryable } from '../db/database.ts'
 import { appendJsonEntries, type RedisClient } from '../index.ts'
 
@@ -54,6 +55,9 @@ export interface OutboxRelay {
   /** Stops the timer and waits for a running pass (its transaction commits or rolls back). */
   stop(): Promise<void>
 }
+
+/** How long a loss check's canary outlives a check that died before deleting it. */
+const CANARY_TTL_MS = 600_000
 
 /** An event's columns in outbox_events. */
 const COLUMNS =
@@ -129,6 +133,7 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
   let stopped = true
   /** The loss check's search reads transfers above this id only (see refillAfterLoss). */
   let searchAbove = 0
+  const epochKey = `${stream}:relay-epoch`
 
   /**
    * Claims a batch by deleting it (outbox_events holds only the backlog); the delete only counts if
@@ -162,11 +167,18 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
    *   another relay's newer, committed ones.
    * - Redis lost only its newest writes (failover to a replica that had not got them): the stream's
    *   newest event ids are behind the newest relayed one (`newestEventOnTail`).
+   * A check after a restart first sets a canary key of its own. Redis losing its data again before
+   * the check set the epoch key takes the canary too: what the check read (the relayed events, the
+   * stream's head) was from before that loss, so the epoch key it set is dropped again and the next
+   * check refills (duplicates, which consumers absorb) instead of taking the stream for whole.
    */
   async function refillAfterLoss(): Promise<void> {
     // While Redis is unreachable there is nothing to compare with, and the query below walks back
     // over the growing backlog: skip it.
     if (redis.status !== 'ready') return
+    const restarted = (await redis.exists(epochKey)) === 0
+    const canary = restarted ? `${epochKey}:check:${randomUUID()}` : null
+    if (canary) await redis.set(canary, '1', 'PX', CANARY_TTL_MS)
     const [bounds] = await db.query<{ newest: string; backlog_from: string | null }>(
       `SELECT coalesce(max(id), 0)::text AS newest, (SELECT min(id) FROM outbox_events)::text AS backlog_from
        FROM transfers`,
@@ -184,17 +196,16 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
       // backlog now: the next search starts below both. (A transfer below `newest` still
       // committing now is found only once a newer event is relayed.)
       searchAbove = bounds!.backlog_from ? Math.min(newest, Number(bounds!.backlog_from) - 1) : newest
+      if (canary) await redis.del(canary)
       return
     }
     const relayed = Number(row.id)
     // The newest relayed event only moves up, unless a refill puts it back in the backlog (then
     // the search finds nothing above it until it is relayed again, and starts from the backlog).
     searchAbove = relayed - 1
-    const epochKey = `${stream}:relay-epoch`
     let lostAfter = 0
     /** Events appended since the restart: not lost. */
     let onStream: number[] = []
-    const restarted = (await redis.exists(epochKey)) === 0
     if (restarted) {
       const head = (await redis.xrange(stream, '-', '+', 'COUNT', 10 * batch)) as Array<[string, string[]]>
       onStream = head.map(eventIdOf).filter((id) => id !== null)
@@ -214,7 +225,10 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
     )
     // Set only once the refill is in the backlog: a relay that dies before this leaves the next
     // check to find the key missing and refill again (duplicates, which consumers absorb).
-    if (restarted) await redis.set(epochKey, String(Date.now()))
+    if (!canary) return
+    await redis.set(epochKey, String(Date.now()))
+    // The canary gone: Redis lost its data since this check began (see above).
+    if ((await redis.del(canary)) === 0) await redis.del(epochKey)
   }
 
   /**

@@ -505,6 +505,55 @@ test('Redis restarted empty, then an older batch appended first: the newer event
   await t.assertEveryEventOnce()
 })
 
+test('Redis loses its data again while the first check after a restart runs: a later check still refills', async (context) => {
+  const t = await relayedOnOwnRedis()
+  context.after(() => t.close())
+  const epochKey = `${t.stream}:relay-epoch`
+  assert.equal(await t.redis.exists(epochKey), 0, 'no check has found a relayed event yet')
+  // The check sees the twenty on the stream (nothing to refill); Redis loses everything just
+  // before it sets the epoch key.
+  let flushed = false
+  const losing = new Proxy(t.redis, {
+    get(target, property) {
+      if (property === 'set')
+        return async (...args: Parameters<typeof target.set>) => {
+          if (args[0] === epochKey && !flushed) {
+            flushed = true
+            await target.flushall()
+          }
+          return target.set(...args)
+        }
+      const value = Reflect.get(target, property, target)
+      return typeof value === 'function' ? value.bind(target) : value
+    },
+  })
+  const relay = createOutboxRelay({
+    db: t.db,
+    redis: losing,
+    stream: t.stream,
+    retention: 10_000,
+    intervalMs: 1000,
+  })
+  assert.equal(await relay.relayPending(), 0)
+  assert.ok(flushed, 'the data loss happened inside the check')
+  assert.equal(
+    await t.redis.exists(epochKey),
+    0,
+    'the check that overlapped the loss did not mark the stream checked',
+  )
+  // A commit's wake-up (no loss check) relays newer events onto the empty stream first.
+  await t.transfer(5)
+  const newer = await t.db.query<{ id: string }>('DELETE FROM outbox_events RETURNING id::text AS id')
+  await appendEvents(
+    t.redis,
+    t.stream,
+    newer.map((r) => r.id),
+  )
+  assert.equal(await relay.relayPending(), 20, 'the twenty lost go back to the stream')
+  await t.assertEveryEventOnce()
+  assert.deepEqual(await t.redis.keys(`${epochKey}:check:*`), [], 'no canary left behind')
+})
+
 test('a loss check reads the transfers since the previous check, never more than the retention, where most wrote no event', async (t) => {
   const database = await createTestDatabase()
   const redis = new Redis(TEST_REDIS_URL)
