@@ -161,10 +161,10 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
    * unbounded walk back from the newest transfer would step over every transfer without an event
    * (instances with OUTBOX=off, or all of them) on every timed pass.
    * - Redis restarted without its data: the key `<stream>:relay-epoch`, set after each such check,
-   *   is gone. Every relayed event is lost but those relays appended to the empty stream since
-   *   (read up to 10 batches from its start; any beyond are relayed twice). The stream's oldest
-   *   entry is no boundary: a relay whose pass the restart broke appends its older events after
-   *   another relay's newer, committed ones.
+   *   is gone. Every relayed event (up to the newest transfer, see the insert) is lost but those
+   *   relays appended to the empty stream since (read up to 10 batches from its start; any beyond
+   *   are relayed twice). The stream's oldest entry is no boundary: a relay whose pass the restart
+   *   broke appends its older events after another relay's newer, committed ones.
    * - Redis lost only its newest writes (failover to a replica that had not got them): the stream's
    *   newest event ids are behind the newest relayed one (`newestEventOnTail`).
    * A check after a restart first sets a canary key of its own. Redis losing its data again before
@@ -221,7 +221,11 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
        WHERE t.has_event AND t.id > GREATEST($1::bigint, $2::bigint) AND t.id <= $3::bigint
          AND t.id <> ALL ($4::bigint[])
        ON CONFLICT (id) DO NOTHING`,
-      [lostAfter, relayed - retention, relayed, onStream],
+      // After a restart, up to the newest transfer rather than the newest relayed event: another
+      // instance's relay may have appended an event to the lost stream and not yet committed its
+      // claim when Postgres was read. Its row, still in the backlog then, makes the insert wait for
+      // that claim: committed, the event is refilled; rolled back, the row stays in the backlog.
+      [lostAfter, relayed - retention, restarted ? newest : relayed, onStream],
     )
     // Set only once the refill is in the backlog: a relay that dies before this leaves the next
     // check to find the key missing and refill again (duplicates, which consumers absorb).

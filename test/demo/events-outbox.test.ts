@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict'
 import { randomUUID } from 'node:crypto'
 import { after, before, test } from 'node:test'
+import { setTimeout as sleep } from 'node:timers/promises'
 import { Redis } from 'ioredis'
 import type { Queryable } from '../../src/db/database.ts'
 import { startRedisServer } from '../../src/embedded/redis-server.ts'
@@ -552,6 +553,46 @@ test('Redis loses its data again while the first check after a restart runs: a l
   assert.equal(await relay.relayPending(), 20, 'the twenty lost go back to the stream')
   await t.assertEveryEventOnce()
   assert.deepEqual(await t.redis.keys(`${epochKey}:check:*`), [], 'no canary left behind')
+})
+
+test("Redis restarted while another instance's relay had appended its batch and not yet committed: the check refills that batch too", async (context) => {
+  const t = await relayedOnOwnRedis()
+  context.after(() => t.close())
+  await t.transfer(3)
+  // The other relay claimed the three newest (its delete not committed yet) and appended them to
+  // the stream; then Redis restarted empty, taking them along.
+  let commitClaim!: () => void
+  const claimCommitted = t.db.transaction(async (tx) => {
+    await tx.query('DELETE FROM outbox_events')
+    await new Promise<void>((resolve) => {
+      commitClaim = resolve
+    })
+  })
+  while (!commitClaim) await sleep(10)
+  await t.redis.flushall()
+  // This instance's check runs now: for Postgres those three are still in the backlog.
+  let settled = false
+  const checked = t.relay.relayPending().finally(() => {
+    settled = true
+  })
+  // Its refill waits on the claimed rows (pg_stat_activity shows it) until the claim commits; a
+  // check that leaves them out of its refill does not wait.
+  while (!settled) {
+    const [waiting] = await t.db.query<{ n: number }>(
+      `SELECT count(*)::int AS n FROM pg_stat_activity
+       WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO outbox_events%'`,
+    )
+    if (waiting!.n > 0) break
+    await sleep(10)
+  }
+  commitClaim()
+  await claimCommitted
+  assert.equal(
+    await checked,
+    23,
+    'the twenty relayed earlier and the three whose claim straddled the restart',
+  )
+  await t.assertEveryEventOnce()
 })
 
 test('a loss check reads the transfers since the previous check, never more than the retention, where most wrote no event', async (t) => {
