@@ -34,6 +34,10 @@ const files = readdirSync(folder)
   .filter((file) => file.endsWith('.model.ts'))
   .sort()
 const chosen = values.model ? files.filter((file) => file === `${values.model}.model.ts`) : files
+if (files.length === 0 && values.model === undefined) {
+  console.log('no models in test/model yet')
+  process.exit(0)
+}
 if (chosen.length === 0) {
   const names = files.map((file) => file.replace(/\.model\.ts$/, '')).join(', ')
   console.error(`no model named ${values.model}; the models: ${names}`)
