@@ -9,7 +9,13 @@ import { parseArgs } from 'node:util'
 const USAGE =
   'usage: npm run test:model -- [--model NAME] [--runs N] [--time-limit MS] [--seed=S --path P [--replay-path R]]'
 
+// `--seed -5` would read -5 as a flag: join a seed given apart into `--seed=-5`.
+const args = process.argv.slice(2)
+const seedAt = args.indexOf('--seed')
+if (seedAt >= 0 && seedAt + 1 < args.length) args.splice(seedAt, 2, `--seed=${args[seedAt + 1]}`)
+
 const { values } = parseArgs({
+  args,
   options: {
     model: { type: 'string' },
     runs: { type: 'string' },
