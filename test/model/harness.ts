@@ -135,6 +135,8 @@ export function modelTest<Model extends object, Real>(spec: ModelSpec<Model, Rea
       ),
       {
         maxCommands: spec.maxCommands ?? 40,
+        // Without it fast-check's default size caps a run far below maxCommands.
+        size: 'max',
         ...(replaying && settings.replayPath ? { replayPath: settings.replayPath } : {}),
       },
     )
