@@ -7,7 +7,7 @@ import { loadConfig } from '../../src/config.ts'
 import { createPgDatabase, createPgliteDatabase, type Database } from '../../src/db/database.ts'
 import { migrate } from '../../src/db/migrate.ts'
 import { hashPassword } from '../../src/ledger/passwords.ts'
-import type { RedisClient } from '../../src/plugins/common/redis.ts'
+import { connectRedis, type RedisClient } from '../../src/plugins/common/redis.ts'
 
 // Tests read their own settings here; the gateway itself only reads the environment in src/config.ts.
 export const TEST_REDIS_URL = process.env.TEST_REDIS_URL ?? 'redis://127.0.0.1:6379'
@@ -161,10 +161,36 @@ export async function listen(app: FastifyInstance): Promise<string> {
   return app.listen({ port: 0, host: '127.0.0.1' })
 }
 
-/** Every key under a prefix (SCAN, never KEYS). */
-export async function scanKeys(redis: RedisClient, prefix: string): Promise<string[]> {
+/**
+ * Runs `fn` on a client of its own, connected to the same Redis as `redis`, with a 30 s command
+ * bound, and closes it after. A suite's client carries the plugins' short command timer (500 ms by
+ * default), which a loaded machine overruns: its checks and cleanups then failed with "Command timed
+ * out" although Redis was fine.
+ */
+export async function withOwnClient<T>(
+  redis: RedisClient,
+  fn: (client: RedisClient) => Promise<T>,
+): Promise<T> {
+  const bound = 30_000
+  const client: RedisClient =
+    'nodes' in redis
+      ? redis.duplicate(undefined, {
+          lazyConnect: true,
+          redisOptions: { ...redis.options.redisOptions, commandTimeout: bound },
+        })
+      : redis.duplicate({ lazyConnect: true, commandTimeout: bound })
+  client.on('error', () => {})
+  try {
+    await connectRedis(client)
+    return await fn(client)
+  } finally {
+    client.disconnect()
+  }
+}
+
+async function scanOn(client: RedisClient, prefix: string): Promise<string[]> {
   const keys: string[] = []
-  const nodes = 'nodes' in redis ? redis.nodes('master') : [redis]
+  const nodes = 'nodes' in client ? client.nodes('master') : [client]
   for (const node of nodes) {
     let cursor = '0'
     do {
@@ -174,6 +200,37 @@ export async function scanKeys(redis: RedisClient, prefix: string): Promise<stri
     } while (cursor !== '0')
   }
   return keys
+}
+
+/** Every key under a prefix (SCAN, never KEYS), on a client of its own (`withOwnClient`). */
+export async function scanKeys(redis: RedisClient, prefix: string): Promise<string[]> {
+  return withOwnClient(redis, (client) => scanOn(client, prefix))
+}
+
+/**
+ * A suite's closing check: the keys under `prefix` that carry no TTL (PTTL -1; a key that expired
+ * between SCAN and PTTL is what a TTL is for). With `remove`, every key under the prefix is then
+ * deleted. On a client of its own (`withOwnClient`).
+ */
+export async function keysWithoutTtl(
+  redis: RedisClient,
+  prefix: string,
+  { remove = false }: { remove?: boolean } = {},
+): Promise<string[]> {
+  return withOwnClient(redis, async (client) => {
+    const keys = await scanOn(client, prefix)
+    const ttls = await Promise.all(keys.map((key) => client.pttl(key)))
+    // One DEL per key: on a Cluster the keys of different identities live in different slots.
+    if (remove) await Promise.all(keys.map((key) => client.del(key)))
+    return keys.filter((_, i) => ttls[i] === -1)
+  })
+}
+
+/** Deletes every key under a prefix, on a client of its own (`withOwnClient`): a suite's cleanup. */
+export async function deleteKeys(redis: RedisClient, prefix: string): Promise<void> {
+  await withOwnClient(redis, async (client) => {
+    await Promise.all((await scanOn(client, prefix)).map((key) => client.del(key)))
+  })
 }
 
 /** Ledger invariants that must hold after any test that moves money. */

@@ -21,7 +21,7 @@ import rateLimit, {
 } from '../../../src/plugins/rate-limit/index.ts'
 import { identityTag } from '../../../src/plugins/rate-limit/keys.ts'
 import { connectRedis, createRedisClient, type RedisClient } from '../../../src/plugins/redis/index.ts'
-import { scanKeys, testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
+import { deleteKeys, scanKeys, testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
 import { loggedApp } from './fixtures.ts'
 
 let redis: RedisClient
@@ -37,7 +37,7 @@ after(() => redis.disconnect())
 function cleanUp(t: { after(fn: () => Promise<void>): void }, app: FastifyInstance, prefix?: string) {
   t.after(async () => {
     await app.close()
-    if (prefix) for (const key of await scanKeys(redis, prefix)) await redis.del(key)
+    if (prefix) await deleteKeys(redis, prefix)
   })
 }
 

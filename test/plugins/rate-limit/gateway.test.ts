@@ -5,9 +5,10 @@ import {
   buildTestApp,
   createCustomer,
   createTestDatabase,
+  deleteKeys,
+  keysWithoutTtl,
   listen,
   login,
-  scanKeys,
   type TestApp,
   type TestDatabase,
 } from '../../helpers/index.ts'
@@ -26,14 +27,7 @@ before(async () => {
 })
 after(async () => {
   for (const t of apps) {
-    const keys = await scanKeys(t.redis, `${t.prefix}rl:`)
-    const ttls = await Promise.all(keys.map((k) => t.redis.pttl(k)))
-    assert.deepEqual(
-      // -2: a short-window key expired between SCAN and PTTL, which is what a TTL is for.
-      keys.filter((_, i) => ttls[i] === -1),
-      [],
-      'every rate-limit key has a TTL',
-    )
+    assert.deepEqual(await keysWithoutTtl(t.redis, `${t.prefix}rl:`), [], 'every rate-limit key has a TTL')
     await t.close()
   }
   await database.drop()
@@ -128,10 +122,10 @@ test('transfer replays and key mismatches give their quota back; real transfers 
     assert.deepEqual(await post(first, 2), mismatch)
   }
   // Redis loses the records: the transfer row answers the replay and the mismatch.
-  for (const key of await scanKeys(redis, `${prefix}idem:`)) await redis.del(key)
+  await deleteKeys(redis, `${prefix}idem:`)
   for (let i = 0; i < 3; i++) {
     assert.deepEqual(await post(first, 1), { status: 201, replayed: 'true', type: undefined })
-    for (const key of await scanKeys(redis, `${prefix}idem:`)) await redis.del(key)
+    await deleteKeys(redis, `${prefix}idem:`)
     assert.deepEqual(await post(first, 2), mismatch)
   }
   // POST /scheduled-transfers shares the policy, and its replays and mismatches are free too.

@@ -13,7 +13,7 @@ import rateLimit, {
 } from '../../../src/plugins/rate-limit/index.ts'
 import { identityTag } from '../../../src/plugins/rate-limit/keys.ts'
 import { connectRedis, createRedisClient, type RedisClient } from '../../../src/plugins/redis/index.ts'
-import { scanKeys, TEST_REDIS_URL, testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
+import { keysWithoutTtl, TEST_REDIS_URL, testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
 import { answerStatus, loggedApp } from './fixtures.ts'
 
 let redis: RedisClient
@@ -28,13 +28,7 @@ before(async () => {
 after(async () => {
   for (const app of apps) await app.close()
   for (const prefix of prefixes) {
-    const keys = await scanKeys(redis, prefix)
-    const ttls = await Promise.all(keys.map((k) => redis.pttl(k)))
-    assert.deepEqual(
-      keys.filter((_, i) => ttls[i] === -1),
-      [],
-      'every rate-limit key carries a TTL',
-    )
+    assert.deepEqual(await keysWithoutTtl(redis, prefix), [], 'every rate-limit key carries a TTL')
   }
   redis.disconnect()
 })
