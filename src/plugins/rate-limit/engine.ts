@@ -36,6 +36,8 @@ export interface EngineOptions {
   log: FastifyBaseLogger
   /** `store: 'memory'`: every decision in this process, with at most this many keys. */
   memoryMaxKeys?: number
+  /** This process's clock in ms since the epoch (the memory stores and the over-limit cache read it). */
+  now?: () => number
 }
 
 /** Decisions taken without Redis are logged at most this often per engine (each one is counted). */
@@ -82,6 +84,7 @@ export class RateLimitEngine implements KeyNames {
   /** Groups already over their limit, answered without Redis until their retry time. */
   private readonly overLimit = new Map<string, { until: number; cost: number; decision: Decision }>()
   private readonly ownTimeout: boolean
+  private readonly now: () => number
   private redisDownUntil = 0
   private readonly tags = new Map<string, string>()
   private lastUnavailableLog = 0
@@ -96,8 +99,11 @@ export class RateLimitEngine implements KeyNames {
     this.options = options
     this.metrics = metrics
     this.memoryId = memoryStoreId(options.keyPrefix)
-    this.fallback = new RedisFallback(options.keyPrefix)
-    this.memory = redis ? null : acquireStore(this.memoryId, options.memoryMaxKeys ?? FALLBACK_MAX_KEYS)
+    this.now = options.now ?? Date.now
+    this.fallback = new RedisFallback(options.keyPrefix, this.now)
+    this.memory = redis
+      ? null
+      : acquireStore(this.memoryId, options.memoryMaxKeys ?? FALLBACK_MAX_KEYS, this.now)
     // Without a command timeout on the client, a stalled Redis would hold requests: bound it here.
     this.ownTimeout = redis !== null && !commandTimeoutOf(redis)
   }
@@ -138,7 +144,7 @@ export class RateLimitEngine implements KeyNames {
     const cached =
       operation === 'consume' && this.overLimit.size > 0 ? this.overLimit.get(cacheKey(group)) : undefined
     if (cached) {
-      const now = Date.now()
+      const now = this.now()
       if (now < cached.until && Math.max(...group.costs) >= cached.cost) {
         const left = cached.until - now
         outcome.rejected = { ...cached.decision, resetMs: left, retryMs: left }
@@ -169,7 +175,7 @@ export class RateLimitEngine implements KeyNames {
       this.noteUnavailable(`Redis connection is ${redis.status}`)
       return this.fallback.decide(group, operation, outcome, this.metrics, this)
     }
-    if (Date.now() < this.redisDownUntil) {
+    if (this.now() < this.redisDownUntil) {
       this.noteUnavailable('Redis failed within retryRedisAfterMs')
       return this.fallback.decide(group, operation, outcome, this.metrics, this)
     }
@@ -184,7 +190,7 @@ export class RateLimitEngine implements KeyNames {
         this.noteScriptError(group, keys, err as Error)
         return this.fallback.decide(group, operation, outcome, this.metrics, this)
       }
-      this.redisDownUntil = Date.now() + this.options.retryRedisAfterMs
+      this.redisDownUntil = this.now() + this.options.retryRedisAfterMs
       this.noteUnavailable((err as Error).message, err)
       return this.fallback.decide(group, operation, outcome, this.metrics, this)
     }
@@ -250,13 +256,13 @@ export class RateLimitEngine implements KeyNames {
     if (this.overLimit.size >= this.options.overLimitCacheKeys)
       this.overLimit.delete(this.overLimit.keys().next().value!)
     const cost = Math.min(...group.costs)
-    this.overLimit.set(cacheKey(group), { until: Date.now() + decision.retryMs, cost, decision })
+    this.overLimit.set(cacheKey(group), { until: this.now() + decision.retryMs, cost, decision })
   }
 
   /** Fail-open is a policy, not a silence: counted every time, logged at most every 10 s. */
   private noteUnavailable(reason: string, err?: unknown): void {
     this.metrics.unavailable()
-    const now = Date.now()
+    const now = this.now()
     if (now - this.lastUnavailableLog < UNAVAILABLE_LOG_INTERVAL_MS) return
     this.lastUnavailableLog = now
     this.options.log.warn(

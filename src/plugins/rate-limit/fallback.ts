@@ -18,9 +18,11 @@ export const FALLBACK_MAX_KEYS = 10_000
 export class RedisFallback {
   private store: MemoryStore | null = null
   private readonly storeId: string
+  private readonly now: () => number
 
-  constructor(keyPrefix: string) {
+  constructor(keyPrefix: string, now: () => number = Date.now) {
     this.storeId = `local\0${keyPrefix}`
+    this.now = now
   }
 
   decide(
@@ -43,7 +45,7 @@ export class RedisFallback {
     })
     let reply: ScriptReply | null = null
     if (local.length > 0) {
-      this.store ??= acquireStore(this.storeId, FALLBACK_MAX_KEYS)
+      this.store ??= acquireStore(this.storeId, FALLBACK_MAX_KEYS, this.now)
       const call = callOf(group, operation, nonceFor(group), names, local)
       try {
         reply = this.store.answer(group.policies[0]!.algorithm, call)

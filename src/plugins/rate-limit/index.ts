@@ -104,6 +104,11 @@ export interface RateLimitPluginOptions {
   onExceeded?: ExceededHandler
   /** Builds the body of every 429 (and a ban's 403: `decision.isBanned`), unless the violated policy has its own. */
   errorResponse?: ErrorResponseBuilder
+  /**
+   * This process's clock, in ms since the epoch (default `Date.now`): `store: 'memory'`, the local
+   * fallback and the over-limit cache read it. Scripts on Redis read Redis's clock (TIME).
+   */
+  now?: () => number
 }
 
 export interface RateLimitDecorator {
@@ -157,6 +162,8 @@ function checkOptions(o: RateLimitPluginOptions): void {
       fail(`\`${name}\` must be a function of (request, decision)`)
   }
   if (o.keyPrefix !== undefined && typeof o.keyPrefix !== 'string') fail('`keyPrefix` must be a string')
+  if (o.now !== undefined && typeof o.now !== 'function')
+    fail('`now` must be a function returning ms since the epoch')
   checkPrincipalOption('rate-limit', o.principal)
   for (const list of ['policies', 'namedPolicies'] as const) {
     if (o[list] !== undefined && !Array.isArray(o[list])) fail(`\`${list}\` must be an array of policies`)
@@ -218,6 +225,7 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
       timeoutMs: parseDuration(options.timeoutMs ?? 500)!,
       log: app.log,
       memoryMaxKeys: options.memoryMaxKeys ?? 100_000,
+      now: options.now ?? Date.now,
     },
     createMetrics(undefined),
   )

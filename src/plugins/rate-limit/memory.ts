@@ -228,10 +228,11 @@ export class MemoryStore implements Keyspace {
  */
 const sharedStores = new Map<string, { store: MemoryStore; users: number }>()
 
-export function acquireStore(id: string, maxKeys: number): MemoryStore {
+/** The store of `id`, shared by the plugins of one key prefix; its clock is the first one's. */
+export function acquireStore(id: string, maxKeys: number, clock: () => number = Date.now): MemoryStore {
   let shared = sharedStores.get(id)
   if (!shared) {
-    shared = { store: new MemoryStore(maxKeys), users: 0 }
+    shared = { store: new MemoryStore(maxKeys, clock), users: 0 }
     sharedStores.set(id, shared)
   }
   shared.users++

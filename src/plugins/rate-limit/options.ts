@@ -115,6 +115,7 @@ export const PLUGIN_KEYS = optionKeys<RateLimitPluginOptions>({
   ipv6Subnet: true,
   onExceeded: true,
   errorResponse: true,
+  now: true,
 })
 
 /** A policy's option written among the plugin's, and the reverse, say where it belongs. */
