@@ -26,6 +26,12 @@ if #KEYS == 1 and ARGV[1] == 'c' then
     if ttl < 0 then
       ttl = tonumber(ARGV[4])
       redis.call('PEXPIRE', key, ttl)
+    elseif ttl == 0 then
+      -- Redis keeps a key through the millisecond it expires at, when its window has ended: a new
+      -- window starts with this request.
+      ttl = tonumber(ARGV[4])
+      count = cost
+      redis.call('SET', key, count, 'PX', ttl)
     end
   end
   if count <= limit then return { 1, 0, limit - count, ttl, 0, ttl } end
@@ -61,6 +67,8 @@ for i = 1, n do
   local limit, window, cost = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
   local count
   local pen = penalty[i]
+  -- A window ends at its key's expiry time, which Redis still holds for that millisecond.
+  if redis.call('PTTL', KEYS[i]) == 0 then redis.call('DEL', KEYS[i]) end
   if op == 'c' then
     -- Count first and undo below if any policy is over: one write on the common path.
     count = redis.call('INCRBY', KEYS[i], cost)

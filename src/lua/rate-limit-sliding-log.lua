@@ -29,7 +29,8 @@ if #KEYS == 1 and ARGV[1] == 'c' then
       end
       redis.call('ZADD', key, unpack(add))
     end
-    redis.call('PEXPIRE', key, window)
+    -- Never shortened: during a rolling deploy an instance with a longer window still counts these.
+    if redis.call('PTTL', key) < window then redis.call('PEXPIRE', key, window) end
     local reset = window
     if count > 0 then
       local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
@@ -71,7 +72,7 @@ for i = 1, n do
       add[#add + 1] = nonce .. ':' .. k
     end
     redis.call('ZADD', KEYS[i], unpack(add))
-    redis.call('PEXPIRE', KEYS[i], window)
+    if redis.call('PTTL', KEYS[i]) < window then redis.call('PEXPIRE', KEYS[i], window) end
     count = count + cost
   elseif count + cost > limit then
     -- Free once enough of the oldest entries leave: the (count + cost - limit)-th oldest in the window.

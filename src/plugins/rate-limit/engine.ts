@@ -116,9 +116,16 @@ export class RateLimitEngine implements KeyNames {
     return `${this.options.keyPrefix}{${tag}}:${policy.name}:${policy.algorithm}`
   }
 
+  /**
+   * A per-request window is part of the key, and so is every sliding counter's window: its state
+   * is window indexes, which mean other times under another window length (a deploy that changes
+   * it, or two instances with different settings during a rolling deploy), so each length counts
+   * on its own key.
+   */
   counterKey(tag: string, policy: Policy, resolved: Resolved | undefined): string {
     const key = this.keyOf(tag, policy)
-    return policy.windowFn ? `${key}:${resolved!.quota.windowMs}` : key
+    if (policy.windowFn) return `${key}:${resolved!.quota.windowMs}`
+    return policy.algorithm === 'sliding-counter' ? `${key}:${policy.windowMs}` : key
   }
 
   /** Consumes or only checks every applicable policy; null when none applies. */

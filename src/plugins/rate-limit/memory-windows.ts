@@ -181,7 +181,9 @@ export function slidingLog(
         entry.nonces = []
       }
       for (let unit = 0; unit < cost; unit++) insertSorted(entry.times!, entry.nonces!, now, nonce)
-      entry.expiresAt = now + window
+      // Never shortened, as the script's TTL (an expiry of Infinity is no TTL: one is set).
+      if (entry.expiresAt === Number.POSITIVE_INFINITY || entry.expiresAt < now + window)
+        entry.expiresAt = now + window
       count += cost
     } else if (count + cost > limit) {
       // Free once enough of the oldest entries leave: the (count + cost - limit)-th oldest in the window.
