@@ -81,8 +81,9 @@ for i = 1, n do
     retry = window
     if cost <= limit and entry[2] then retry = tonumber(entry[2]) + window - now end
   end
+  -- From the oldest unit still in the window (a peek or a rejection trims nothing).
   local reset = window
-  local oldest = redis.call('ZRANGE', KEYS[i], 0, 0, 'WITHSCORES')
+  local oldest = redis.call('ZRANGEBYSCORE', KEYS[i], now - window + 1, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
   if oldest[2] then reset = math.max(1, tonumber(oldest[2]) + window - now) end
   reply[#reply + 1] = math.max(0, limit - count)
   reply[#reply + 1] = reset

@@ -201,8 +201,9 @@ export function slidingLog(
         }
       }
     }
+    // From the oldest unit still in the window (a rejection trims nothing).
     let reset = window
-    const oldest = entry?.times?.[0]
+    const oldest = entry?.times?.find((time) => time > now - window)
     if (oldest !== undefined) reset = Math.max(1, oldest + window - now)
     reply.policies.push(policyReply(Math.max(0, limit - count), reset, retry, 0))
   })

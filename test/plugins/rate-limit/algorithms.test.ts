@@ -68,9 +68,9 @@ async function buildApp(
   return app
 }
 
-/** A policy's counter key ends with its name and algorithm: `…}:<name>:<algorithm>`. */
+/** A policy's counter key ends with its name and algorithm (a sliding counter's, with its window): `…}:<name>:<algorithm>`. */
 const isKeyOf = (key: string, name: string) =>
-  /^(fixed-window|sliding-log|sliding-counter|token-bucket|gcra)$/.test(
+  /^(fixed-window|sliding-log|sliding-counter:\d+|token-bucket|gcra)$/.test(
     key.slice(key.lastIndexOf(`}:${name}:`) + name.length + 3),
   ) && key.includes(`}:${name}:`)
 
