@@ -251,6 +251,8 @@ interface Model {
   cache: Record<'a' | 'b', Map<string, Cached>>
   /** Admissions per key since the key was last lost or its setting changed: the docs' bounds hold over them. */
   history: Map<string, History>
+  /** The previous request's instance, algorithm and identity. */
+  last: { instance: InstanceName; algorithm: Algorithm; identity: string } | null
 }
 
 interface Real {
@@ -303,12 +305,16 @@ class Request implements ModelCommand<Model, Real> {
     readonly algorithm: Algorithm,
     readonly identity: string,
     readonly cost: number,
+    /** The same instance, algorithm and identity as the previous request: histories long enough to reach the edges. */
+    readonly again: boolean,
   ) {}
   check() {
     return true
   }
   async run(model: Model, real: Real) {
-    const { instance, algorithm, identity, cost } = this
+    const { cost } = this
+    const { instance, algorithm, identity } = this.again && model.last ? model.last : this
+    model.last = { instance, algorithm, identity }
     const setting = SETTINGS[algorithm][model.settings[instance][algorithm]]
     const store = instance === 'm' ? model.memory : model.redis
     const key = stateKey(algorithm, identity, setting)
@@ -364,6 +370,7 @@ class Request implements ModelCommand<Model, Real> {
     assert.deepEqual({ allowed, remaining, retryAfterMs, limit, resetMs }, expected)
   }
   toString() {
+    if (this.again) return `request(again, cost ${this.cost})`
     return `request(${this.instance}, ${this.algorithm}, ${this.identity}, cost ${this.cost})`
   }
 }
@@ -552,8 +559,16 @@ const toEdges = fc
   .map(([pick, offset]) => new AdvanceToEdge(pick, offset))
 // Mostly one identity, so that requests meet the same keys often enough to reach their limits.
 const requests = fc
-  .tuple(instances, algorithms, fc.constantFrom('x', 'x', 'x', 'y'), fc.integer({ min: 0, max: 3 }))
-  .map(([instance, algorithm, identity, cost]) => new Request(instance, algorithm, identity, cost))
+  .tuple(
+    instances,
+    algorithms,
+    fc.constantFrom('x', 'x', 'x', 'y'),
+    fc.integer({ min: 0, max: 3 }),
+    fc.constantFrom(true, true, false),
+  )
+  .map(
+    ([instance, algorithm, identity, cost, again]) => new Request(instance, algorithm, identity, cost, again),
+  )
 
 modelTest<Model, Real>({
   name: 'rate-limit',
@@ -598,6 +613,7 @@ modelTest<Model, Real>({
       memory: new Map(),
       cache: { a: new Map(), b: new Map() },
       history: new Map(),
+      last: null,
     }
     return { model, real: { ...partial, apps } }
   },

@@ -4,7 +4,10 @@ import assert from 'node:assert/strict'
 import { after, before, test } from 'node:test'
 import Fastify, { type FastifyInstance } from 'fastify'
 import type { Redis } from 'ioredis'
-import rateLimit, { type RateLimitPolicy } from '../../../src/plugins/rate-limit/index.ts'
+import rateLimit, {
+  type RateLimitPolicy,
+  type RateLimitResult,
+} from '../../../src/plugins/rate-limit/index.ts'
 import { uniquePrefix } from '../../helpers/index.ts'
 import { type ModelRedis, startModelRedis } from '../../model/redis.ts'
 
@@ -36,7 +39,7 @@ async function instance(store: 'redis' | 'memory', prefix: string, policies: Rat
   return app
 }
 
-const pick = ({ allowed, remaining, resetMs, retryAfterMs }: Record<string, unknown>) => ({
+const pick = ({ allowed, remaining, resetMs, retryAfterMs }: RateLimitResult) => ({
   allowed,
   remaining,
   resetMs,
