@@ -1,11 +1,13 @@
 import assert from 'node:assert/strict'
 import { after, before, test } from 'node:test'
 import Fastify, { type FastifyInstance } from 'fastify'
+import { parseTimeWindow } from '../../src/compat/fastify-rate-limit/params.ts'
 import rateLimit, {
   type CreateRateLimitResult,
   normalizeIP,
   type RateLimitDecorators,
 } from '../../src/compat/fastify-rate-limit.ts'
+import { InvalidOptionError } from '../../src/plugins/common/errors.ts'
 import type { RedisClient } from '../../src/plugins/common/redis.ts'
 import { connectRedis, createRedisClient } from '../../src/plugins/redis/index.ts'
 import { scanKeys, testRedisConnection, uniquePrefix } from '../helpers/index.ts'
@@ -217,6 +219,65 @@ test('an unknown option fails the boot with a did-you-mean, globally and on a ro
       await route.ready()
     },
     { code: 'FRG_UNKNOWN_OPTION', message: /`mx`\. Did you mean `max`\?/ },
+  )
+  await route.close()
+})
+
+test('timeWindow strings are read as upstream reads them (@lukeed/ms): weeks, bare milliseconds, decimals', () => {
+  const cases: Array<[string, number | undefined]> = [
+    ['1 week', 604_800_000],
+    ['2w', 1_209_600_000],
+    ['2 wks', 1_209_600_000],
+    ['5000', 5000],
+    ['1.5h', 5_400_000],
+    ['.5s', 500],
+    ['10 SECONDS', 10_000],
+    ['1 minute', 60_000],
+    ['250ms', 250],
+    ['3 days', 259_200_000],
+    ['1y', 31_557_600_000],
+    ['0', undefined],
+    ['1 fortnight', undefined],
+    [' 1 minute', undefined],
+    ['', undefined],
+  ]
+  for (const [text, ms] of cases) assert.equal(parseTimeWindow(text), ms, text)
+  assert.equal(parseTimeWindow('-5s'), -5000)
+})
+
+test("a timeWindow of '1 week' or '5000' keeps its length, globally and on a route", async (t) => {
+  const app = Fastify()
+  t.after(() => app.close())
+  await app.register(rateLimit, { max: 5, timeWindow: '1 week' })
+  app.get('/weekly', async () => 'ok')
+  app.get('/two-weeks', { config: { rateLimit: { max: 5, timeWindow: '2w' } } }, async () => 'ok')
+  app.get('/five-seconds', { config: { rateLimit: { max: 5, timeWindow: '5000' } } }, async () => 'ok')
+  assert.equal((await app.inject('/weekly')).headers['x-ratelimit-reset'], '604800')
+  assert.equal((await app.inject('/two-weeks')).headers['x-ratelimit-reset'], '1209600')
+  assert.equal((await app.inject('/five-seconds')).headers['x-ratelimit-reset'], '5')
+})
+
+test('a timeWindow string upstream cannot read fails the boot naming it, globally and on a route', async () => {
+  const global = Fastify()
+  await assert.rejects(
+    async () => {
+      await global.register(rateLimit, { max: 2, timeWindow: '1 fortnight' })
+      await global.ready()
+    },
+    (err: Error & { code?: string }) =>
+      err instanceof InvalidOptionError &&
+      err.code === 'FRG_INVALID_OPTION' &&
+      /'1 fortnight'/.test(err.message),
+  )
+  await global.close()
+  const route = Fastify()
+  await route.register(rateLimit, { max: 2 })
+  await assert.rejects(
+    async () => {
+      route.get('/', { config: { rateLimit: { timeWindow: '-5s' } } }, async () => 'ok')
+      await route.ready()
+    },
+    { code: 'FRG_INVALID_OPTION', message: /`timeWindow`: '-5s'/ },
   )
   await route.close()
 })
