@@ -7,6 +7,7 @@ import { createMetrics } from '../plugins/rate-limit/metrics.ts'
 import { normalizePolicy, type Policy, type RateLimitPolicy } from '../plugins/rate-limit/policy.ts'
 import {
   check,
+  connectTimeoutOf,
   counterName,
   globalParams,
   mergeParams,
@@ -14,7 +15,12 @@ import {
   PLUGIN_OPTIONS,
   penaltyOptions,
 } from './fastify-rate-limit/params.ts'
-import { formatLong, normalizeIP, unavailableError } from './fastify-rate-limit/responses.ts'
+import {
+  formatLong,
+  normalizeIP,
+  REDIS_RETRY_AFTER_S,
+  unavailableError,
+} from './fastify-rate-limit/responses.ts'
 import type {
   CreateRateLimitResult,
   CustomStore,
@@ -49,10 +55,11 @@ async function fastifyRateLimit(fastify: FastifyInstance, settings: RateLimitPlu
   // A custom store counts by itself: the options it needs are its own business, not the engine's.
   const store = typeof settings.store === 'function' ? new settings.store({ ...base }) : null
   if (!store) penaltyOptions(base)
+  const connectTimeoutMs = connectTimeoutOf(settings.connectTimeoutMs)
   const redis = settings.redis
     ? await bootPluginRedis(fastify, 'rate-limit compat', {
         redis: settings.redis,
-        connectTimeoutMs: undefined,
+        connectTimeoutMs,
         eviction: 'warn',
       })
     : null
@@ -63,7 +70,7 @@ async function fastifyRateLimit(fastify: FastifyInstance, settings: RateLimitPlu
       // In memory each registration has counters of its own, as @fastify/rate-limit's LocalStore.
       keyPrefix: redis ? (settings.nameSpace ?? 'fastify-rate-limit-') : `frl${registration}:`,
       overLimitCacheKeys: redis ? 10_000 : 0,
-      retryRedisAfterMs: 1000,
+      retryRedisAfterMs: REDIS_RETRY_AFTER_S * 1000,
       timeoutMs: 500,
       log: fastify.log,
       memoryMaxKeys: Number.isSafeInteger(settings.cache) && settings.cache! > 0 ? settings.cache! : 5000,
@@ -209,7 +216,15 @@ async function fastifyRateLimit(fastify: FastifyInstance, settings: RateLimitPlu
       const req = request as unknown as Record<symbol, boolean>
       if (req[ran]) return
       req[ran] = true
-      const r = await apply(l, request, true, routeGroupId)
+      let r: CreateRateLimitResult
+      try {
+        r = await apply(l, request, true, routeGroupId)
+      } catch (err) {
+        const headers = (err as { headers?: Record<string, string> }).headers
+        if ((err as { code?: string }).code === 'FRG_RATE_LIMIT_UNAVAILABLE' && headers)
+          reply.headers(headers)
+        throw err
+      }
       if (r.isAllowed) return
       const { params } = l
       const { labels } = params

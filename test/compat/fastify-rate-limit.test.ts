@@ -1,4 +1,5 @@
 import assert from 'node:assert/strict'
+import { type AddressInfo, createServer, type Socket } from 'node:net'
 import { after, before, test } from 'node:test'
 import Fastify, { type FastifyInstance } from 'fastify'
 import { parseTimeWindow } from '../../src/compat/fastify-rate-limit/params.ts'
@@ -11,6 +12,7 @@ import { InvalidOptionError } from '../../src/plugins/common/errors.ts'
 import type { RedisClient } from '../../src/plugins/common/redis.ts'
 import { connectRedis, createRedisClient } from '../../src/plugins/redis/index.ts'
 import { scanKeys, testRedisConnection, uniquePrefix } from '../helpers/index.ts'
+import { loggedApp } from '../plugins/rate-limit/fixtures.ts'
 
 // The @fastify/rate-limit 11 compat layer: its options on our engine. The upstream suite itself runs
 // in scripts/fastify-rate-limit-oracle.sh; these pin what an app migrating relies on first.
@@ -280,4 +282,112 @@ test('a timeWindow string upstream cannot read fails the boot naming it, globall
     { code: 'FRG_INVALID_OPTION', message: /`timeWindow`: '-5s'/ },
   )
   await route.close()
+})
+
+/** A client of a port nothing listens on: Redis is down from the start. */
+async function downRedis(): Promise<RedisClient> {
+  const server = createServer()
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+  const { port } = server.address() as AddressInfo
+  await new Promise((resolve) => server.close(resolve))
+  return createRedisClient({ url: `redis://127.0.0.1:${port}` })
+}
+
+test('Redis down, skipOnError false: 503 with Retry-After and FRG_RATE_LIMIT_UNAVAILABLE, through the error handler or not', async (t) => {
+  const down = await downRedis()
+  const { app, logs } = loggedApp()
+  t.after(async () => {
+    await app.close()
+    down.disconnect()
+  })
+  await app.register(rateLimit, { max: 2, timeWindow: '1 minute', redis: down })
+  app.get('/', async () => 'ok')
+  app.get('/create', { config: { rateLimit: false } }, async (request) => {
+    try {
+      await decorators(app).createRateLimit()(request)
+      return { rejected: false }
+    } catch (err) {
+      const { statusCode, code, headers } = err as { statusCode: number; code: string; headers: object }
+      return { statusCode, code, headers }
+    }
+  })
+  await app.register(async (own) => {
+    own.setErrorHandler((err: Error & { statusCode?: number; code?: string }, _request, reply) =>
+      reply.code(err.statusCode ?? 500).send({ mine: err.code }),
+    )
+    own.get('/own', async () => 'ok')
+  })
+  await app.ready()
+  assert.ok(logs.some((l) => /Redis at 127\.0\.0\.1:\d+ is not ready at boot/.test(String(l.msg))))
+  const res = await app.inject('/')
+  assert.equal(res.statusCode, 503)
+  assert.equal(res.headers['retry-after'], '1')
+  assert.deepEqual(res.json(), {
+    statusCode: 503,
+    code: 'FRG_RATE_LIMIT_UNAVAILABLE',
+    error: 'Service Unavailable',
+    message: 'Rate limit cannot be checked now; retry shortly',
+  })
+  // An error handler of the app's own gets the code, and the reply already carries Retry-After.
+  const own = await app.inject('/own')
+  assert.equal(own.statusCode, 503)
+  assert.equal(own.headers['retry-after'], '1')
+  assert.deepEqual(own.json(), { mine: 'FRG_RATE_LIMIT_UNAVAILABLE' })
+  // createRateLimit rejects with the same error, for the caller to answer.
+  assert.deepEqual((await app.inject('/create')).json(), {
+    statusCode: 503,
+    code: 'FRG_RATE_LIMIT_UNAVAILABLE',
+    headers: { 'retry-after': '1' },
+  })
+})
+
+/** A server that accepts connections and never answers: a Redis that hangs. */
+async function silentServer(): Promise<{ port: number; close: () => Promise<void> }> {
+  const sockets = new Set<Socket>()
+  const server = createServer((socket) => {
+    sockets.add(socket)
+    socket.on('error', () => {})
+  })
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+  const { port } = server.address() as AddressInfo
+  return {
+    port,
+    close: async () => {
+      for (const socket of sockets) socket.destroy()
+      await new Promise((resolve) => server.close(resolve))
+    },
+  }
+}
+
+test('connectTimeoutMs bounds the boot wait for a Redis that does not answer (default 1000 ms); a wrong value fails the boot', async (t) => {
+  const hung = await silentServer()
+  t.after(() => hung.close())
+  for (const [connectTimeoutMs, waited] of [
+    [undefined, 1000],
+    [100, 100],
+  ] as const) {
+    const client = createRedisClient({ url: `redis://127.0.0.1:${hung.port}` })
+    const { app, logs } = loggedApp()
+    await app.register(rateLimit, {
+      max: 2,
+      redis: client,
+      ...(connectTimeoutMs ? { connectTimeoutMs } : {}),
+    })
+    await app.ready()
+    assert.ok(
+      logs.some((l) => String(l.msg).includes(`not ready within ${waited} ms`)),
+      JSON.stringify(logs.map((l) => l.msg)),
+    )
+    await app.close()
+    client.disconnect()
+  }
+  const wrong = Fastify()
+  await assert.rejects(
+    async () => {
+      await wrong.register(rateLimit, { max: 2, redis, connectTimeoutMs: -1 })
+      await wrong.ready()
+    },
+    { code: 'FRG_INVALID_OPTION', message: /`connectTimeoutMs`.*got -1/ },
+  )
+  await wrong.close()
 })

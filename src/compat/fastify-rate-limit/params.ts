@@ -178,7 +178,31 @@ const ROUTE_OPTIONS = optionKeys<RateLimitOptions>({
   continueExceeding: true,
   exponentialBackoff: true,
 })
-export const PLUGIN_OPTIONS = [...ROUTE_OPTIONS, 'global', 'redis', 'nameSpace', 'cache', 'store']
+export const PLUGIN_OPTIONS = [
+  ...ROUTE_OPTIONS,
+  'global',
+  'redis',
+  'nameSpace',
+  'cache',
+  'store',
+  'connectTimeoutMs',
+]
+
+/**
+ * How long registration waits for a Redis that is not ready. Upstream does not wait at all; a
+ * second lets a client that is still connecting decide the first requests, without holding the
+ * boot of an app whose Redis is down.
+ */
+export const DEFAULT_CONNECT_TIMEOUT_MS = 1000
+
+export function connectTimeoutOf(value: unknown): number {
+  if (value === undefined) return DEFAULT_CONNECT_TIMEOUT_MS
+  if (!Number.isSafeInteger(value) || (value as number) < 0)
+    check.fail(
+      `\`connectTimeoutMs\` must be a whole number of milliseconds, 0 or more (0: do not wait), got ${String(value)}`,
+    )
+  return value as number
+}
 
 export function mergeParams(base: Params, options: RateLimitOptions): Params {
   check.known(options, ROUTE_OPTIONS, 'route options')
