@@ -35,6 +35,20 @@ import type {
 // rate-limit engine: every count is the fixed-window policy's (Redis script or memory store).
 // docs/migrating-from-fastify-rate-limit.md says what differs and why.
 
+/** The route config this plugin reads: `config: { rateLimit: { ... } }`, or `false` for none. */
+export interface RateLimitRouteConfig {
+  rateLimit?: RateLimitOptions | false
+}
+
+// Declared through `extends`, not as a member: an app migrating may have @fastify/rate-limit's
+// types in the same program, which declare `rateLimit` as a member; a member declared twice with
+// two types does not compile, while a member only needs to fit the one it overrides. The
+// decorators are not declared (the migration guide says how): upstream's are typed by the
+// instance's server types, which ours cannot fit.
+declare module 'fastify' {
+  interface FastifyContextConfig extends RateLimitRouteConfig {}
+}
+
 /** One limiter: its settings and the counter (policy name) it counts in. */
 interface Limiter {
   params: Params
