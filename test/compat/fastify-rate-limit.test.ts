@@ -254,9 +254,14 @@ test("a timeWindow of '1 week' or '5000' keeps its length, globally and on a rou
   app.get('/weekly', async () => 'ok')
   app.get('/two-weeks', { config: { rateLimit: { max: 5, timeWindow: '2w' } } }, async () => 'ok')
   app.get('/five-seconds', { config: { rateLimit: { max: 5, timeWindow: '5000' } } }, async () => 'ok')
+  app.get('/forever', { config: { rateLimit: { max: 5, timeWindow: '285421 years' } } }, async () => 'ok')
   assert.equal((await app.inject('/weekly')).headers['x-ratelimit-reset'], '604800')
   assert.equal((await app.inject('/two-weeks')).headers['x-ratelimit-reset'], '1209600')
   assert.equal((await app.inject('/five-seconds')).headers['x-ratelimit-reset'], '5')
+  // Past 2^53 ms the window is 2^53 ms long (upstream's own test uses 285421 years).
+  const forever = await app.inject('/forever')
+  assert.equal(forever.statusCode, 200)
+  assert.equal(forever.headers['x-ratelimit-reset'], String(Math.ceil(Number.MAX_SAFE_INTEGER / 1000)))
 })
 
 test('a timeWindow string upstream cannot read fails the boot naming it, globally and on a route', async () => {

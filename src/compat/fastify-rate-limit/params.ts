@@ -94,7 +94,8 @@ export function parseTimeWindow(text: string): number | undefined {
  * limit into a per-minute one.
  */
 function windowOf(value: unknown): number | WindowFunction {
-  if (finiteNonNegative(value)) return Math.trunc(value)
+  // Past 2^53 ms (about 285,000 years) a window cannot be counted exactly: it is that long, as for ever.
+  if (finiteNonNegative(value)) return Math.min(Math.trunc(value), Number.MAX_SAFE_INTEGER)
   if (typeof value === 'function') return value as WindowFunction
   if (typeof value !== 'string') return DEFAULT_WINDOW
   const ms = parseTimeWindow(value)
@@ -102,7 +103,7 @@ function windowOf(value: unknown): number | WindowFunction {
     check.fail(
       `\`timeWindow\`: '${value}' is not a window: a number of milliseconds, or a string @fastify/rate-limit reads ('5000', '10s', '1 minute', '2h', '1 week', '2w')`,
     )
-  return Math.trunc(ms!)
+  return Math.min(Math.trunc(ms!), Number.MAX_SAFE_INTEGER)
 }
 
 function subnetOf(value: unknown): number {
