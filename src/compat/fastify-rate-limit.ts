@@ -7,6 +7,7 @@ import { createMetrics } from '../plugins/rate-limit/metrics.ts'
 import { normalizePolicy, type Policy, type RateLimitPolicy } from '../plugins/rate-limit/policy.ts'
 import {
   check,
+  connectTimeoutOf,
   counterName,
   globalParams,
   mergeParams,
@@ -14,7 +15,12 @@ import {
   PLUGIN_OPTIONS,
   penaltyOptions,
 } from './fastify-rate-limit/params.ts'
-import { formatLong, normalizeIP, unavailableError } from './fastify-rate-limit/responses.ts'
+import {
+  formatLong,
+  normalizeIP,
+  REDIS_RETRY_AFTER_S,
+  unavailableError,
+} from './fastify-rate-limit/responses.ts'
 import type {
   CreateRateLimitResult,
   CustomStore,
@@ -28,6 +34,20 @@ import type {
 // @fastify/rate-limit 11's options, decorators, route config and headers on this suite's
 // rate-limit engine: every count is the fixed-window policy's (Redis script or memory store).
 // docs/migrating-from-fastify-rate-limit.md says what differs and why.
+
+/** The route config this plugin reads: `config: { rateLimit: { ... } }`, or `false` for none. */
+export interface RateLimitRouteConfig {
+  rateLimit?: RateLimitOptions | false
+}
+
+// Declared through `extends`, not as a member: an app migrating may have @fastify/rate-limit's
+// types in the same program, which declare `rateLimit` as a member; a member declared twice with
+// two types does not compile, while a member only needs to fit the one it overrides. The
+// decorators are not declared (the migration guide says how): upstream's are typed by the
+// instance's server types, which ours cannot fit.
+declare module 'fastify' {
+  interface FastifyContextConfig extends RateLimitRouteConfig {}
+}
 
 /** One limiter: its settings and the counter (policy name) it counts in. */
 interface Limiter {
@@ -49,10 +69,11 @@ async function fastifyRateLimit(fastify: FastifyInstance, settings: RateLimitPlu
   // A custom store counts by itself: the options it needs are its own business, not the engine's.
   const store = typeof settings.store === 'function' ? new settings.store({ ...base }) : null
   if (!store) penaltyOptions(base)
+  const connectTimeoutMs = connectTimeoutOf(settings.connectTimeoutMs)
   const redis = settings.redis
     ? await bootPluginRedis(fastify, 'rate-limit compat', {
         redis: settings.redis,
-        connectTimeoutMs: undefined,
+        connectTimeoutMs,
         eviction: 'warn',
       })
     : null
@@ -63,7 +84,7 @@ async function fastifyRateLimit(fastify: FastifyInstance, settings: RateLimitPlu
       // In memory each registration has counters of its own, as @fastify/rate-limit's LocalStore.
       keyPrefix: redis ? (settings.nameSpace ?? 'fastify-rate-limit-') : `frl${registration}:`,
       overLimitCacheKeys: redis ? 10_000 : 0,
-      retryRedisAfterMs: 1000,
+      retryRedisAfterMs: REDIS_RETRY_AFTER_S * 1000,
       timeoutMs: 500,
       log: fastify.log,
       memoryMaxKeys: Number.isSafeInteger(settings.cache) && settings.cache! > 0 ? settings.cache! : 5000,
@@ -209,7 +230,15 @@ async function fastifyRateLimit(fastify: FastifyInstance, settings: RateLimitPlu
       const req = request as unknown as Record<symbol, boolean>
       if (req[ran]) return
       req[ran] = true
-      const r = await apply(l, request, true, routeGroupId)
+      let r: CreateRateLimitResult
+      try {
+        r = await apply(l, request, true, routeGroupId)
+      } catch (err) {
+        const headers = (err as { headers?: Record<string, string> }).headers
+        if ((err as { code?: string }).code === 'FRG_RATE_LIMIT_UNAVAILABLE' && headers)
+          reply.headers(headers)
+        throw err
+      }
       if (r.isAllowed) return
       const { params } = l
       const { labels } = params

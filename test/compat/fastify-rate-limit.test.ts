@@ -1,14 +1,18 @@
 import assert from 'node:assert/strict'
+import { type AddressInfo, createServer, type Socket } from 'node:net'
 import { after, before, test } from 'node:test'
 import Fastify, { type FastifyInstance } from 'fastify'
+import { parseTimeWindow } from '../../src/compat/fastify-rate-limit/params.ts'
 import rateLimit, {
   type CreateRateLimitResult,
   normalizeIP,
   type RateLimitDecorators,
 } from '../../src/compat/fastify-rate-limit.ts'
+import { InvalidOptionError } from '../../src/plugins/common/errors.ts'
 import type { RedisClient } from '../../src/plugins/common/redis.ts'
 import { connectRedis, createRedisClient } from '../../src/plugins/redis/index.ts'
 import { scanKeys, testRedisConnection, uniquePrefix } from '../helpers/index.ts'
+import { loggedApp } from '../plugins/rate-limit/fixtures.ts'
 
 // The @fastify/rate-limit 11 compat layer: its options on our engine. The upstream suite itself runs
 // in scripts/fastify-rate-limit-oracle.sh; these pin what an app migrating relies on first.
@@ -219,4 +223,176 @@ test('an unknown option fails the boot with a did-you-mean, globally and on a ro
     { code: 'FRG_UNKNOWN_OPTION', message: /`mx`\. Did you mean `max`\?/ },
   )
   await route.close()
+})
+
+test('timeWindow strings are read as upstream reads them (@lukeed/ms): weeks, bare milliseconds, decimals', () => {
+  const cases: Array<[string, number | undefined]> = [
+    ['1 week', 604_800_000],
+    ['2w', 1_209_600_000],
+    ['2 wks', 1_209_600_000],
+    ['5000', 5000],
+    ['1.5h', 5_400_000],
+    ['.5s', 500],
+    ['10 SECONDS', 10_000],
+    ['1 minute', 60_000],
+    ['250ms', 250],
+    ['3 days', 259_200_000],
+    ['1y', 31_557_600_000],
+    ['0', undefined],
+    ['1 fortnight', undefined],
+    [' 1 minute', undefined],
+    ['', undefined],
+  ]
+  for (const [text, ms] of cases) assert.equal(parseTimeWindow(text), ms, text)
+  assert.equal(parseTimeWindow('-5s'), -5000)
+})
+
+test("a timeWindow of '1 week' or '5000' keeps its length, globally and on a route", async (t) => {
+  const app = Fastify()
+  t.after(() => app.close())
+  await app.register(rateLimit, { max: 5, timeWindow: '1 week' })
+  app.get('/weekly', async () => 'ok')
+  app.get('/two-weeks', { config: { rateLimit: { max: 5, timeWindow: '2w' } } }, async () => 'ok')
+  app.get('/five-seconds', { config: { rateLimit: { max: 5, timeWindow: '5000' } } }, async () => 'ok')
+  app.get('/forever', { config: { rateLimit: { max: 5, timeWindow: '285421 years' } } }, async () => 'ok')
+  assert.equal((await app.inject('/weekly')).headers['x-ratelimit-reset'], '604800')
+  assert.equal((await app.inject('/two-weeks')).headers['x-ratelimit-reset'], '1209600')
+  assert.equal((await app.inject('/five-seconds')).headers['x-ratelimit-reset'], '5')
+  // Past 2^53 ms the window is 2^53 ms long (upstream's own test uses 285421 years).
+  const forever = await app.inject('/forever')
+  assert.equal(forever.statusCode, 200)
+  assert.equal(forever.headers['x-ratelimit-reset'], String(Math.ceil(Number.MAX_SAFE_INTEGER / 1000)))
+})
+
+test('a timeWindow string upstream cannot read fails the boot naming it, globally and on a route', async () => {
+  const global = Fastify()
+  await assert.rejects(
+    async () => {
+      await global.register(rateLimit, { max: 2, timeWindow: '1 fortnight' })
+      await global.ready()
+    },
+    (err: Error & { code?: string }) =>
+      err instanceof InvalidOptionError &&
+      err.code === 'FRG_INVALID_OPTION' &&
+      /'1 fortnight'/.test(err.message),
+  )
+  await global.close()
+  const route = Fastify()
+  await route.register(rateLimit, { max: 2 })
+  await assert.rejects(
+    async () => {
+      route.get('/', { config: { rateLimit: { timeWindow: '-5s' } } }, async () => 'ok')
+      await route.ready()
+    },
+    { code: 'FRG_INVALID_OPTION', message: /`timeWindow`: '-5s'/ },
+  )
+  await route.close()
+})
+
+/** A client of a port nothing listens on: Redis is down from the start. */
+async function downRedis(): Promise<RedisClient> {
+  const server = createServer()
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+  const { port } = server.address() as AddressInfo
+  await new Promise((resolve) => server.close(resolve))
+  return createRedisClient({ url: `redis://127.0.0.1:${port}` })
+}
+
+test('Redis down, skipOnError false: 503 with Retry-After and FRG_RATE_LIMIT_UNAVAILABLE, through the error handler or not', async (t) => {
+  const down = await downRedis()
+  const { app, logs } = loggedApp()
+  t.after(async () => {
+    await app.close()
+    down.disconnect()
+  })
+  await app.register(rateLimit, { max: 2, timeWindow: '1 minute', redis: down })
+  app.get('/', async () => 'ok')
+  app.get('/create', { config: { rateLimit: false } }, async (request) => {
+    try {
+      await decorators(app).createRateLimit()(request)
+      return { rejected: false }
+    } catch (err) {
+      const { statusCode, code, headers } = err as { statusCode: number; code: string; headers: object }
+      return { statusCode, code, headers }
+    }
+  })
+  await app.register(async (own) => {
+    own.setErrorHandler((err: Error & { statusCode?: number; code?: string }, _request, reply) =>
+      reply.code(err.statusCode ?? 500).send({ mine: err.code }),
+    )
+    own.get('/own', async () => 'ok')
+  })
+  await app.ready()
+  assert.ok(logs.some((l) => /Redis at 127\.0\.0\.1:\d+ is not ready at boot/.test(String(l.msg))))
+  const res = await app.inject('/')
+  assert.equal(res.statusCode, 503)
+  assert.equal(res.headers['retry-after'], '1')
+  assert.deepEqual(res.json(), {
+    statusCode: 503,
+    code: 'FRG_RATE_LIMIT_UNAVAILABLE',
+    error: 'Service Unavailable',
+    message: 'Rate limit cannot be checked now; retry shortly',
+  })
+  // An error handler of the app's own gets the code, and the reply already carries Retry-After.
+  const own = await app.inject('/own')
+  assert.equal(own.statusCode, 503)
+  assert.equal(own.headers['retry-after'], '1')
+  assert.deepEqual(own.json(), { mine: 'FRG_RATE_LIMIT_UNAVAILABLE' })
+  // createRateLimit rejects with the same error, for the caller to answer.
+  assert.deepEqual((await app.inject('/create')).json(), {
+    statusCode: 503,
+    code: 'FRG_RATE_LIMIT_UNAVAILABLE',
+    headers: { 'retry-after': '1' },
+  })
+})
+
+/** A server that accepts connections and never answers: a Redis that hangs. */
+async function silentServer(): Promise<{ port: number; close: () => Promise<void> }> {
+  const sockets = new Set<Socket>()
+  const server = createServer((socket) => {
+    sockets.add(socket)
+    socket.on('error', () => {})
+  })
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+  const { port } = server.address() as AddressInfo
+  return {
+    port,
+    close: async () => {
+      for (const socket of sockets) socket.destroy()
+      await new Promise((resolve) => server.close(resolve))
+    },
+  }
+}
+
+test('connectTimeoutMs bounds the boot wait for a Redis that does not answer (default 1000 ms); a wrong value fails the boot', async (t) => {
+  const hung = await silentServer()
+  t.after(() => hung.close())
+  for (const [connectTimeoutMs, waited] of [
+    [undefined, 1000],
+    [100, 100],
+  ] as const) {
+    const client = createRedisClient({ url: `redis://127.0.0.1:${hung.port}` })
+    const { app, logs } = loggedApp()
+    await app.register(rateLimit, {
+      max: 2,
+      redis: client,
+      ...(connectTimeoutMs ? { connectTimeoutMs } : {}),
+    })
+    await app.ready()
+    assert.ok(
+      logs.some((l) => String(l.msg).includes(`not ready within ${waited} ms`)),
+      JSON.stringify(logs.map((l) => l.msg)),
+    )
+    await app.close()
+    client.disconnect()
+  }
+  const wrong = Fastify()
+  await assert.rejects(
+    async () => {
+      await wrong.register(rateLimit, { max: 2, redis, connectTimeoutMs: -1 })
+      await wrong.ready()
+    },
+    { code: 'FRG_INVALID_OPTION', message: /`connectTimeoutMs`.*got -1/ },
+  )
+  await wrong.close()
 })

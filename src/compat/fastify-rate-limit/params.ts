@@ -1,7 +1,6 @@
 import { createHash } from 'node:crypto'
 import type { FastifyRequest } from 'fastify'
 import { optionChecker, optionKeys } from '../../plugins/common/options.ts'
-import { parseDuration } from '../../plugins/rate-limit/duration.ts'
 import { DEFAULT_IPV6_SUBNET, defaultErrorResponse } from './responses.ts'
 import type {
   Awaitable,
@@ -71,11 +70,40 @@ export interface Params {
 
 const finiteNonNegative = (v: unknown): v is number => Number.isFinite(v) && (v as number) >= 0
 
+/**
+ * The grammar of @lukeed/ms's parse, which upstream reads a `timeWindow` string with: a number and
+ * an optional unit (ms, s, m, h, d, w, y and their long forms); no unit is milliseconds.
+ */
+const UPSTREAM_DURATION =
+  /^(-?(?:\d+)?\.?\d+) *(m(?:illiseconds?|s(?:ecs?)?))?(s(?:ec(?:onds?|s)?)?)?(m(?:in(?:utes?|s)?)?)?(h(?:ours?|rs?)?)?(d(?:ays?)?)?(w(?:eeks?|ks?)?)?(y(?:ears?|rs?)?)?$/
+const UNIT_MS = [1, 1000, 60_000, 3_600_000, 86_400_000, 7 * 86_400_000, 365.25 * 86_400_000]
+
+/** Milliseconds of a duration string as @lukeed/ms parses it ('5000', '1 week', '2w'), or undefined. */
+export function parseTimeWindow(text: string): number | undefined {
+  const match = UPSTREAM_DURATION.exec(text.toLowerCase())
+  const amount = match ? Number.parseFloat(match[1]!) : 0
+  // As upstream's parser: a zero amount is no duration.
+  if (!match || !amount) return undefined
+  const unit = match.slice(3).findIndex((group) => group !== undefined)
+  return amount * UNIT_MS[unit + 1]!
+}
+
+/**
+ * A window as upstream reads it. A string upstream parses is used as it parses it; one it cannot
+ * (or a window under a millisecond) fails the boot, where a silent default would turn a weekly
+ * limit into a per-minute one.
+ */
 function windowOf(value: unknown): number | WindowFunction {
-  if (finiteNonNegative(value)) return Math.trunc(value)
-  if (typeof value === 'string') return parseDuration(value) ?? DEFAULT_WINDOW
+  // Past 2^53 ms (about 285,000 years) a window cannot be counted exactly: it is that long, as for ever.
+  if (finiteNonNegative(value)) return Math.min(Math.trunc(value), Number.MAX_SAFE_INTEGER)
   if (typeof value === 'function') return value as WindowFunction
-  return DEFAULT_WINDOW
+  if (typeof value !== 'string') return DEFAULT_WINDOW
+  const ms = parseTimeWindow(value)
+  if (ms === undefined || !(ms >= 1))
+    check.fail(
+      `\`timeWindow\`: '${value}' is not a window: a number of milliseconds, or a string @fastify/rate-limit reads ('5000', '10s', '1 minute', '2h', '1 week', '2w')`,
+    )
+  return Math.min(Math.trunc(ms!), Number.MAX_SAFE_INTEGER)
 }
 
 function subnetOf(value: unknown): number {
@@ -151,7 +179,31 @@ const ROUTE_OPTIONS = optionKeys<RateLimitOptions>({
   continueExceeding: true,
   exponentialBackoff: true,
 })
-export const PLUGIN_OPTIONS = [...ROUTE_OPTIONS, 'global', 'redis', 'nameSpace', 'cache', 'store']
+export const PLUGIN_OPTIONS = [
+  ...ROUTE_OPTIONS,
+  'global',
+  'redis',
+  'nameSpace',
+  'cache',
+  'store',
+  'connectTimeoutMs',
+]
+
+/**
+ * How long registration waits for a Redis that is not ready. Upstream does not wait at all; a
+ * second lets a client that is still connecting decide the first requests, without holding the
+ * boot of an app whose Redis is down.
+ */
+export const DEFAULT_CONNECT_TIMEOUT_MS = 1000
+
+export function connectTimeoutOf(value: unknown): number {
+  if (value === undefined) return DEFAULT_CONNECT_TIMEOUT_MS
+  if (!Number.isSafeInteger(value) || (value as number) < 0)
+    check.fail(
+      `\`connectTimeoutMs\` must be a whole number of milliseconds, 0 or more (0: do not wait), got ${String(value)}`,
+    )
+  return value as number
+}
 
 export function mergeParams(base: Params, options: RateLimitOptions): Params {
   check.known(options, ROUTE_OPTIONS, 'route options')

@@ -66,9 +66,22 @@ export function defaultErrorResponse(_request: FastifyRequest, context: ErrorRes
   return err
 }
 
-/** Redis could not be asked and skipOnError is false: 503, not the client's error text. */
+/** Seconds before Redis is asked again once it failed (the engine's `retryRedisAfterMs`). */
+export const REDIS_RETRY_AFTER_S = 1
+
+/**
+ * Redis could not be asked and skipOnError is false: 503 with `Retry-After` and the suite's code,
+ * not the client's error text. `headers` is applied by Fastify's default error handler; the hook
+ * also sets it on the reply for error handlers of the app's own.
+ */
 export function unavailableError() {
-  const err = new Error('Rate limit cannot be checked now; retry shortly') as Error & { statusCode: number }
+  const err = new Error('Rate limit cannot be checked now; retry shortly') as Error & {
+    statusCode: number
+    code: string
+    headers: Record<string, string>
+  }
   err.statusCode = 503
+  err.code = 'FRG_RATE_LIMIT_UNAVAILABLE'
+  err.headers = { 'retry-after': String(REDIS_RETRY_AFTER_S) }
   return err
 }

@@ -42,6 +42,11 @@ export interface RateLimitPluginOptions extends RateLimitOptions {
   redis?: RedisClient
   /** Redis key prefix. Default 'fastify-rate-limit-'. */
   nameSpace?: string
+  /**
+   * How long registration waits for `redis` to be ready (ms; 0: do not wait). Default 1000. Past
+   * it the boot goes on with a warning, and requests follow `skipOnError` until Redis answers.
+   */
+  connectTimeoutMs?: number
   /** Keys kept by the in-process store (least recently used dropped first). Default 5000. */
   cache?: number
   /**

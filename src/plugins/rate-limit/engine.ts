@@ -7,7 +7,7 @@ import { askPolicies, capCost, resolveFor } from './asked.ts'
 import { RateLimitError } from './errors.ts'
 import { FALLBACK_MAX_KEYS, RedisFallback } from './fallback.ts'
 import { addToGroup, callOf, type Group, type KeyNames, nonceFor } from './groups.ts'
-import { identityTag, MAX_KEY_INPUT } from './keys.ts'
+import { identityTag, MAX_CACHED_IDENTITY } from './keys.ts'
 import { acquireStore, type MemoryStore, memoryStoreId, releaseStore } from './memory.ts'
 import type { RateLimitMetrics } from './metrics.ts'
 import {
@@ -305,11 +305,11 @@ export class RateLimitEngine implements KeyNames {
 
   /**
    * Hashing is most of the per-request CPU outside Redis: recent identities keep their tag. Only
-   * identities up to the hashed length are remembered: 10000 long client-supplied strings (a
-   * body field can be a megabyte) would otherwise be held here.
+   * short identities are remembered: 10000 long client-supplied strings (a body field can be a
+   * megabyte) would otherwise be held here.
    */
   private tagOf(identity: string): string {
-    if (identity.length > MAX_KEY_INPUT) return identityTag(identity)
+    if (identity.length > MAX_CACHED_IDENTITY) return identityTag(identity)
     let tag = this.tags.get(identity)
     if (tag === undefined) {
       if (this.tags.size >= 10_000) this.tags.clear()

@@ -8,17 +8,17 @@ import type { PrincipalFunction } from '../common/principal.ts'
  */
 export type KeyFunction = (request: FastifyRequest, principal: PrincipalFunction) => string | null | undefined
 
-/** Longest key material hashed; longer client input is cut first so hashing cost stays bounded. */
-export const MAX_KEY_INPUT = 512
+/** Longest identity the engine remembers the tag of; longer ones are hashed on each request. */
+export const MAX_CACHED_IDENTITY = 512
 
 /**
  * The hash tag of a key identity. Client-supplied parts (usernames, headers, forwarded IPs) never
  * reach Redis as they are: 132 bits of SHA-256 keep keys short, uniform and free of `{}` that
- * would change the Cluster slot.
+ * would change the Cluster slot. The whole identity is hashed, however long: two identities that
+ * differ anywhere have counters of their own.
  */
 export function identityTag(identity: string): string {
-  const input = identity.length > MAX_KEY_INPUT ? identity.slice(0, MAX_KEY_INPUT) : identity
-  return createHash('sha256').update(input).digest('base64url').slice(0, 22)
+  return createHash('sha256').update(identity).digest('base64url').slice(0, 22)
 }
 
 /**

@@ -1,5 +1,5 @@
 // Type-checked against the shipped .d.ts only: what a TypeScript user of the package writes.
-import Fastify from 'fastify'
+import Fastify, { type RouteShorthandOptions } from 'fastify'
 import {
   type AnyRedisClient,
   type BloomAnswer,
@@ -22,6 +22,7 @@ import {
   session,
   UnknownOptionError,
 } from 'fastify-redis-gateway'
+import compatRateLimit from 'fastify-redis-gateway/compat/fastify-rate-limit'
 import redisPlugin, { createRedisClient, type RedisClient } from 'fastify-redis-gateway/redis'
 import { Redis } from 'ioredis'
 import { Redis as Valkey } from 'iovalkey'
@@ -97,3 +98,15 @@ const valkeyClient: AnyRedisClient = valkey
 createBloomFilter(valkeyClient, { key: 'ids-vk', expectedItems: 1000, falsePositiveRate: 0.01 })
 const reportKey: string = cacheKey('report', 'tenant/acme', 42)
 console.log(reportKey.length)
+
+// The @fastify/rate-limit drop-in with @fastify/rate-limit not installed: route options typed apart
+// from the route keep `config.rateLimit`, with upstream's option types.
+const legacy = Fastify()
+await legacy.register(compatRateLimit, {
+  max: 100,
+  timeWindow: '1 minute',
+  redis: client,
+  connectTimeoutMs: 500,
+})
+const weekly: RouteShorthandOptions = { config: { rateLimit: { max: 3, timeWindow: '1 week' } } }
+legacy.get('/weekly', weekly, async (request) => request.routeOptions.config.rateLimit !== false)

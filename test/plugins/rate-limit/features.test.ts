@@ -113,6 +113,20 @@ for (const store of ['redis', 'memory'] as const) {
         assert.match(String(upgraded.headers.ratelimit), /^"plan";r=2;t=\d+$/)
       })
 
+      test('two long keys that share their first 512 characters have counters of their own', async () => {
+        const { app, prefix } = await build(store, {
+          '/x': { name: 'long', algorithm: 'fixed-window', limit: 1, windowMs: 60_000, key: byUser },
+        })
+        const common = 'u'.repeat(600)
+        const as = (user: string) => ({ url: '/x', headers: { 'x-user': user } })
+        assert.deepEqual(await statuses(app, 2, as(`${common}-ann`)), [200, 429])
+        assert.deepEqual(await statuses(app, 2, as(`${common}-bob`)), [200, 429])
+        for (const user of [`${common}-ann`, `${common}-bob`]) {
+          assert.ok((await ttlOf(store, keyFor(prefix, `x-user:${user}`, 'long', 'fixed-window'))) > 0, user)
+        }
+        assert.notEqual(identityTag(`x-user:${common}-ann`), identityTag(`x-user:${common}-bob`))
+      })
+
       test('windowMs as a function: the header says the window applied; each window length has its own counter', async () => {
         const window = (request: FastifyRequest) => (request.headers['x-plan'] === 'pro' ? 3_600_000 : 60_000)
         const { app, prefix } = await build(store, {
