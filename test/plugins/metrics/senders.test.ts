@@ -3,6 +3,7 @@ import { after, before, test } from 'node:test'
 import Fastify, { type FastifyInstance } from 'fastify'
 import { Redis } from 'ioredis'
 import { startRedisServer } from '../../../src/embedded/redis-server.ts'
+import { rawClient, sentBy } from '../../../src/plugins/common/redis.ts'
 import idempotency from '../../../src/plugins/idempotency/index.ts'
 import metrics from '../../../src/plugins/metrics/index.ts'
 import rateLimit from '../../../src/plugins/rate-limit/index.ts'
@@ -64,4 +65,29 @@ test('a fresh start (SCRIPT FLUSH) reloads the scripts without counting an error
   assert.equal(reloads({ client: 'idempotency', command: 'script:idempotencyClaim' }), 1)
   assert.equal(reloads({ client: 'idempotency', command: 'script:idempotencyComplete' }), 1)
   assert.equal(reloads({}), 3)
+})
+
+test("a plugin's view is the client itself: its state, its events, pipelines and duplicate()", async () => {
+  const view = sentBy(client, 'mine')
+  assert.equal(rawClient(view), client)
+  assert.equal(view.status, client.status)
+  const before = await scrape(app)
+  assert.equal(await view.ping(), 'PONG')
+  const replies = await view.pipeline().ping().ping().exec()
+  assert.deepEqual(replies, [
+    [null, 'PONG'],
+    [null, 'PONG'],
+  ])
+  const moved = delta(before, await scrape(app))
+  // The view's commands, pipelined ones too, under its name; none under the client's.
+  assert.equal(moved('redis_command_duration_seconds_count', { client: 'mine', command: 'ping' }), 3)
+  assert.equal(moved('redis_command_duration_seconds_count', { client: 'rate-limit', command: 'ping' }), 0)
+  // A duplicate is a client of its own, no view: it connects and answers.
+  const copy = view.duplicate()
+  try {
+    assert.equal(rawClient(copy), copy)
+    assert.equal(await copy.ping(), 'PONG')
+  } finally {
+    copy.disconnect()
+  }
 })
