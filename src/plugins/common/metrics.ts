@@ -1,12 +1,15 @@
 import type { FastifyInstance } from 'fastify'
 import type { Registry } from 'prom-client'
-import type { RedisClient } from './redis.ts'
+import { type RedisClient, rawClient } from './redis.ts'
 
 /** What the metrics plugin decorates `app.metrics` with. */
 export interface MetricsApi {
   /** One registry per app, so several apps in one process (tests, benchmarks) never share counters. */
   registry: Registry
-  /** Times every command `client` sends, labelled `client=<name>` (the first name given wins). */
+  /**
+   * Times every command `client` sends, labelled `client=<plugin>` when a plugin sent it (through
+   * its view, `sentBy`), else `client=<name>` (the first name given wins).
+   */
   observeRedis(client: RedisClient, name: string): void
 }
 
@@ -27,14 +30,18 @@ export function whenMetricsReady(app: FastifyInstance, register: (metrics: Metri
   })
 }
 
-/** Observes a plugin's Redis client: as `main` when it is the redis plugin's, else under the plugin's name. */
+/**
+ * Observes a plugin's Redis client (the client behind its view): as `main` when it is the redis
+ * plugin's, else under the plugin's name. The plugin's own commands are labelled by the plugin either way.
+ */
 export function observePluginRedis(
   app: FastifyInstance,
   metrics: MetricsApi,
   client: RedisClient,
   plugin: string,
 ) {
-  metrics.observeRedis(client, app.hasDecorator('redis') && app.redis === client ? 'main' : plugin)
+  const raw = rawClient(client)
+  metrics.observeRedis(raw, app.hasDecorator('redis') && app.redis === raw ? 'main' : plugin)
 }
 
 /**

@@ -305,7 +305,9 @@ const commandBounds = new WeakMap<object, number>()
 /** How long a client lets a command wait for its reply: ioredis's `commandTimeout` or `boundCommands`'s; undefined: forever. */
 export function commandTimeoutOf(client: RedisClient): number | undefined {
   const options = client.options as { commandTimeout?: number; redisOptions?: { commandTimeout?: number } }
-  return commandBounds.get(client) ?? options.commandTimeout ?? options.redisOptions?.commandTimeout
+  return (
+    commandBounds.get(rawClient(client)) ?? options.commandTimeout ?? options.redisOptions?.commandTimeout
+  )
 }
 
 /** The fields of an ioredis command that `boundCommands` reads (ioredis 5 has no `isSettled`). */
@@ -378,6 +380,8 @@ export function boundCommands(client: Redis, ms: number): void {
  * (command timeouts, write batching, metrics).
  */
 export function beforeEachCommand(client: RedisClient, beforeSend: (command: Command) => void): void {
+  // On the client itself: a plugin's view (`sentBy`) hands its commands to the client's sendCommand.
+  client = rawClient(client)
   const send = client.sendCommand as (this: RedisClient, ...args: unknown[]) => unknown
   client.sendCommand = function (this: RedisClient, command: Command, ...rest: unknown[]) {
     beforeSend(command)
@@ -385,9 +389,44 @@ export function beforeEachCommand(client: RedisClient, beforeSend: (command: Com
   } as typeof client.sendCommand
 }
 
+/** Set on a command by a plugin's view of a client (`sentBy`): the plugin that sent it. */
+export const SENT_BY = Symbol('sentBy')
+
+/** The clients behind the views `sentBy` made. */
+const viewed = new WeakMap<object, RedisClient>()
+
+/** The client itself, for a view `sentBy` made of it; any other client as it is. */
+export function rawClient<T extends RedisClient>(client: T): T {
+  return (viewed.get(client) as T | undefined) ?? client
+}
+
+/**
+ * `client` as `plugin` uses it: the same client, whose commands carry the plugin's name (SENT_BY)
+ * so that metrics label each command by the plugin that sent it, also when several plugins share
+ * one client. A Proxy rather than a label on the client: every other member is the client's own
+ * (its state, events, `duplicate()`, a Cluster's routing, writes to its fields), and its methods run
+ * with the view as `this`, so the commands they build (calls, scripts, each command of a pipeline)
+ * leave through the view's `sendCommand`. A command already named (a view of a view) keeps the
+ * innermost caller's name.
+ */
+export function sentBy<T extends RedisClient>(client: T, plugin: string): T {
+  const raw = rawClient(client)
+  const send = (command: Command & { [SENT_BY]?: string }, ...rest: unknown[]) => {
+    command[SENT_BY] ??= plugin
+    // Looked up at each call: a hook installed on the client later (metrics at onReady) applies.
+    return Reflect.apply(client.sendCommand, client, [command, ...rest])
+  }
+  const view = new Proxy(client, {
+    get: (target, property, receiver) =>
+      property === 'sendCommand' ? send : Reflect.get(target, property, receiver),
+  })
+  viewed.set(view, raw)
+  return view
+}
+
 /**
  * The client a Redis-backed plugin runs on, ready for its first request: `pluginRedis`, then the
- * shared boot wait, then the server check. Every plugin boots its client this one way.
+ * shared boot wait, then the server check; the plugin's view of it (`sentBy`). Every plugin boots its client this one way.
  */
 export async function bootPluginRedis(
   app: FastifyInstance,
@@ -402,5 +441,5 @@ export async function bootPluginRedis(
   const client = pluginRedis(app, plugin, settings.redis)
   await awaitRedisAtBoot(app, client, plugin, settings.connectTimeoutMs ?? DEFAULT_CONNECT_TIMEOUT_MS)
   await checkRedisServer(app, client, plugin, settings.eviction, settings.fix)
-  return client
+  return sentBy(client, plugin)
 }

@@ -5,7 +5,7 @@ import { Counter, collectDefaultMetrics, Registry } from 'prom-client'
 import { scriptSources } from '../../lua/index.ts'
 import { adoptMetric, type MetricsApi } from '../common/metrics.ts'
 import { optionChecker, optionKeys } from '../common/options.ts'
-import { beforeEachCommand, type RedisClient } from '../common/redis.ts'
+import { beforeEachCommand, type RedisClient, rawClient, SENT_BY } from '../common/redis.ts'
 import { type HistogramSeries, TalliedHistogram } from '../common/tallied-histogram.ts'
 
 export type { MetricsApi }
@@ -29,22 +29,25 @@ function commandLabel(command: Command): string {
   return command.name
 }
 
+/** A NOSCRIPT reply: the server did not have the script yet, and its caller sends it with EVAL. */
+const isNoScript = (err: unknown) => ((err as Error)?.message ?? '').startsWith('NOSCRIPT')
+
 function errorReason(err: unknown): string {
   const message = (err as Error)?.message ?? ''
   if (/timed out/i.test(message)) return 'timeout'
-  if (message.startsWith('NOSCRIPT')) return 'noscript'
   if (/writeable|Connection is closed|ECONN|EPIPE|ETIMEDOUT|MaxRetries|unreachable/i.test(message)) {
     return 'connection'
   }
   return 'reply'
 }
 
-type CommandSink = (label: string, seconds: number, error: unknown) => void
+/** A command's label, its latency, its error if any, and the plugin that sent it, if one did. */
+type CommandSink = (label: string, seconds: number, error: unknown, sender: string | undefined) => void
 const SINKS = Symbol('metricsSinks')
 /** Set on a command when it is first sent: a cluster redirect sends it again, timed once. */
 const SENT_AT = Symbol('sentAt')
 type Observed = RedisClient & { [SINKS]?: Set<CommandSink> }
-type TimedCommand = Command & { [SENT_AT]?: number }
+type TimedCommand = Command & { [SENT_AT]?: number; [SENT_BY]?: string }
 
 /**
  * Hooks into the client's commands once (every command, script and pipelined command); each app
@@ -59,7 +62,7 @@ function addCommandSink(client: Observed, sink: CommandSink): () => void {
     const report = (command: TimedCommand, error: unknown) => {
       const seconds = (performance.now() - command[SENT_AT]!) / 1000
       const label = commandLabel(command)
-      for (const s of own) s(label, seconds, error)
+      for (const s of own) s(label, seconds, error, command[SENT_BY])
     }
     beforeEachCommand(client, (command: TimedCommand) => {
       if (command[SENT_AT] !== undefined) return
@@ -109,8 +112,17 @@ async function metricsPlugin(app: FastifyInstance, options: MetricsPluginOptions
     registry,
     new Counter({
       name: 'redis_command_errors_total',
-      help: 'Redis commands that failed, by client, command and reason (timeout, connection, noscript, reply)',
+      help: 'Redis commands that failed, by client, command and reason (timeout, connection, reply)',
       labelNames: ['client', 'command', 'reason'] as const,
+      registers: [],
+    }),
+  )
+  const scriptReloads = adoptMetric(
+    registry,
+    new Counter({
+      name: 'redis_script_reloads_total',
+      help: 'EVALSHA answered NOSCRIPT (first use on a server, a restart, SCRIPT FLUSH, a failover) and sent again as EVAL, by client and script',
+      labelNames: ['client', 'command'] as const,
       registers: [],
     }),
   )
@@ -118,19 +130,29 @@ async function metricsPlugin(app: FastifyInstance, options: MetricsPluginOptions
   const observedClients = new WeakSet<RedisClient>()
   const metrics: MetricsApi = {
     registry,
-    observeRedis(client, name) {
+    observeRedis(observed, name) {
+      const client = rawClient(observed)
       if (observedClients.has(client)) return
       observedClients.add(client)
-      const timers = new Map<string, HistogramSeries>()
+      // Per sender, then per command: the series looked up once each.
+      const timers = new Map<string, Map<string, HistogramSeries>>()
       cleanups.push(
-        addCommandSink(client, (command, seconds, error) => {
-          let timer = timers.get(command)
+        addCommandSink(client, (command, seconds, error, sender = name) => {
+          let bySender = timers.get(sender)
+          if (!bySender) {
+            bySender = new Map()
+            timers.set(sender, bySender)
+          }
+          let timer = bySender.get(command)
           if (!timer) {
-            timer = redisDuration.series({ client: name, command })
-            timers.set(command, timer)
+            timer = redisDuration.series({ client: sender, command })
+            bySender.set(command, timer)
           }
           timer.observe(seconds)
-          if (error) redisErrors.inc({ client: name, command, reason: errorReason(error) })
+          if (!error) return
+          // Not a failure: the caller sends the script again with EVAL, which is timed on its own.
+          if (isNoScript(error)) scriptReloads.inc({ client: sender, command })
+          else redisErrors.inc({ client: sender, command, reason: errorReason(error) })
         }),
       )
     },

@@ -45,7 +45,8 @@ export interface SessionPluginOptions {
    * A request slides the idle expiry only when this instance last did so for that session at least
    * this long ago, so most requests write nothing to Redis; a session then expires between
    * `idleTimeoutMs - touchAfterMs` and `idleTimeoutMs` after its last request. 0 slides it on every
-   * request. Default `idleTimeoutMs / 20` (90 s of the default 30 minutes).
+   * request. Default `idleTimeoutMs / 20` (90 s of the default 30 minutes). A session given a
+   * shorter idle timeout at login is slid after the same share of its own.
    */
   touchAfterMs?: number
   /** Prepended to every session and index key. Default `sess:`. */

@@ -39,9 +39,14 @@ for (const series of [
 ]) {
   assert.ok(text.includes(series), `/metrics shows ${series}`)
 }
-// One client shared by every plugin: its commands are timed once, under the first plugin's name.
+// One client shared by every plugin: each command is timed once, under the plugin that sent it.
 assert.match(
   text,
-  /redis_command_duration_seconds_count\{client="session",command="script:rateLimitTokenBucket"\} [1-9]/,
+  /redis_command_duration_seconds_count\{client="rate-limit",command="script:rateLimitTokenBucket"\} [1-9]/,
 )
+assert.match(
+  text,
+  /redis_command_duration_seconds_count\{client="idempotency",command="script:idempotencyClaim"\} [1-9]/,
+)
+assert.ok(!text.includes('client="session",command="script:rateLimitTokenBucket"'))
 await done('metrics', app, redis)
