@@ -164,6 +164,46 @@ class Take implements ModelCommand<Model, Real> {
   toString = () => `take(${this.instance})`
 }
 
+/**
+ * A consumer handles one item: its handler stops the consumer as it runs (so no second take
+ * follows), and succeeds (the id is acknowledged) or throws (nacked, due again 700 ms later).
+ */
+class ConsumeOne implements ModelCommand<Model, Real> {
+  constructor(
+    readonly instance: Instance,
+    readonly fails: boolean,
+  ) {}
+  check = (model: Readonly<Model>) => model.ready.length > 0
+  async run(model: Model, real: Real) {
+    let handled: string | undefined
+    let stopped: Promise<void> | undefined
+    await new Promise<void>((resolve, reject) => {
+      const consumer = real.queues[this.instance].consume(
+        (id) => {
+          handled = id
+          stopped = consumer.stop()
+          stopped.then(resolve, reject)
+          if (this.fails) throw new Error('handler failed')
+        },
+        { pollMs: 5, retryDelayMs: () => 700 },
+      )
+    })
+    await stopped
+    assert.ok(handled !== undefined)
+    const at = model.ready.findIndex((entry) => entry.id === handled)
+    assert.ok(at >= 0, `consumed ${handled}, which the model has not made ready`)
+    const [entry] = model.ready.splice(at, 1)
+    assert.ok(entry!.due <= model.now, `${handled} delivered before its due time`)
+    if (this.fails) {
+      model.registered.add(this.instance)
+      addEarlier(model.delayed[this.instance], handled, model.now + 700)
+    }
+    // The take registered the instance too.
+    model.registered.add(this.instance)
+  }
+  toString = () => `consumeOne(${this.instance}, ${this.fails ? 'fails' : 'succeeds'})`
+}
+
 class Ack implements ModelCommand<Model, Real> {
   constructor(
     readonly instance: Instance,
@@ -329,6 +369,7 @@ modelTest<Model, Real>({
     instance.map((i) => new Move(i)),
     instance.map((i) => new Take(i)),
     instance.map((i) => new Take(i)),
+    fc.tuple(instance, fc.boolean()).map(([i, fails]) => new ConsumeOne(i, fails)),
     fc.tuple(instance, id).map(([i, j]) => new Ack(i, j)),
     fc.tuple(instance, id, fc.constantFrom(0, 700, 2000)).map(([i, j, ms]) => new Nack(i, j, ms)),
     instance.map((i) => new ReturnStuck(i)),
