@@ -7,9 +7,9 @@ import { type ModelCommand, modelTest } from './harness.ts'
 import { MODEL_EPOCH_MS, type ModelRedis, startModelRedis } from './redis.ts'
 
 // The delayed queue against a plain model on a Redis whose clock the model moves. Two instances
-// ('a' and 'b', stable ids) schedule, cancel, move, take, ack, nack, heartbeat, run the watchdog,
-// adopt, stop (and stop again), and crash and come back under the same id; faults: FLUSHALL and a
-// Redis restart. No timers run (start() is never called): every background step is a command, so
+// ('a' and 'b', stable ids; b's own clock 1.5 s ahead of Redis's) schedule, cancel, move, take,
+// consume, ack, nack, heartbeat, run the watchdog, adopt, stop (and stop again), and crash and come
+// back under the same id; faults: FLUSHALL and a Redis restart. No timers run (start() is never called): every background step is a command, so
 // a run replays exactly.
 //
 // The model holds where each entry is: an instance's delayed set (id -> due time), the ready list,
@@ -26,6 +26,8 @@ const IDS = ['j1', 'j2', 'j3', 'j4'] as const
 const VISIBILITY_MS = 1000
 const HEARTBEAT_TTL_MS = 3000
 const BATCH = 2
+/** How far each instance's own clock is ahead of the Redis clock. */
+const CLOCK_AHEAD_MS: Record<'a' | 'b', number> = { a: 0, b: 1500 }
 
 interface ReadyEntry {
   id: string
@@ -96,8 +98,13 @@ class Schedule implements ModelCommand<Model, Real> {
   ) {}
   check = () => true
   async run(model: Model, real: Real) {
-    const due = model.now + this.inMs
-    const added = await real.queues[this.instance].schedule(this.id, due)
+    // Due times are epoch ms of the producer's clock, which for 'b' runs ahead of Redis's: its items
+    // are due by that much later on the Redis clock, and never run before the time it passed.
+    const due = model.now + CLOCK_AHEAD_MS[this.instance] + this.inMs
+    const queue = real.queues[this.instance]
+    const added = await (this.instance === 'b'
+      ? queue.schedule(this.id, new Date(due))
+      : queue.schedule(this.id, due))
     model.registered.add(this.instance)
     const set = model.delayed[this.instance]
     // ZADD NX: an id already in this instance's set keeps its first due time.
