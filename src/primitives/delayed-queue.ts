@@ -266,11 +266,14 @@ export function createDelayedQueue(client: AnyRedisClient, options: DelayedQueue
         keys.heartbeat(instanceId),
       ])
     })()
-    // A failed hand-back (Redis unreachable) may be retried by calling stop() again.
-    stopping.catch(() => {
-      stopping = undefined
-    })
-    return stopping
+    // Shared only while it runs: a later stop() hands back again (ids taken since, or a hand-back
+    // that failed because Redis was unreachable).
+    const current = stopping
+    const settled = () => {
+      if (stopping === current) stopping = undefined
+    }
+    current.then(settled, settled)
+    return current
   }
 
   function consume(handler: (id: string) => unknown, consumeOptions: ConsumeOptions = {}): Consumer {

@@ -292,6 +292,20 @@ test('stop() hands back: processing ids return to ready, the heartbeat goes, the
   assert.equal(await redis.zcard(b.keys.delayed('b')), 10)
 })
 
+test('a second stop() hands back what was taken since the first', async () => {
+  const keyPrefix = prefix()
+  const a = queue({ keyPrefix, instanceId: 'a' })
+  for (const id of ids(2, 'now')) await a.schedule(id, Date.now() - 1)
+  assert.equal(await a.move(), 2)
+  assert.ok(await a.take())
+  assert.equal(await a.stop(), 1)
+  // Taken after the first stop (take needs no start()): the next stop() hands it back too.
+  assert.ok(await a.take())
+  assert.equal(await a.stop(), 1)
+  assert.equal(await redis.llen(a.keys.processing('a')), 0)
+  assert.equal(await redis.llen(a.keys.ready), 2)
+})
+
 test('remove(): a waiting id leaves every delayed set and the ready list; a taken one stays', async () => {
   const keyPrefix = prefix()
   const a = queue({ keyPrefix, instanceId: 'a' })
