@@ -7,7 +7,6 @@ import {
   login,
   type TestApp,
   type TestCustomer,
-  type TestDatabase,
 } from '../helpers/index.ts'
 
 // The demo's account filter against accounts that appear behind the gateway's back: a bulk import
