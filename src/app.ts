@@ -71,14 +71,15 @@ declare module 'fastify' {
   interface FastifyInstance {
     lifecycle: { draining: boolean }
     /** Which account ids exist (docs/bloom.md); when off, every id might. */
-    accountFilter: Pick<AccountFilter, 'mightExist' | 'add' | 'settled'>
+    accountFilter: Pick<AccountFilter, 'mightExist' | 'add' | 'catchUp' | 'settled'>
   }
 }
 
 /** The account filter when it is off: the database answers every id. */
-const NO_ACCOUNT_FILTER: Pick<AccountFilter, 'mightExist' | 'add' | 'settled'> = {
+const NO_ACCOUNT_FILTER: Pick<AccountFilter, 'mightExist' | 'add' | 'catchUp' | 'settled'> = {
   mightExist: async () => true,
   add: async () => {},
+  catchUp: async () => {},
   settled: async () => {},
 }
 

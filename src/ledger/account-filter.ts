@@ -1,10 +1,12 @@
 import type { Database } from '../db/database.ts'
-import { type BloomAnswer, type BloomFilter, createBloomFilter, type RedisClient } from '../index.ts'
+import { BLOOM_MAX_BATCH, type BloomFilter, createBloomFilter, type RedisClient } from '../index.ts'
 
 // Which account ids exist, as a Bloom filter in Redis: a read of an id that no account has is
 // answered without the database and without a "not found" cache entry per id (cache penetration).
-// The filter never answers "absent" for an id it was given, and a filter Redis lost answers
-// "unknown" (the read goes on to the database) until it is rebuilt from Postgres.
+// No existing account is ever reported missing: the filter never answers "absent" for an id it was
+// given, a filter Redis lost answers "unknown" (the read goes on to the database) until it is
+// rebuilt from Postgres, and its "absent" is trusted only for ids its last catch-up covered. An id
+// above that asks Postgres for its newest id (one query shared by the reads waiting for it).
 
 export interface AccountFilterOptions {
   db: Database
@@ -29,6 +31,8 @@ export interface AccountFilter {
    * background: meanwhile reads go on to the database), then catches up on a timer.
    */
   start(): void
+  /** Catches up now (or joins the catch-up under way): adds the accounts Postgres has that it lacks. */
+  catchUp(): Promise<void>
   /** Resolves once the build or catch-up under way (if any) is over. */
   settled(): Promise<void>
   stop(): Promise<void>
@@ -38,9 +42,12 @@ export interface AccountFilter {
 const PAGE = 10_000
 /**
  * A catch-up reads back this many ids below the newest it saw: an account whose insert committed
- * after a later one's (two transactions at once) is still added.
+ * after a later one's (two transactions at once) is still added. Below the newest id covered less
+ * this, the filter's "absent" is trusted as it is.
  */
 const CATCH_UP_OVERLAP = 1000
+/** An account's id and creation time in µs: `<id>:<µs>`, the same text on every read. */
+const STAMP = 'id, (extract(epoch FROM created_at) * 1000000)::bigint::text AS created'
 
 export function createAccountFilter(options: AccountFilterOptions): AccountFilter {
   const { db, redis, onError = () => {} } = options
@@ -49,37 +56,64 @@ export function createAccountFilter(options: AccountFilterOptions): AccountFilte
     expectedItems: options.capacity,
     falsePositiveRate: 0.01,
   })
-  // The newest account id the filter was given by a rebuild or a catch-up (a key of its own: it
-  // goes with the filter when Redis loses data, and its absence asks for a rebuild).
+  // The newest account the filter was given by a rebuild or a catch-up, as `<id>:<created µs>` (a
+  // key of its own: it goes with the filter when Redis loses data, and its absence asks for a
+  // rebuild). Postgres no longer having that account with that time means the database was
+  // restored or replaced (ids start again): the filter is rebuilt.
   const newestKey = `${options.key}:newest`
   let rebuilding: Promise<void> | null = null
   let timer: NodeJS.Timeout | null = null
   let catchingUp: Promise<void> | null = null
+  // This instance's last rebuild or catch-up succeeded, and `covered` is the newest id it saw: until
+  // then (at start, after a failure, during a rebuild for a restore) no "absent" is trusted.
+  let current = false
+  let covered = 0
 
-  async function* idsAbove(after: number): AsyncGenerator<string> {
+  async function* idsAbove(after: number, last: { id: number; created: string }): AsyncGenerator<string> {
     for (let from = after; ; ) {
-      const rows = await db.query<{ id: number }>(
-        'SELECT id FROM accounts WHERE id > $1 ORDER BY id LIMIT $2',
+      const rows = await db.query<{ id: number; created: string }>(
+        `SELECT ${STAMP} FROM accounts WHERE id > $1 ORDER BY id LIMIT $2`,
         [from, PAGE],
       )
-      for (const row of rows) yield String(row.id)
+      for (const row of rows) {
+        if (row.id > last.id) Object.assign(last, row)
+        yield String(row.id)
+      }
       if (rows.length < PAGE) return
       from = rows.at(-1)!.id
     }
   }
 
+  async function addAll(ids: AsyncIterable<string>): Promise<void> {
+    let batch: string[] = []
+    for await (const id of ids) {
+      batch.push(id)
+      if (batch.length === BLOOM_MAX_BATCH) {
+        await bloom.add(batch)
+        batch = []
+      }
+    }
+    if (batch.length > 0) await bloom.add(batch)
+  }
+
   async function rebuild(): Promise<void> {
-    const [row] = await db.query<{ newest: number }>(
-      'SELECT coalesce(max(id), 0)::int AS newest FROM accounts',
+    current = false
+    const [newest = { id: 0, created: '' }] = await db.query<{ id: number; created: string }>(
+      `SELECT ${STAMP} FROM accounts ORDER BY id DESC LIMIT 1`,
     )
-    await bloom.rebuild(idsAbove(0))
+    await bloom.rebuild(idsAbove(0, { id: 0, created: '' }))
     // Accounts inserted while it ran went to the filter through `add` or come with the next catch-up.
-    await redis.set(newestKey, String(row!.newest))
+    await redis.set(newestKey, `${newest.id}:${newest.created}`)
+    covered = newest.id
+    current = true
   }
 
   function rebuildOnce(): Promise<void> {
     rebuilding ??= rebuild()
-      .catch(onError)
+      .catch((err) => {
+        current = false
+        onError(err)
+      })
       .finally(() => {
         rebuilding = null
       })
@@ -87,53 +121,87 @@ export function createAccountFilter(options: AccountFilterOptions): AccountFilte
   }
 
   async function catchUp(): Promise<void> {
-    const newest = await redis.get(newestKey)
-    if (newest === null || !(await bloom.ready())) return rebuildOnce()
-    let last = Number(newest)
-    let batch: string[] = []
-    for await (const id of idsAbove(Math.max(0, last - CATCH_UP_OVERLAP))) {
-      batch.push(id)
-      last = Math.max(last, Number(id))
-      if (batch.length === PAGE) {
-        await bloom.add(batch)
-        batch = []
-      }
+    const marker = await redis.get(newestKey)
+    const [id, created] = (marker ?? '').split(':')
+    if (marker === null || created === undefined || !(await bloom.ready())) return rebuildOnce()
+    const last = { id: Number(id), created }
+    if (last.id > 0) {
+      const [row] = await db.query<{ created: string }>(`SELECT ${STAMP} FROM accounts WHERE id = $1`, [
+        last.id,
+      ])
+      if (row?.created !== created) return rebuildOnce()
     }
-    if (batch.length > 0) await bloom.add(batch)
-    await redis.set(newestKey, String(last))
+    await addAll(idsAbove(Math.max(0, last.id - CATCH_UP_OVERLAP), last))
+    await redis.set(newestKey, `${last.id}:${last.created}`)
+    // A rebuild started meanwhile (Redis lost the filter) says when the filter is current again.
+    if (rebuilding) return
+    covered = last.id
+    current = true
   }
 
   function catchUpOnce(): Promise<void> {
     catchingUp ??= catchUp()
-      .catch(onError)
+      .catch((err) => {
+        current = false
+        onError(err)
+      })
       .finally(() => {
         catchingUp = null
       })
     return catchingUp
   }
 
+  // Postgres' newest account id, from a query that starts after the call: an account committed
+  // before a read began is at or below it. Reads waiting at once share one query.
+  let probe: Promise<number> | null = null
+  let nextProbe: Promise<number> | null = null
+  function newestId(): Promise<number> {
+    if (probe) {
+      nextProbe ??= probe
+        .catch(() => {})
+        .then(() => {
+          nextProbe = null
+          return newestId()
+        })
+      return nextProbe
+    }
+    probe = db
+      .query<{ newest: number }>('SELECT coalesce(max(id), 0)::int AS newest FROM accounts')
+      .then(([row]) => row!.newest)
+      .finally(() => {
+        probe = null
+      })
+    return probe
+  }
+
   return {
     bloom,
     async mightExist(accountId) {
-      let answer: BloomAnswer
       try {
-        answer = await bloom.check(String(accountId))
+        const answer = await bloom.check(String(accountId))
+        // Lost or never built: the database answers meanwhile.
+        if (answer === 'unknown') void rebuildOnce()
+        if (answer !== 'absent' || !current) return true
+        if (accountId <= covered - CATCH_UP_OVERLAP) return false
+        // Newer than the last catch-up: absent only when above every account Postgres has.
+        if (accountId > (await newestId())) return false
+        void catchUpOnce()
+        return true
       } catch (err) {
         onError(err)
         return true
       }
-      // Lost or never built: the database answers meanwhile.
-      if (answer === 'unknown') void rebuildOnce()
-      return answer !== 'absent'
     },
     async add(accountIds) {
-      if (accountIds.length > 0) await bloom.add(accountIds.map(String))
+      for (let i = 0; i < accountIds.length; i += BLOOM_MAX_BATCH)
+        await bloom.add(accountIds.slice(i, i + BLOOM_MAX_BATCH).map(String))
     },
     start() {
       void catchUpOnce()
       timer = setInterval(() => void catchUpOnce(), options.catchUpIntervalMs ?? 10_000)
       timer.unref()
     },
+    catchUp: catchUpOnce,
     async settled() {
       await catchingUp
       await rebuilding

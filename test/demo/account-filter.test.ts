@@ -1,0 +1,115 @@
+import assert from 'node:assert/strict'
+import { after, before, test } from 'node:test'
+import { createBloomFilter } from '../../src/index.ts'
+import {
+  buildTestApp,
+  createCustomer,
+  createTestDatabase,
+  login,
+  type TestApp,
+  type TestCustomer,
+} from '../helpers/index.ts'
+
+// The demo's account filter against accounts that appear behind the gateway's back: a bulk import
+// larger than one call of the Bloom filter's `add` takes, and a database replaced by another whose
+// ids start again. Every account that exists answers 200; a made-up id still costs no query.
+
+let t: TestApp
+let owner: TestCustomer
+let cookie: string
+
+before(async () => {
+  t = await buildTestApp({ RATE_LIMITS: 'off' }, { accountFilter: 'on' })
+  owner = await createCustomer(t.db, 'importer', [1_000])
+  await t.app.accountFilter.catchUp()
+  cookie = await login(t.app, owner)
+})
+after(() => t.close())
+
+/** `count` accounts of `customerId`, inserted in one statement; their ids. */
+async function bulkInsert(db: TestApp['db'], customerId: number, count: number): Promise<number[]> {
+  const rows = await db.query<{ id: number }>(
+    `INSERT INTO accounts (customer_id, currency, balance, opening_balance)
+     SELECT $1, 'VND', 0, 0 FROM generate_series(1, $2::integer) RETURNING id`,
+    [customerId, count],
+  )
+  return rows.map((row) => row.id).sort((a, b) => a - b)
+}
+
+/** The gateway's filter read directly: what it holds, not what a read falls through to. */
+const bloomOf = (app: TestApp) =>
+  createBloomFilter(app.redis, {
+    key: `${app.prefix}accounts`,
+    expectedItems: 1_000_000,
+    falsePositiveRate: 0.01,
+  })
+
+const balance = (app: TestApp['app'], id: number, cookieHeader = cookie) =>
+  app.inject({ method: 'GET', url: `/accounts/${id}/balance`, headers: { cookie: cookieHeader } })
+
+test('accounts imported in bulk answer 200 at once and after every catch-up', async () => {
+  const ids = await bulkInsert(t.db, owner.customerId, 6_001)
+  // Before any catch-up: the filter has not seen them, Postgres has.
+  for (const id of [ids[0]!, ids[3000]!, ids.at(-1)!])
+    assert.equal((await balance(t.app, id)).statusCode, 200, `account ${id} before the catch-up`)
+
+  await t.app.accountFilter.catchUp()
+  const answers = await bloomOf(t).check(ids.slice(0, 5000).map(String))
+  const rest = await bloomOf(t).check(ids.slice(5000).map(String))
+  assert.deepEqual(
+    [...answers, ...rest].filter((answer) => answer !== 'maybe'),
+    [],
+    'the catch-up added every imported id',
+  )
+  assert.equal((await t.redis.get(`${t.prefix}accounts:newest`))?.split(':')[0], String(ids.at(-1)))
+
+  // One created after the import, behind the gateway's back too, then one more catch-up.
+  const [later] = await bulkInsert(t.db, owner.customerId, 1)
+  assert.equal((await balance(t.app, later!)).statusCode, 200)
+  await t.app.accountFilter.catchUp()
+  assert.equal(await bloomOf(t).check(String(later)), 'maybe')
+  for (const id of [ids[0]!, ids[4999]!, ids[5000]!, ids.at(-1)!, later!])
+    assert.equal((await balance(t.app, id)).statusCode, 200, `account ${id}`)
+
+  // Made-up ids, below and above the newest account: 404, and none of them cached.
+  for (const id of [later! + 1, later! + 1_000_000]) assert.equal((await balance(t.app, id)).statusCode, 404)
+  assert.equal(await t.app.accountFilter.mightExist(later! + 1_000_000), false)
+})
+
+test('a database whose ids start again is met with a rebuild, not with the old filter', async () => {
+  // The old database: 1,500 accounts with a gap at the 10th (an insert rolled back, a deletion).
+  const old = await createTestDatabase()
+  const replaced = await createTestDatabase()
+  const keyPrefix = `${t.prefix}restore:`
+  let first: TestApp | undefined
+  let second: TestApp | undefined
+  try {
+    first = await buildTestApp({ RATE_LIMITS: 'off' }, { accountFilter: 'on', testDatabase: old, keyPrefix })
+    const oldOwner = await createCustomer(old.db, 'old', [])
+    const oldIds = await bulkInsert(old.db, oldOwner.customerId, 1_500)
+    await old.db.query('DELETE FROM accounts WHERE id = $1', [oldIds[9]])
+    await first.app.accountFilter.catchUp()
+    assert.equal(await bloomOf(first).check(String(oldIds[9])), 'absent')
+    await first.close()
+    first = undefined
+
+    // The same Redis, a new database: its 10th account exists.
+    const newOwner = await createCustomer(replaced.db, 'new', [])
+    const newIds = await bulkInsert(replaced.db, newOwner.customerId, 1_500)
+    assert.equal(newIds[9], oldIds[9])
+    second = await buildTestApp(
+      { RATE_LIMITS: 'off' },
+      { accountFilter: 'on', testDatabase: replaced, keyPrefix },
+    )
+    await second.app.accountFilter.settled()
+    assert.equal(await bloomOf(second).check(String(newIds[9])), 'maybe')
+    const newCookie = await login(second.app, newOwner)
+    for (const id of [newIds[0]!, newIds[9]!, newIds.at(-1)!])
+      assert.equal((await balance(second.app, id, newCookie)).statusCode, 200, `account ${id}`)
+  } finally {
+    await first?.close()
+    await second?.close()
+    await old.drop()
+    await replaced.drop()
+  }
+})
