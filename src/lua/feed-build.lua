@@ -2,7 +2,7 @@
 -- 'finish' with what it answered.
 -- KEYS[1] feed (sorted set), KEYS[2] following (set), KEYS[3] pulled (set), KEYS[4] meta (hash): one reader's
 -- ARGV[1] 'start', ARGV[2] expiry (unix ms), ARGV[3] this build's token: the feed exists from now
---   on, with its placeholder '' at -2 (being built), so fan-out writes land in it while the
+--   on, emptied, with its placeholder '' at -2 (being built), so fan-out writes land in it while the
 --   application is asked; following, pulled and the mark are cleared; the token is kept in meta
 --   (`build`), where a follow or unfollow, or a later build, replaces or drops it. Reply 1.
 -- ARGV[1] 'finish', ARGV[2] expiry (unix ms), ARGV[3] the activity mark (ms), ARGV[4] feedMaxItems,
@@ -13,8 +13,10 @@
 --   else 1.
 -- #include feed-reader
 if ARGV[1] == 'start' then
+  -- What the feed held goes: a feed rebuilt after a producer's keys were lost may hold items that
+  -- producer removed since. Fan-out before this point was of items the application's answer holds.
+  redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
   redis.call('ZADD', KEYS[1], -2, '')
-  redis.call('DEL', KEYS[2], KEYS[3])
   redis.call('HDEL', KEYS[4], 'mark')
   redis.call('HSET', KEYS[4], 'build', ARGV[3])
   redis.call('PEXPIREAT', KEYS[1], ARGV[2])
