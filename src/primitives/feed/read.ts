@@ -155,7 +155,11 @@ export function createFeedReader(
     }
   }
 
-  async function readPage(reader: string, limit: number, cursor: string | null | undefined): Promise<FeedPage> {
+  async function readPage(
+    reader: string,
+    limit: number,
+    cursor: string | null | undefined,
+  ): Promise<FeedPage> {
     let after = cursor === null || cursor === undefined ? null : decodeCursor(cursor)
     const page: FeedItem[] = []
     const seen = new Set<string>()
