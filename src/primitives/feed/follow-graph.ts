@@ -74,14 +74,25 @@ export function createFollowGraph(context: FeedContext, timelines: Timelines): F
   }
 
   const markActive = singleFlight(async (reader: string) => {
-    const { following } = readerKeys(reader)
-    const producers = await redis.smembers(following)
+    const { following, pulled } = readerKeys(reader)
+    const [producers, readByPull] = await Promise.all([redis.smembers(following), redis.smembers(pulled)])
     const now = settings.now()
     const modes = await producerModes(reader, producers, 0, String(now))
-    const args: Array<string | number> = [now, now + feedTtlMs]
+    // Producers this reader stops reading by pull: what they published while pulled was never
+    // fanned out, so their timelines' recent items join the feed now.
+    const wasPulled = new Set(readByPull)
+    const leaving = producers.filter((producer, i) => wasPulled.has(producer) && !byPull(modes[i]!))
+    const recent =
+      leaving.length > 0
+        ? (await timelines.pages(leaving, null, Math.min(feedMaxItems, timelineMaxItems))).flatMap(
+            (page) => page.items,
+          )
+        : []
+    const args: Array<string | number> = [now, now + feedTtlMs, feedMaxItems, producers.length]
     producers.forEach((producer, i) => {
       args.push(producer, byPull(modes[i]!) ? 1 : 0)
     })
+    for (const item of recent) args.push(item.at, feedMember(item))
     await runScript(redis, 'feedMarked', readerKeyList(reader), args)
   })
 
