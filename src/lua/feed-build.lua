@@ -10,7 +10,7 @@
 --   producers followed, then m, then m producers read by pull, then score, member pairs of items.
 --   Reply 0 when the feed vanished since 'start' or the token is no longer in meta (a follow or
 --   unfollow came in while the application was asked, whose answer may predate it: build again),
---   else 1.
+--   2 when another build finished it meanwhile, else 1.
 -- #include feed-reader
 if ARGV[1] == 'start' then
   -- What the feed held goes: a feed rebuilt after a producer's keys were lost may hold items that
@@ -23,7 +23,12 @@ if ARGV[1] == 'start' then
   redis.call('PEXPIREAT', KEYS[4], ARGV[2])
   return 1
 end
-if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('HGET', KEYS[4], 'build') ~= ARGV[5] then return 0 end
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if redis.call('HGET', KEYS[4], 'build') ~= ARGV[5] then
+  -- Built meanwhile by a build started later (another process), which no change voided: done.
+  if readerBuilt() then return 2 end
+  return 0
+end
 local following = tonumber(ARGV[7])
 local pulledAt = 8 + following
 local pulled = tonumber(ARGV[pulledAt])

@@ -71,7 +71,7 @@ export function createFeedReader(
       ]
       args.push(pulled.length, ...pulled)
       for (const item of items) args.push(item.at, feedMember(item))
-      if ((await runScript<number>(redis, 'feedBuild', keys, args)) === 1) return
+      if ((await runScript<number>(redis, 'feedBuild', keys, args)) > 0) return
     }
     throw new FeedRebuildError(`the feed of '${reader}'`)
   })
