@@ -6,8 +6,11 @@
 -- ARGV[1] 'followed', ARGV[2] producer, ARGV[3] '1' read by pull, ARGV[4] feedMaxItems, then score,
 --   member pairs of its recent items (pushed producers). Reply: how many items were added.
 -- ARGV[1] 'unfollow', ARGV[2] producer. Reply -1 the feed is not built, 1 removed, 0 not followed.
+-- 'follow' and 'unfollow' drop the token of a build under way: its application's answer may predate
+-- this change, so it builds again.
 -- #include feed-reader
 local op, producer = ARGV[1], ARGV[2]
+if op ~= 'followed' then redis.call('HDEL', KEYS[4], 'build') end
 if op == 'unfollow' then
   if not readerBuilt() then return -1 end
   redis.call('SREM', KEYS[3], producer)

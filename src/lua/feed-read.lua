@@ -1,13 +1,15 @@
 -- One page of a reader's feed (its pushed items), for src/primitives/feed.ts.
 -- KEYS[1] feed (sorted set), KEYS[2] following (set), KEYS[3] pulled (set), KEYS[4] meta (hash): one reader's
 -- ARGV[1] now (ms), ARGV[2] how often the reader's activity is marked (ms), ARGV[3] cursor at ('' from
--- the newest), ARGV[4] cursor id, ARGV[5] k (items wanted), ARGV[6] '1' to list the pulled producers
--- Reply: {0} the feed must be built; {1, following} the activity mark is due (mark, then read
+-- the newest), ARGV[4] cursor id, ARGV[5] k (items wanted), ARGV[6] '1' to list the pulled producers,
+-- ARGV[7] the feed's loss token (changed when a producer's keys were found lost)
+-- Reply: {0} the feed must be built (missing, being built, or built before the last loss: a
+-- producer that lost its followers set fanned out to nobody); {1, following} the activity mark is due (mark, then read
 -- again); else {2, exhausted (1 when nothing is left after the items), pulled producers still
 -- followed, {member, score, ...}}. Items of producers no longer followed are skipped, and removed.
 -- #include feed-reader
 -- #include feed-range
-if not readerBuilt() then return {0} end
+if not readerBuilt() or (redis.call('HGET', KEYS[4], 'losses') or '') ~= ARGV[7] then return {0} end
 if tonumber(ARGV[1]) - tonumber(redis.call('HGET', KEYS[4], 'mark')) >= tonumber(ARGV[2]) then
   return {1, redis.call('SMEMBERS', KEYS[2])}
 end

@@ -66,6 +66,8 @@ async function publicAccountsPlugin(
   const feed = createFeed(app.redis, {
     source: feedSource(app.db),
     keyPrefix: `${options.prefix}feed:`,
+    // Readers are customers and producers accounts: ids of two kinds, equal by chance.
+    ownItems: false,
     pushMaxFollowers: options.pushMaxFollowers,
     activeWindowMs: options.activeWindowMs,
   })

@@ -111,8 +111,15 @@ export interface FeedEntry {
   occurredAt: string
 }
 
-/** The items' transfers, in the items' order (one query); an item whose transfer is gone is left out. */
-export async function hydrate(db: Queryable, items: readonly FeedItem[]): Promise<FeedEntry[]> {
+/**
+ * The items' transfers, in the items' order (one query). Left out and counted in `dropped`: an item
+ * whose transfer is gone, whose account is not public, or that is not a movement of its producer
+ * (the account is no party to the transfer: Redis kept an item of another database's transfer).
+ */
+export async function hydrate(
+  db: Queryable,
+  items: readonly FeedItem[],
+): Promise<{ entries: FeedEntry[]; dropped: number }> {
   const parsed = items.map((item) => parseItemId(item.id))
   const rows = await db.query<{
     transfer_id: number
@@ -129,16 +136,16 @@ export async function hydrate(db: Queryable, items: readonly FeedItem[]): Promis
             c.username AS counterparty, t.amount::text, t.currency::text,
             to_char(t.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"') AS occurred_at
      FROM unnest($1::bigint[], $2::integer[]) AS i(transfer_id, account_id)
-     JOIN transfers t ON t.id = i.transfer_id
+     JOIN transfers t ON t.id = i.transfer_id AND i.account_id IN (t.from_account_id, t.to_account_id)
      JOIN accounts a ON a.id = i.account_id AND a.public_name IS NOT NULL
      JOIN accounts other ON other.id = CASE WHEN t.to_account_id = a.id THEN t.from_account_id ELSE t.to_account_id END
      JOIN customers c ON c.id = other.customer_id`,
     [parsed.map((p) => p.transferId), parsed.map((p) => p.accountId)],
   )
   const byItem = new Map(rows.map((row) => [feedItemId(row.transfer_id, row.account_id), row]))
-  return items.flatMap((item) => {
+  const entries = items.flatMap((item) => {
     const row = byItem.get(item.id)
-    if (!row) return []
+    if (!row || String(row.account_id) !== item.producer) return []
     return [
       {
         transferId: row.transfer_id,
@@ -152,4 +159,5 @@ export async function hydrate(db: Queryable, items: readonly FeedItem[]): Promis
       },
     ]
   })
+  return { entries, dropped: items.length - entries.length }
 }

@@ -3,11 +3,21 @@ import type { FastifyBaseLogger } from 'fastify'
 import { Type } from 'typebox'
 import { HttpProblem } from '../errors.ts'
 import { InvalidArgumentError } from '../index.ts'
-import { follow, hydrate, isPublicAccount, listPublicAccounts, unfollow } from '../public-accounts/store.ts'
+import {
+  follow,
+  type FeedEntry as HydratedEntry,
+  hydrate,
+  isPublicAccount,
+  listPublicAccounts,
+  unfollow,
+} from '../public-accounts/store.ts'
 import { json, noContent, problems } from './openapi.ts'
 import { Amount, Currency, Id, IdParam, Timestamp } from './schemas.ts'
 
 const MAX_ACCOUNT_ID = 2_147_483_647
+/** Reads of the feed one page of `GET /feed` makes at most, filling it past items that do not hydrate. */
+const MAX_FEED_ROUNDS = 5
+
 /** The feed's cursors are base64url of a time and an item id: well under this. */
 const MAX_CURSOR_LENGTH = 200
 
@@ -189,13 +199,21 @@ const publicAccountRoutes: FastifyPluginAsyncTypebox = async (app) => {
     },
     async (request) => {
       const customerId = String(request.session!.principal)
-      const page = await fromFeed(request.log, () =>
-        app.publicAccounts.feed.read(customerId, {
-          limit: Number(request.query.limit ?? 20),
-          cursor: request.query.cursor ?? null,
-        }),
-      )
-      return { items: await hydrate(app.db, page.items), nextCursor: page.cursor }
+      const limit = Number(request.query.limit ?? 20)
+      const items: HydratedEntry[] = []
+      let cursor = request.query.cursor ?? null
+      // Items that do not hydrate are dropped: read on to fill the page (a bounded number of times).
+      for (let round = 0; round < MAX_FEED_ROUNDS; round++) {
+        const page = await fromFeed(request.log, () =>
+          app.publicAccounts.feed.read(customerId, { limit: limit - items.length, cursor }),
+        )
+        const { entries, dropped } = await hydrate(app.db, page.items)
+        if (dropped > 0) request.log.warn({ dropped }, 'feed: items dropped at hydration')
+        items.push(...entries)
+        cursor = page.cursor
+        if (items.length === limit || cursor === null) break
+      }
+      return { items, nextCursor: cursor }
     },
   )
 }

@@ -222,3 +222,66 @@ test('balance reads of ids no account has: no account row read and no key per id
   for (const id of [...alice.accountIds, ...bob.accountIds, fund])
     assert.equal(await t.app.accountFilter.mightExist(id), true, `account ${id}`)
 })
+
+test('a feed item that is not a movement of its account is dropped, and the page is filled from older ones', async () => {
+  for (const customer of [alice, bob]) cookies.set(customer.username, await login(t.app, customer))
+  assert.equal((await follow(alice, fund)).statusCode, 204)
+  const newest = (await feed(alice, '?limit=1')).items[0]!
+  // alice's private transfer to bob, as Redis could hold it after a database restore: the fund's.
+  const secret = await transfer(alice, bob, 3)
+  const forged = { id: `${secret}:${fund}`, producer: String(fund), at: Date.now() + 60_000 }
+  const { feed: redisFeed } = t.app.publicAccounts
+  await redisFeed.publish(forged)
+  await until('the forged item in alice’s feed', async () =>
+    (await t.redis.zscore(redisFeed.keys.reader(String(alice.customerId)).feed, `${forged.id} ${fund}`)) !==
+    null
+      ? true
+      : false,
+  )
+  const page = await feed(alice, '?limit=1')
+  assert.deepEqual(
+    page.items.map((item) => item.transferId),
+    [newest.transferId],
+  )
+  assert.notEqual(page.nextCursor, null)
+  await redisFeed.remove(forged)
+})
+
+test("a customer whose id is a public account's id sees none of its movements unless following it", async () => {
+  const people = [alice, bob, charity]
+  const [pair] = people.flatMap((reader) =>
+    people.flatMap((owner) =>
+      owner.accountIds
+        .filter((id) => id === reader.customerId && id !== fund)
+        .map((account) => ({ reader, owner, account })),
+    ),
+  )
+  assert.ok(pair, 'a customer id that is also an account id')
+  const { reader, owner, account } = pair
+  for (const customer of people) cookies.set(customer.username, await login(t.app, customer))
+  await t.db.query("UPDATE accounts SET public_name = 'Mirror' WHERE id = $1", [account])
+  try {
+    const other = owner === alice ? bob : alice
+    const res = await t.app.inject({
+      method: 'POST',
+      url: '/transfers',
+      headers: { ...as(owner), 'idempotency-key': randomUUID() },
+      payload: { fromAccountId: account, toAccountId: other.accountIds[0], amount: 1, currency: 'VND' },
+    })
+    assert.equal(res.statusCode, 201, res.body)
+    const transferId = res.json().transferId as number
+    const { feed: redisFeed } = t.app.publicAccounts
+    await until('the movement published', async () =>
+      (await t.redis.zscore(
+        redisFeed.keys.producer(String(account)).timeline,
+        `${transferId}:${account}`,
+      )) !== null
+        ? true
+        : false,
+    )
+    const shown = (await feed(reader, '?limit=100')).items.map((item) => item.transferId)
+    assert.ok(!shown.includes(transferId), `customer ${reader.customerId} sees account ${account}`)
+  } finally {
+    await t.db.query('UPDATE accounts SET public_name = NULL WHERE id = $1', [account])
+  }
+})

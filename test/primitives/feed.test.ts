@@ -582,3 +582,131 @@ test('options, arguments and what the source answers are checked, with coded err
     return true
   })
 })
+
+test('a follow or an unfollow that lands while the feed is being rebuilt is kept', async () => {
+  const source = new MemorySource()
+  // The rebuild's followingOf answers what the database held when it was asked, and is held back
+  // until the follow and the unfollow are done.
+  let release!: () => void
+  const held = new Promise<void>((resolve) => {
+    release = resolve
+  })
+  let hold = false
+  const followingOf = source.followingOf.bind(source)
+  source.followingOf = async (reader) => {
+    const answer = await followingOf(reader)
+    if (hold) await held
+    return answer
+  }
+  const feed = newFeed(source)
+  const app = new App(source, [feed])
+  await startWorker(feed)
+  await app.follow('ann', 'old')
+  const posts = [await app.post('new'), await app.post('old')]
+  hold = true
+  const reading = feed.read('ann')
+  await until(async () => (await redis.exists(feed.keys.reader('ann').feed)) === 1, 'the rebuild')
+  await app.follow('ann', 'new')
+  await app.unfollow('ann', 'old')
+  release()
+  await reading
+  hold = false
+  assert.deepEqual(await redis.smembers(feed.keys.reader('ann').following), ['new'])
+  assert.deepEqual(ids((await feed.read('ann')).items), [posts[0]!.id])
+  const later = await app.post('new')
+  await drained(feed)
+  assert.deepEqual(ids((await feed.read('ann')).items), [later.id, posts[0]!.id])
+})
+
+test('a follow or unfollow retried before the first read counts once', async () => {
+  const source = new MemorySource()
+  const feed = newFeed(source, { pushMaxFollowers: 5 })
+  const app = new App(source, [feed])
+  await startWorker(feed)
+  for (let i = 0; i < 12; i++) await app.follow('ann', 'p')
+  await app.follow('bob', 'p')
+  for (let i = 0; i < 3; i++) await app.unfollow('bob', 'p')
+  const post = await app.post('p')
+  const meta = feed.keys.producer('p').meta
+  assert.equal(await redis.hget(meta, 'n'), '1')
+  assert.equal(await redis.hget(meta, 'pulledAt'), null, 'pushed')
+  await drained(feed)
+  assert.deepEqual(ids((await feed.read('ann')).items), [post.id])
+  // Built now: retries count once as well.
+  for (let i = 0; i < 12; i++) await app.follow('ann', 'q')
+  await app.post('q')
+  assert.equal(await redis.hget(feed.keys.producer('q').meta, 'n'), '1')
+})
+
+test('a feed rebuilt while a producer is pushed again keeps what it published while pulled', async () => {
+  const source = new MemorySource()
+  const markActiveEveryMs = 600_000
+  const feed = newFeed(source, { pushMaxFollowers: 2, markActiveEveryMs })
+  const app = new App(source, [feed])
+  await startWorker(feed)
+  const readers = ['r1', 'r2', 'r3']
+  for (const reader of readers) await feed.read(reader)
+  for (const reader of readers) await app.follow(reader, 'p')
+  const meta = feed.keys.producer('p').meta
+  assert.notEqual(await redis.hget(meta, 'pulledAt'), null, '3 followers: pulled')
+  const past = () => String(Date.now() - 2 * markActiveEveryMs)
+  await redis.hset(meta, 'pulledAt', past())
+  const whilePulled = await app.post('p')
+  await app.unfollow('r2', 'p')
+  await app.unfollow('r3', 'p')
+  assert.notEqual(await redis.hget(meta, 'pushedAt'), null, 'pushed again, read by pull for a while')
+  // r1's feed is lost and rebuilt now, while p is still read by pull.
+  await redis.del(feed.keys.reader('r1').feed)
+  assert.deepEqual(ids((await feed.read('r1')).items), [whilePulled.id])
+  // The window ends: r1 reads p from its feed alone.
+  await redis.hset(meta, 'pushedAt', '1')
+  await redis.hset(feed.keys.reader('r1').meta, 'mark', past())
+  assert.deepEqual(ids((await feed.read('r1')).items), [whilePulled.id])
+  assert.deepEqual(await redis.smembers(feed.keys.reader('r1').pulled), [])
+})
+
+test("when a producer's keys alone are lost, feeds that survived still show its next items and hide its removed ones", async () => {
+  const source = new MemorySource()
+  const feed = newFeed(source)
+  const app = new App(source, [feed])
+  await startWorker(feed)
+  await app.follow('ann', 'p')
+  await app.follow('bob', 'p')
+  for (const reader of ['ann', 'bob']) await feed.read(reader)
+  const first = await app.post('p')
+  const second = await app.post('p')
+  await drained(feed)
+  assert.deepEqual(ids((await feed.read('ann')).items), [second.id, first.id])
+  const dropProducer = async () => {
+    const keys = feed.keys.producer('p')
+    await redis.del(keys.timeline, keys.meta, keys.followers, keys.deleted)
+  }
+  // Lost, then a publish: its fan-out finds no follower.
+  await dropProducer()
+  const third = await app.post('p')
+  await drained(feed)
+  for (const reader of ['ann', 'bob'])
+    assert.deepEqual(ids((await feed.read(reader)).items), [third.id, second.id, first.id], reader)
+  // A removal, then lost: its deleted set went with it.
+  await app.remove(second)
+  await dropProducer()
+  for (const reader of ['ann', 'bob'])
+    assert.deepEqual(ids((await feed.read(reader)).items), [third.id, first.id], reader)
+  const fourth = await app.post('p')
+  await drained(feed)
+  assert.deepEqual(ids((await feed.read('ann')).items), [fourth.id, third.id, first.id])
+})
+
+test('with ownItems false, a reader whose id is a producer id sees none of its items unless it follows it', async () => {
+  const source = new MemorySource()
+  const feed = newFeed(source, { ownItems: false })
+  const app = new App(source, [feed])
+  await startWorker(feed)
+  await app.follow('7', '8')
+  const mine = await app.post('7')
+  const followed = await app.post('8')
+  await drained(feed)
+  assert.deepEqual(await feed.read('7', { limit: 1 }), { items: [followed], cursor: null })
+  await app.follow('7', '7')
+  assert.deepEqual(ids((await feed.read('7')).items), [followed.id, mine.id])
+})

@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto'
 import { isCluster, type RedisClient } from '../../plugins/common/redis.ts'
 import { shown } from '../checks.ts'
 import { hashSlot } from '../slots.ts'
@@ -24,6 +25,16 @@ export interface FeedContext {
   readerKeyList(reader: string): string[]
   /** The fan-out stream. */
   fanoutStream: string
+  /** The loss token every built feed records; a new one makes each feed rebuild at its next read. */
+  lossToken(): Promise<string>
+  /**
+   * Producers whose meta a script just created: one the feed knew before lost its keys (one node
+   * of a Cluster losing its data), its followers set with them, so its next items would reach no
+   * feed. Then every feed is rebuilt at its next read.
+   */
+  noteCreated(producers: readonly string[]): Promise<void>
+  /** Producers' keys were found lost: every feed is rebuilt at its next read. */
+  noteLost(): Promise<void>
   /** Mode arguments of the producer scripts: the threshold, the grace after going pulled, the stickiness after going pushed. */
   modeArgs: number[]
   /**
@@ -84,9 +95,22 @@ export function createFeedContext(redis: RedisClient, settings: FeedSettings): F
     return groups
   }
 
+  const lossKey = `${keyPrefix}{losses}`
+  const knownKey = `${keyPrefix}{losses}:producers`
+  const noteLost = async () => {
+    await redis.set(lossKey, `${settings.now()}-${randomBytes(6).toString('hex')}`)
+  }
+
   return {
     redis,
     settings,
+    lossToken: async () => (await redis.get(lossKey)) ?? '',
+    async noteCreated(producers) {
+      if (producers.length === 0) return
+      const added = await redis.sadd(knownKey, ...producers)
+      if (added < new Set(producers).size) await noteLost()
+    },
+    noteLost,
     readerTag,
     producerTag,
     readerKeys,

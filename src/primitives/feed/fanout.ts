@@ -31,7 +31,7 @@ export function createFanoutWorker(context: FeedContext, workerOptions: FanoutWo
       redis,
       'feedFanoutStart',
       [producerKeys(item.producer).followers, snapshot],
-      [Date.now() - activeWindowMs, SNAPSHOT_TTL_MS],
+      [settings.now() - activeWindowMs, SNAPSHOT_TTL_MS],
     )
     let writes = 0
     let skipped = 0

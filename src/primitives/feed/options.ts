@@ -22,6 +22,8 @@ const FEED_OPTIONS = optionKeys<FeedOptions>({
   timelineTtlMs: true,
   maxFollowing: true,
   fanoutMaxLen: true,
+  ownItems: true,
+  now: true,
 })
 const READ_OPTIONS = optionKeys<FeedReadOptions>({ limit: true, cursor: true })
 const ITEM_KEYS = optionKeys<FeedItem>({ id: true, producer: true, at: true })
@@ -76,6 +78,8 @@ export function resolveFeedOptions(options: FeedOptions): FeedSettings {
     timelineMaxItems = 800,
     maxFollowing = 5000,
     fanoutMaxLen = 1_000_000,
+    ownItems = true,
+    now = Date.now,
   } = checkedOptions(check, options, FEED_OPTIONS)
   const feedTtlMs = options.feedTtlMs ?? activeWindowMs
   const timelineTtlMs = options.timelineTtlMs ?? activeWindowMs
@@ -97,6 +101,8 @@ export function resolveFeedOptions(options: FeedOptions): FeedSettings {
   checkInteger(check, 'timelineTtlMs', timelineTtlMs, 1000, Number.MAX_SAFE_INTEGER)
   checkInteger(check, 'maxFollowing', maxFollowing, 1, 100_000)
   checkInteger(check, 'fanoutMaxLen', fanoutMaxLen, 1000, Number.MAX_SAFE_INTEGER)
+  if (typeof ownItems !== 'boolean') check.fail(`\`ownItems\` must be a boolean, got ${shown(ownItems)}`)
+  if (typeof now !== 'function') check.fail(`\`now\` must be a function, got ${shown(now)}`)
   return {
     source,
     keyPrefix,
@@ -109,6 +115,8 @@ export function resolveFeedOptions(options: FeedOptions): FeedSettings {
     timelineTtlMs,
     maxFollowing,
     fanoutMaxLen,
+    ownItems,
+    now,
   }
 }
 

@@ -33,16 +33,22 @@ export function createPublisher(context: FeedContext, timelines: Timelines): Pub
           item.at,
           timelineMaxItems,
           timelineTtlMs,
-          Date.now(),
+          settings.now(),
           ...context.modeArgs,
           count,
           COUNT_REFRESH_MS,
         ],
       )
-      if (reply === -1) count = String((await source.counts([item.producer]))[0])
-      else if (reply === -2) await timelines.build(item.producer)
+      if (reply === -1) {
+        count = String((await source.counts([item.producer]))[0])
+        continue
+      }
+      // 4 added: the meta was created by this call.
+      if (reply >= 2) await context.noteCreated([item.producer])
+      const fanout = reply === 1 || reply === 5
+      if (reply === -2 || reply === 2) await timelines.build(item.producer)
       else {
-        if (reply === 1) {
+        if (fanout) {
           await redis.xadd(
             fanoutStream,
             'MAXLEN',
@@ -57,7 +63,7 @@ export function createPublisher(context: FeedContext, timelines: Timelines): Pub
             String(item.at),
           )
         }
-        return { fanout: reply === 1 }
+        return { fanout }
       }
     }
     throw new FeedRebuildError(`the timeline of '${item.producer}'`)

@@ -1,7 +1,8 @@
+import { randomBytes } from 'node:crypto'
 import { runScript } from '../../lua/index.ts'
 import { type FeedContext, KEYS_PER_CALL, singleFlight } from './context.ts'
 import { FeedRebuildError } from './errors.ts'
-import { byPull, type FollowGraph } from './follow-graph.ts'
+import { byPull, type FollowGraph, fansOut } from './follow-graph.ts'
 import {
   type Cursor,
   decodeCursor,
@@ -20,6 +21,12 @@ import type { FeedItem, FeedPage, FeedReadOptions } from './types.ts'
 // A reader's read: its feed (rebuilt by pull when missing), its own timeline and those of the
 // pulled producers it follows, merged newest first without the removed items, paged by keyset.
 
+/** The own timeline of a reader when `ownItems` is false. */
+const NOTHING: SourcePage = { items: [], exhausted: true, last: undefined }
+
+/** A producer's keys were found lost during a read: the read starts again (on a rebuilt feed). */
+class ProducerLost extends Error {}
+
 /** The reader's feed as a source: a page of its pushed items and the pulled producers it names. */
 interface FeedSourcePage extends SourcePage {
   pulled: string[]
@@ -32,32 +39,39 @@ export function createFeedReader(
 ): (reader: string, readOptions?: FeedReadOptions) => Promise<FeedPage> {
   const { redis, settings, producerKeys, producerTag, readerKeys, readerKeyList, scriptGroups, source } =
     context
-  const { feedTtlMs, feedMaxItems, markActiveEveryMs } = settings
+  const { feedTtlMs, feedMaxItems, markActiveEveryMs, ownItems } = settings
 
   const rebuild = singleFlight(async (reader: string) => {
     const keys = readerKeyList(reader)
-    for (let attempt = 0; attempt < 3; attempt++) {
-      const now = Date.now()
+    for (let attempt = 0; attempt < 5; attempt++) {
+      const now = settings.now()
       const expireAt = now + feedTtlMs
-      await runScript(redis, 'feedBuild', keys, ['start', expireAt])
+      // Read before 'start': a loss noted from now on is newer than this build, which builds again.
+      const losses = await context.lossToken()
+      const token = randomBytes(8).toString('hex')
+      await runScript(redis, 'feedBuild', keys, ['start', expireAt, token])
       const following = await source.following(reader)
       // Before the items are asked for: a fan-out that misses the reader from now on can only be of
       // an item stored before, which the application's answer holds.
       const modes = await graph.producerModes(reader, following, 0, String(now))
       const pulled = following.filter((_, i) => byPull(modes[i]!))
-      const pushed = following.filter((_, i) => !byPull(modes[i]!))
-      const items = pushed.length > 0 ? await source.items(pushed, feedMaxItems) : []
+      // Every producer still fanned out, pulled ones in their grace and pushed-again ones still read
+      // by pull among them: when that ends, the feed must hold what they published before.
+      const copied = following.filter((_, i) => fansOut(modes[i]!))
+      const items = copied.length > 0 ? await source.items(copied, feedMaxItems) : []
       const args: Array<string | number> = [
         'finish',
         expireAt,
         now,
         feedMaxItems,
+        token,
+        losses,
         following.length,
         ...following,
       ]
       args.push(pulled.length, ...pulled)
       for (const item of items) args.push(item.at, feedMember(item))
-      if ((await runScript<number>(redis, 'feedBuild', keys, args)) === 1) return
+      if ((await runScript<number>(redis, 'feedBuild', keys, args)) > 0) return
     }
     throw new FeedRebuildError(`the feed of '${reader}'`)
   })
@@ -72,12 +86,13 @@ export function createFeedReader(
     const keys = readerKeyList(reader)
     for (let attempt = 0; attempt < 4; attempt++) {
       const reply = await runScript<[number, ...unknown[]]>(redis, 'feedRead', keys, [
-        Date.now(),
+        settings.now(),
         markActiveEveryMs,
         after?.at ?? '',
         after?.id ?? '',
         limit,
         withPulled ? 1 : 0,
+        await context.lossToken(),
       ])
       if (reply[0] === 2) {
         const [, exhausted, pulled, flat] = reply as [number, number, string[], string[]]
@@ -90,7 +105,11 @@ export function createFeedReader(
     throw new FeedRebuildError(`the feed of '${reader}'`)
   }
 
-  /** The ids among `items` their producers removed: one script call per hash slot, all in flight together. */
+  /**
+   * The ids among `items` their producers removed: one script call per hash slot, all in flight
+   * together. A producer found with its keys lost (its deleted set with them) is noted, and the
+   * read starts again on a rebuilt feed.
+   */
   async function removedAmong(items: FeedItem[]): Promise<Set<string>> {
     const byProducer = new Map<string, string[]>()
     for (const item of items) {
@@ -99,27 +118,48 @@ export function createFeedReader(
       else byProducer.set(item.producer, [item.id])
     }
     const removed = new Set<string>()
+    let lost = false
     await Promise.all(
       scriptGroups([...byProducer], ([producer]) => producerTag(producer), KEYS_PER_CALL).map(
         async (group) => {
           const args: Array<string | number> = []
           for (const [, ids] of group) args.push(ids.length, ...ids)
-          const found = await runScript<string[]>(
+          const [found, missing] = await runScript<[string[], number]>(
             redis,
             'feedRemoved',
-            group.map(([producer]) => producerKeys(producer).deleted),
+            group.flatMap(([producer]) => [producerKeys(producer).deleted, producerKeys(producer).meta]),
             args,
           )
           for (const id of found) removed.add(String(id))
+          if (Number(missing) > 0) lost = true
         },
       ),
     )
+    if (lost) {
+      await context.noteLost()
+      throw new ProducerLost()
+    }
     return removed
   }
 
   return async function read(reader: string, readOptions: FeedReadOptions = {}): Promise<FeedPage> {
     checkId('reader', reader)
     const { limit, cursor } = resolveReadOptions(readOptions)
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await readPage(reader, limit, cursor)
+      } catch (err) {
+        if (!(err instanceof ProducerLost)) throw err
+        if (attempt === 2) throw new FeedRebuildError(`the feed of '${reader}'`)
+      }
+    }
+  }
+
+  async function readPage(
+    reader: string,
+    limit: number,
+    cursor: string | null | undefined,
+  ): Promise<FeedPage> {
     let after = cursor === null || cursor === undefined ? null : decodeCursor(cursor)
     const page: FeedItem[] = []
     const seen = new Set<string>()
@@ -136,10 +176,10 @@ export function createFeedReader(
         let ownPages: SourcePage[]
         ;[feed, ownPages] = await Promise.all([
           feedPage(reader, after, need, true),
-          timelines.pages([reader], after, need),
+          ownItems ? timelines.pages([reader], after, need) : [NOTHING],
         ])
         own = ownPages[0]!
-        pulled = feed.pulled.filter((producer) => producer !== reader)
+        pulled = ownItems ? feed.pulled.filter((producer) => producer !== reader) : feed.pulled
         ;[pulledPages, removed] = await Promise.all([
           pulled.length > 0 ? timelines.pages(pulled, after, need) : [],
           removedAmong(feed.items),
@@ -148,8 +188,9 @@ export function createFeedReader(
         let timelinePages: SourcePage[]
         ;[feed, timelinePages] = await Promise.all([
           feedPage(reader, after, need, false),
-          timelines.pages([reader, ...pulled], after, need),
+          ownItems ? timelines.pages([reader, ...pulled], after, need) : timelines.pages(pulled, after, need),
         ])
+        if (!ownItems) timelinePages.unshift(NOTHING)
         ;[own, ...pulledPages] = timelinePages as [SourcePage, ...SourcePage[]]
         removed = await removedAmong(feed.items)
       }

@@ -58,6 +58,14 @@ export interface FeedOptions {
   maxFollowing?: number
   /** Approximate cap of the fan-out stream (`XADD MAXLEN ~`). Default 1,000,000 entries. */
   fanoutMaxLen?: number
+  /**
+   * A reader's reads show its own items (those published with `producer` equal to the reader id)
+   * without following itself. Default true; false when readers and producers are different kinds
+   * of things whose ids may coincide (customers and accounts).
+   */
+  ownItems?: boolean
+  /** The clock (epoch ms) of marks, modes and activity windows. Default `Date.now`. */
+  now?: () => number
 }
 
 export interface FeedReadOptions {
