@@ -166,7 +166,7 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
    *   are relayed twice). The stream's oldest entry is no boundary: a relay whose pass the restart
    *   broke appends its older events after another relay's newer, committed ones.
    * - Redis lost only its newest writes (failover to a replica that had not got them): the stream's
-   *   newest event ids are behind the newest relayed one (`newestEventOnTail`).
+   *   newest event ids are behind the newest relayed one, or events of the window are missing (`lossOnTail`).
    * A check after a restart first sets a canary key of its own. Redis losing its data again before
    * the check set the epoch key takes the canary too: what the check read (the relayed events, the
    * stream's head) was from before that loss, so the epoch key it set is dropped again and the next
@@ -206,26 +206,28 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
     let lostAfter = 0
     /** Events appended since the restart: not lost. */
     let onStream: number[] = []
+    /** Relayed events of the window that the stream's tail does not hold. */
+    let missing: number[] = []
     if (restarted) {
       const head = (await redis.xrange(stream, '-', '+', 'COUNT', 10 * batch)) as Array<[string, string[]]>
       onStream = head.map(eventIdOf).filter((id) => id !== null)
     } else {
-      lostAfter = await newestEventOnTail(relayed)
-      if (lostAfter >= relayed) return
+      ;({ lostAfter, missing } = await lossOnTail(relayed))
+      if (lostAfter >= relayed && missing.length === 0) return
     }
     await db.query(
       `INSERT INTO outbox_events (${COLUMNS})
        SELECT t.id, 'transfer.completed', t.id, t.customer_id, a.customer_id, t.from_account_id,
               t.to_account_id, t.amount, t.currency, t.created_at
        FROM transfers t JOIN accounts a ON a.id = t.to_account_id
-       WHERE t.has_event AND t.id > GREATEST($1::bigint, $2::bigint) AND t.id <= $3::bigint
-         AND t.id <> ALL ($4::bigint[])
+       WHERE t.has_event AND t.id > $2::bigint AND t.id <= $3::bigint
+         AND (t.id > $1::bigint OR t.id = ANY ($5::bigint[])) AND t.id <> ALL ($4::bigint[])
        ON CONFLICT (id) DO NOTHING`,
       // After a restart, up to the newest transfer rather than the newest relayed event: another
       // instance's relay may have appended an event to the lost stream and not yet committed its
       // claim when Postgres was read. Its row, still in the backlog then, makes the insert wait for
       // that claim: committed, the event is refilled; rolled back, the row stays in the backlog.
-      [lostAfter, relayed - retention, restarted ? newest : relayed, onStream],
+      [lostAfter, relayed - retention, restarted ? newest : relayed, onStream, missing],
     )
     // Set only once the refill is in the backlog: a relay that dies before this leaves the next
     // check to find the key missing and refill again (duplicates, which consumers absorb).
@@ -236,23 +238,38 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
   }
 
   /**
-   * The newest event id among the stream's latest entries: read back from the end in pages of 100
-   * until one is at least `relayed`, at most 10 batches deep. Relays append in parallel, so the
-   * entries after the newest relayed event's may all be older events (a relay that claimed them
-   * before and appended after): the last batch alone would look like a loss, and the newer events
-   * would be relayed again.
+   * What Redis lost of its newest writes (a failover to a replica that had not got them), read from
+   * the stream's tail: the newest event id on it (`lostAfter`; every relayed event above it is
+   * lost), and the relayed events of the window (the newest `2 * batch` by id) that are not on it.
+   * Relays append in parallel, so entries do not follow id order: a slower relay appends older
+   * events after another's newer ones, and a loss of only its entries leaves the newest ids in
+   * place. The tail is read back in pages of 100 until it holds every event of the window, at most
+   * 10 batches deep; an event of the window appended earlier than that is taken for lost and
+   * relayed again (a duplicate, which consumers absorb).
    */
-  async function newestEventOnTail(relayed: number): Promise<number> {
+  async function lossOnTail(relayed: number): Promise<{ lostAfter: number; missing: number[] }> {
+    const window = await db.query<{ id: string }>(
+      `SELECT t.id::text AS id FROM transfers t
+       WHERE t.id > $1::bigint AND t.id <= $2::bigint AND t.has_event
+         AND NOT EXISTS (SELECT 1 FROM outbox_events o WHERE o.id = t.id)
+       ORDER BY t.id DESC LIMIT $3`,
+      [relayed - retention, relayed, Math.min(2 * batch, retention)],
+    )
+    const unseen = new Set(window.map((r) => Number(r.id)))
     let newestSeen = 0
     let before = '+'
-    for (let read = 0; read < 10 * batch; ) {
+    for (let read = 0; read < 10 * batch && unseen.size > 0; ) {
       const page = (await redis.xrevrange(stream, before, '-', 'COUNT', 100)) as Array<[string, string[]]>
-      for (const entry of page) newestSeen = Math.max(newestSeen, eventIdOf(entry) ?? 0)
-      if (newestSeen >= relayed || page.length < 100) break
+      for (const entry of page) {
+        const id = eventIdOf(entry) ?? 0
+        newestSeen = Math.max(newestSeen, id)
+        unseen.delete(id)
+      }
+      if (page.length < 100) break
       read += page.length
       before = `(${page.at(-1)![0]}`
     }
-    return newestSeen
+    return { lostAfter: Math.min(newestSeen, relayed), missing: [...unseen].filter((id) => id <= newestSeen) }
   }
 
   /** `checkLoss`: on the timer's passes and direct calls; a commit's wake-up only relays. */
