@@ -1,5 +1,6 @@
 import { randomUUID } from 'node:crypto'
 import type { Database, Queryable } from '../db/database.ts'
+import { checkDatabaseIdentity, raiseHighWater, renewDatabaseIdentity } from '../db/identity.ts'
 import { appendJsonEntries, type RedisClient } from '../index.ts'
 
 /** An outbox row as it goes onto the stream: the `data` field of the entry (JSON). */
@@ -20,6 +21,8 @@ export interface TransferEvent {
 interface ClaimedBatch {
   n: number
   events: string | null
+  /** The batch's highest event id. */
+  newest: string | null
 }
 
 export interface OutboxRelayOptions {
@@ -43,7 +46,27 @@ export interface OutboxRelayOptions {
    * of 50 rows took 11 µs of Node and 15 µs of Postgres CPU per row, in passes of 200 7.5 and 7.
    */
   wakeDelayMs?: number
+  /**
+   * The database identity the stream's key is under, and the prefix before it (src/db/identity.ts).
+   * Given, each pass first checks that the database still has that identity and is not a restore of
+   * an older backup (its newest transfer below the high-water mark of the events relayed); if it
+   * is, the pass gives the database a new identity and relays nothing, nor does any later pass of
+   * a relay started under the old one: events of a database that reuses ids never reach the keys of
+   * the one it replaced.
+   */
+  database?: { basePrefix: string; identity: string }
   onError?: (err: unknown) => void
+}
+
+/** Thrown by a pass of a relay whose database is no longer the one its keys belong to. */
+export class DatabaseReplacedError extends Error {
+  constructor(identity: string) {
+    super(
+      `the database is no longer the one under identity ${identity} (restored from an older backup, or replaced): ` +
+        'the relay stops until the instance restarts under its new identity',
+    )
+    this.name = 'DatabaseReplacedError'
+  }
 }
 
 export interface OutboxRelay {
@@ -88,7 +111,8 @@ export const CLAIM_SQL = `WITH claimed AS (
       AND set_config('synchronous_commit', 'off', true) = 'off'
     RETURNING id, type, ${EVENT_JSON} AS data)
   SELECT count(*)::int AS n,
-    json_agg(json_build_array('eventId', id::text, 'type', type, 'data', data) ORDER BY id)::text AS events
+    json_agg(json_build_array('eventId', id::text, 'type', type, 'data', data) ORDER BY id)::text AS events,
+    max(id)::text AS newest
   FROM claimed`
 
 /**
@@ -124,6 +148,7 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
     batch = 200,
     intervalMs,
     wakeDelayMs = 100,
+    database,
     onError = () => {},
   } = options
   let timer: NodeJS.Timeout | null = null
@@ -149,6 +174,8 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
     if (!claimed?.events) return 0
     const ids = await appendJsonEntries(redis, { stream, maxLen: retention, entries: claimed.events })
     if (ids.length !== claimed.n) throw new Error(`appended ${ids.length} of ${claimed.n} events`)
+    if (database)
+      await raiseHighWater(redis, `${database.basePrefix}${database.identity}:`, Number(claimed.newest))
     return claimed.n
   }
 
@@ -273,7 +300,17 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
   }
 
   /** `checkLoss`: on the timer's passes and direct calls; a commit's wake-up only relays. */
+  /** Throws DatabaseReplacedError unless the database is still the one under `database.identity`. */
+  async function checkDatabase(): Promise<void> {
+    if (!database) return
+    const check = await checkDatabaseIdentity(db, redis, database.basePrefix)
+    if (check.identity === database.identity && !check.restored) return
+    if (check.identity === database.identity) await renewDatabaseIdentity(db, check.identity)
+    throw new DatabaseReplacedError(database.identity)
+  }
+
   async function relayPending(checkLoss = true): Promise<number> {
+    await checkDatabase()
     if (checkLoss) await refillAfterLoss()
     let total = 0
     for (;;) {

@@ -391,8 +391,8 @@ test('an older event a slower relay appended last, then lost with the newest wri
     await appendEvents(redis, stream, ids.slice(0, 7))
     await db.query('DELETE FROM outbox_events')
     // A failover loses the newest write: A's last entry. The newest ids are all still there.
-    const [[lastEntry]] = (await redis.xrevrange(stream, '+', '-', 'COUNT', 1)) as Array<[string, string[]]>
-    await redis.xdel(stream, lastEntry!)
+    const [last] = (await redis.xrevrange(stream, '+', '-', 'COUNT', 1)) as Array<[string, string[]]>
+    await redis.xdel(stream, last![0])
     const relay = createOutboxRelay({ db, redis, stream, retention: 10_000, batch: 7, intervalMs: 1000 })
     assert.equal(await relay.relayPending(), 1, 'the lost event, relayed again')
     const onStream = await streamEventIds(redis, stream)

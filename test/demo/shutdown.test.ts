@@ -14,6 +14,7 @@ import { SAME_SIGNAL_WINDOW_MS, SECOND_SIGNAL_EXIT_CODE } from '../../src/shutdo
 import {
   createCustomer,
   createTestDatabase,
+  gatewayKeyPrefix,
   ledgerInvariants,
   scanKeys,
   TEST_SECRET,
@@ -605,6 +606,7 @@ describe('shutdown on SIGTERM', { skip: USE_PGLITE && 'needs a database shared a
       [customerIds],
     )
     const probe = new Redis(redis.url)
+    const keyPrefix = await gatewayKeyPrefix(database.db, prefix)
     try {
       const expected = new Set<string>()
       for (const t of transfers) {
@@ -614,7 +616,7 @@ describe('shutdown on SIGTERM', { skip: USE_PGLITE && 'needs a database shared a
       const seen = async () => {
         const got: string[] = []
         for (const id of customerIds) {
-          const entries = (await probe.xrange(notificationKeys(prefix, id).stream, '-', '+')) as Array<
+          const entries = (await probe.xrange(notificationKeys(keyPrefix, id).stream, '-', '+')) as Array<
             [string, string[]]
           >
           for (const [, fields] of entries) {
@@ -635,7 +637,7 @@ describe('shutdown on SIGTERM', { skip: USE_PGLITE && 'needs a database shared a
       )
       assert.equal(new Set(got).size, got.length, 'no notification twice')
       assert.deepEqual(new Set(got), expected, 'one notification per transfer and side')
-      const [pending] = (await probe.xpending(`${prefix}events:transfers`, 'notifier')) as [number]
+      const [pending] = (await probe.xpending(`${keyPrefix}events:transfers`, 'notifier')) as [number]
       assert.equal(pending, 0, 'no stream entry left pending')
       const [unrelayed] = await database.db.query<{ n: number }>(
         'SELECT count(*)::int AS n FROM outbox_events',
