@@ -102,7 +102,7 @@ async function groupDone(stream: string, group: string): Promise<boolean> {
 async function notify(customerId: number, transferId: number): Promise<string> {
   const [id] = await notifyCustomers(
     b.redis,
-    prefix,
+    b.prefix,
     [
       {
         customerId,
