@@ -346,11 +346,12 @@ describe('shutdown on SIGTERM', { skip: USE_PGLITE && 'needs a database shared a
     // The sender's account row is locked here: the transfer on a waits for it, past the grace period.
     await locker.query('BEGIN')
     await locker.query('SELECT id FROM accounts WHERE id = $1 FOR UPDATE', [from.accountIds[0]])
-    // Idempotency records being processed (claimed, not completed) in this Redis: Hashes (a
+    // Idempotency records being processed (claimed, not completed) in this Redis, under the
+    // database's identity: Hashes (a
     // completed record, such as the first test's transfer, is a String).
     const claimed = async () => {
       let n = 0
-      for (const k of await probe.keys('idem:*'))
+      for (const k of await probe.keys('*idem:*'))
         if ((await probe.type(k)) === 'hash' && (await probe.hget(k, 'state')) === 'processing') n++
       return n
     }
