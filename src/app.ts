@@ -5,6 +5,7 @@ import Fastify, { type FastifyInstance } from 'fastify'
 import campaigns from './campaigns/plugin.ts'
 import { type Config, NO_EVENT_WORKERS } from './config.ts'
 import type { Database } from './db/database.ts'
+import { settleDatabaseIdentity } from './db/identity.ts'
 import postgres from './db/plugin.ts'
 import { registerProblemHandlers, scheduleFailureOf } from './errors.ts'
 import events from './events/plugin.ts'
@@ -20,6 +21,7 @@ import {
   session,
 } from './index.ts'
 import { type AccountFilter, createAccountFilter } from './ledger/account-filter.ts'
+import { awaitRedisAtBoot } from './plugins/common/redis.ts'
 import publicAccounts from './public-accounts/plugin.ts'
 import accountRoutes from './routes/accounts.ts'
 import campaignRoutes from './routes/campaigns.ts'
@@ -39,7 +41,10 @@ export interface GatewayDependencies {
   /** An existing client (tests, embedding); otherwise one is created from config.redis. */
   redis?: RedisClient
   database?: Database
-  /** Prepended to every Redis key the gateway writes, so several gateways can share one Redis. */
+  /**
+   * Prepended to every Redis key the gateway writes, so several gateways can share one Redis. The
+   * keys go under `<keyPrefix><database identity>:` (`app.keyPrefix`, src/db/identity.ts).
+   */
   keyPrefix?: string
   /**
    * The demo rate limits (RATE_LIMITS=off always wins). Under NODE_ENV=test they are off unless this
@@ -70,6 +75,8 @@ export interface GatewayDependencies {
 declare module 'fastify' {
   interface FastifyInstance {
     lifecycle: { draining: boolean }
+    /** What every Redis key of the gateway starts with: the given prefix and the database's identity. */
+    keyPrefix: string
     /** Which account ids exist (docs/bloom.md); when off, every id might. */
     accountFilter: Pick<AccountFilter, 'mightExist' | 'add' | 'catchUp' | 'settled'>
   }
@@ -98,7 +105,6 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
   }).withTypeProvider<TypeBoxTypeProvider>()
   // Set by the process entry on SIGTERM/SIGINT: GET /ready answers 503 from then on.
   app.decorate('lifecycle', { draining: false })
-  const prefix = deps.keyPrefix ?? ''
   // Every body is JSON; anything else is refused with 415 instead of reaching validation as text.
   app.removeContentTypeParser('text/plain')
 
@@ -108,6 +114,18 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
   await app.register(metrics)
   await app.register(redis, { redis: deps.redis, ...config.redis })
   await app.register(postgres, { database: deps.database, connectionString: config.databaseUrl })
+  // Redis keys derived from the database's ids (feeds, notification markers, the leaderboard, the
+  // cache) live under its identity: a new or restored database never meets another's keys.
+  const basePrefix = deps.keyPrefix ?? ''
+  await awaitRedisAtBoot(app, app.redis, 'redis')
+  const identity = await settleDatabaseIdentity(app.db, app.redis, basePrefix, (from, to) =>
+    app.log.warn(
+      { from, to },
+      'the database is older than what Redis has seen (restored from an older backup): it gets a new identity, and the keys of the old one are left behind',
+    ),
+  )
+  const prefix = `${basePrefix}${identity}:`
+  app.decorate('keyPrefix', prefix)
   // The cache uses the main client unless CACHE_REDIS_URL names an instance of its own (one with an
   // eviction policy). On one client a request's session load, rate limit and cache read leave in one
   // write and come back in one read, on both sides (write batching, docs/redis.md).
@@ -121,8 +139,7 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
     enabled: config.cache.enabled,
     redis: cacheRedis,
     sharedWithDurableData: !config.cacheRedisUrl,
-    // An in-memory PGlite is new on every start: entries an earlier start left in Redis are wrong.
-    keyPrefix: `${prefix}cache:${deps.database || config.databaseUrl ? '' : `${Date.now().toString(36)}:`}`,
+    keyPrefix: `${prefix}cache:`,
     ttlMs: config.cache.ttlMs,
     l1TtlMs: config.cache.l1TtlMs,
     leaseWaitMs: config.cache.leaseWaitMs,
@@ -179,11 +196,8 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
     noteKeyMismatches(app)
   }
 
-  // After sessions: the default key scope is the session's principal. On an in-memory PGlite, records
-  // an earlier start left in Redis would replay transfers this database never had.
-  await app.register(idempotency, {
-    keyPrefix: `${prefix}idem:${deps.database || config.databaseUrl ? '' : `${Date.now().toString(36)}:`}`,
-  })
+  // After sessions: the default key scope is the session's principal.
+  await app.register(idempotency, { keyPrefix: `${prefix}idem:` })
 
   await app.register(healthRoutes)
   await app.register(sessionRoutes, { sessionCookie: sessionCookieName(config) })
@@ -212,6 +226,7 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
       : NO_EVENT_WORKERS
   await app.register(events, {
     prefix,
+    database: { basePrefix, identity },
     ...config.events,
     workers: eventWorkers,
     // The relay's own connection, off the request path's pool (not for an injected database).

@@ -1,5 +1,6 @@
 import { randomUUID } from 'node:crypto'
 import type { Database, Queryable } from '../db/database.ts'
+import { checkDatabaseIdentity, raiseHighWater, renewDatabaseIdentity } from '../db/identity.ts'
 import { appendJsonEntries, type RedisClient } from '../index.ts'
 
 /** An outbox row as it goes onto the stream: the `data` field of the entry (JSON). */
@@ -20,6 +21,8 @@ export interface TransferEvent {
 interface ClaimedBatch {
   n: number
   events: string | null
+  /** The batch's highest event id. */
+  newest: string | null
 }
 
 export interface OutboxRelayOptions {
@@ -43,7 +46,27 @@ export interface OutboxRelayOptions {
    * of 50 rows took 11 µs of Node and 15 µs of Postgres CPU per row, in passes of 200 7.5 and 7.
    */
   wakeDelayMs?: number
+  /**
+   * The database identity the stream's key is under, and the prefix before it (src/db/identity.ts).
+   * Given, each pass first checks that the database still has that identity and is not a restore of
+   * an older backup (its newest transfer below the high-water mark of the events relayed); if it
+   * is, the pass gives the database a new identity and relays nothing, nor does any later pass of
+   * a relay started under the old one: events of a database that reuses ids never reach the keys of
+   * the one it replaced.
+   */
+  database?: { basePrefix: string; identity: string }
   onError?: (err: unknown) => void
+}
+
+/** Thrown by a pass of a relay whose database is no longer the one its keys belong to. */
+export class DatabaseReplacedError extends Error {
+  constructor(identity: string) {
+    super(
+      `the database is no longer the one under identity ${identity} (restored from an older backup, or replaced): ` +
+        'the relay stops until the instance restarts under its new identity',
+    )
+    this.name = 'DatabaseReplacedError'
+  }
 }
 
 export interface OutboxRelay {
@@ -88,7 +111,8 @@ export const CLAIM_SQL = `WITH claimed AS (
       AND set_config('synchronous_commit', 'off', true) = 'off'
     RETURNING id, type, ${EVENT_JSON} AS data)
   SELECT count(*)::int AS n,
-    json_agg(json_build_array('eventId', id::text, 'type', type, 'data', data) ORDER BY id)::text AS events
+    json_agg(json_build_array('eventId', id::text, 'type', type, 'data', data) ORDER BY id)::text AS events,
+    max(id)::text AS newest
   FROM claimed`
 
 /**
@@ -124,6 +148,7 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
     batch = 200,
     intervalMs,
     wakeDelayMs = 100,
+    database,
     onError = () => {},
   } = options
   let timer: NodeJS.Timeout | null = null
@@ -149,6 +174,8 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
     if (!claimed?.events) return 0
     const ids = await appendJsonEntries(redis, { stream, maxLen: retention, entries: claimed.events })
     if (ids.length !== claimed.n) throw new Error(`appended ${ids.length} of ${claimed.n} events`)
+    if (database)
+      await raiseHighWater(redis, `${database.basePrefix}${database.identity}:`, Number(claimed.newest))
     return claimed.n
   }
 
@@ -166,7 +193,7 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
    *   are relayed twice). The stream's oldest entry is no boundary: a relay whose pass the restart
    *   broke appends its older events after another relay's newer, committed ones.
    * - Redis lost only its newest writes (failover to a replica that had not got them): the stream's
-   *   newest event ids are behind the newest relayed one (`newestEventOnTail`).
+   *   newest event ids are behind the newest relayed one, or events of the window are missing (`lossOnTail`).
    * A check after a restart first sets a canary key of its own. Redis losing its data again before
    * the check set the epoch key takes the canary too: what the check read (the relayed events, the
    * stream's head) was from before that loss, so the epoch key it set is dropped again and the next
@@ -206,26 +233,28 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
     let lostAfter = 0
     /** Events appended since the restart: not lost. */
     let onStream: number[] = []
+    /** Relayed events of the window that the stream's tail does not hold. */
+    let missing: number[] = []
     if (restarted) {
       const head = (await redis.xrange(stream, '-', '+', 'COUNT', 10 * batch)) as Array<[string, string[]]>
       onStream = head.map(eventIdOf).filter((id) => id !== null)
     } else {
-      lostAfter = await newestEventOnTail(relayed)
-      if (lostAfter >= relayed) return
+      ;({ lostAfter, missing } = await lossOnTail(relayed))
+      if (lostAfter >= relayed && missing.length === 0) return
     }
     await db.query(
       `INSERT INTO outbox_events (${COLUMNS})
        SELECT t.id, 'transfer.completed', t.id, t.customer_id, a.customer_id, t.from_account_id,
               t.to_account_id, t.amount, t.currency, t.created_at
        FROM transfers t JOIN accounts a ON a.id = t.to_account_id
-       WHERE t.has_event AND t.id > GREATEST($1::bigint, $2::bigint) AND t.id <= $3::bigint
-         AND t.id <> ALL ($4::bigint[])
+       WHERE t.has_event AND t.id > $2::bigint AND t.id <= $3::bigint
+         AND (t.id > $1::bigint OR t.id = ANY ($5::bigint[])) AND t.id <> ALL ($4::bigint[])
        ON CONFLICT (id) DO NOTHING`,
       // After a restart, up to the newest transfer rather than the newest relayed event: another
       // instance's relay may have appended an event to the lost stream and not yet committed its
       // claim when Postgres was read. Its row, still in the backlog then, makes the insert wait for
       // that claim: committed, the event is refilled; rolled back, the row stays in the backlog.
-      [lostAfter, relayed - retention, restarted ? newest : relayed, onStream],
+      [lostAfter, relayed - retention, restarted ? newest : relayed, onStream, missing],
     )
     // Set only once the refill is in the backlog: a relay that dies before this leaves the next
     // check to find the key missing and refill again (duplicates, which consumers absorb).
@@ -236,27 +265,52 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
   }
 
   /**
-   * The newest event id among the stream's latest entries: read back from the end in pages of 100
-   * until one is at least `relayed`, at most 10 batches deep. Relays append in parallel, so the
-   * entries after the newest relayed event's may all be older events (a relay that claimed them
-   * before and appended after): the last batch alone would look like a loss, and the newer events
-   * would be relayed again.
+   * What Redis lost of its newest writes (a failover to a replica that had not got them), read from
+   * the stream's tail: the newest event id on it (`lostAfter`; every relayed event above it is
+   * lost), and the relayed events of the window (the newest `2 * batch` by id) that are not on it.
+   * Relays append in parallel, so entries do not follow id order: a slower relay appends older
+   * events after another's newer ones, and a loss of only its entries leaves the newest ids in
+   * place. The tail is read back in pages of 100 until it holds every event of the window, at most
+   * 10 batches deep; an event of the window appended earlier than that is taken for lost and
+   * relayed again (a duplicate, which consumers absorb).
    */
-  async function newestEventOnTail(relayed: number): Promise<number> {
+  async function lossOnTail(relayed: number): Promise<{ lostAfter: number; missing: number[] }> {
+    const window = await db.query<{ id: string }>(
+      `SELECT t.id::text AS id FROM transfers t
+       WHERE t.id > $1::bigint AND t.id <= $2::bigint AND t.has_event
+         AND NOT EXISTS (SELECT 1 FROM outbox_events o WHERE o.id = t.id)
+       ORDER BY t.id DESC LIMIT $3`,
+      [relayed - retention, relayed, Math.min(2 * batch, retention)],
+    )
+    const unseen = new Set(window.map((r) => Number(r.id)))
     let newestSeen = 0
     let before = '+'
-    for (let read = 0; read < 10 * batch; ) {
+    for (let read = 0; read < 10 * batch && unseen.size > 0; ) {
       const page = (await redis.xrevrange(stream, before, '-', 'COUNT', 100)) as Array<[string, string[]]>
-      for (const entry of page) newestSeen = Math.max(newestSeen, eventIdOf(entry) ?? 0)
-      if (newestSeen >= relayed || page.length < 100) break
+      for (const entry of page) {
+        const id = eventIdOf(entry) ?? 0
+        newestSeen = Math.max(newestSeen, id)
+        unseen.delete(id)
+      }
+      if (page.length < 100) break
       read += page.length
       before = `(${page.at(-1)![0]}`
     }
-    return newestSeen
+    return { lostAfter: Math.min(newestSeen, relayed), missing: [...unseen].filter((id) => id <= newestSeen) }
   }
 
   /** `checkLoss`: on the timer's passes and direct calls; a commit's wake-up only relays. */
+  /** Throws DatabaseReplacedError unless the database is still the one under `database.identity`. */
+  async function checkDatabase(): Promise<void> {
+    if (!database) return
+    const check = await checkDatabaseIdentity(db, redis, database.basePrefix)
+    if (check.identity === database.identity && !check.restored) return
+    if (check.identity === database.identity) await renewDatabaseIdentity(db, check.identity)
+    throw new DatabaseReplacedError(database.identity)
+  }
+
   async function relayPending(checkLoss = true): Promise<number> {
+    await checkDatabase()
     if (checkLoss) await refillAfterLoss()
     let total = 0
     for (;;) {

@@ -13,6 +13,8 @@ import { SseHub } from './sse-hub.ts'
 export interface EventsPluginOptions {
   /** Prepended to every key and channel (the gateway's key prefix). */
   prefix: string
+  /** The database identity the keys are under, and the prefix before it: the relay checks it on each pass. */
+  database?: { basePrefix: string; identity: string }
   /** Which of the relay and the notifier run in this process. */
   workers: Pick<EventWorkers, 'relay' | 'notifier'>
   relayIntervalMs: number
@@ -149,6 +151,7 @@ async function eventsPlugin(app: FastifyInstance, options: EventsPluginOptions):
     stream,
     retention: options.streamRetention,
     intervalMs: options.relayIntervalMs,
+    database: options.database,
     onError,
   })
   const notifier = options.workers.notifier

@@ -391,7 +391,7 @@ test('a board Redis cannot read answers 503 leaderboard-unavailable', async () =
 test('closing the app stops both consumer groups, nothing left pending', async () => {
   const other = await buildTestApp(
     {},
-    { eventWorkers: 'on', keyPrefix: t.prefix, testDatabase: { db: t.db, drop: async () => {} } },
+    { eventWorkers: 'on', keyPrefix: t.basePrefix, testDatabase: { db: t.db, drop: async () => {} } },
   )
   assert.equal(other.app.campaigns.consumers.length, 2)
   assert.ok(other.app.campaigns.consumers.every((c) => c.running))

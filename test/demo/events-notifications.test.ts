@@ -102,7 +102,7 @@ async function groupDone(stream: string, group: string): Promise<boolean> {
 async function notify(customerId: number, transferId: number): Promise<string> {
   const [id] = await notifyCustomers(
     b.redis,
-    prefix,
+    b.prefix,
     [
       {
         customerId,
@@ -128,7 +128,7 @@ async function notify(customerId: number, transferId: number): Promise<string> {
 async function subscriberOfB(admin: import('ioredis').Redis): Promise<string> {
   const subscriber = String(await admin.call('CLIENT', 'LIST', 'TYPE', 'pubsub'))
     .split('\n')
-    .find((line) => line.includes(` name=${prefix}sse-subscriber `))
+    .find((line) => line.includes(` name=${a.prefix}sse-subscriber `))
   const id = /^id=([0-9]+) /.exec(subscriber ?? '')?.[1]
   assert.ok(id, "instance B's subscriber connection is listed")
   return id
@@ -158,12 +158,14 @@ test("bob's stream on instance B gets transfer.received for alice's transfer on 
   assert.equal(sent!.event, 'transfer.sent')
   assert.equal(sent!.data.transferId, transferId)
   // The SSE id is the notification's id on bob's stream in Redis.
-  const entries = (await b.redis.xrange(notificationKeys(prefix, bob.customerId).stream, '-', '+')) as Array<
-    [string, string[]]
-  >
+  const entries = (await b.redis.xrange(
+    notificationKeys(a.prefix, bob.customerId).stream,
+    '-',
+    '+',
+  )) as Array<[string, string[]]>
   assert.ok(entries.some(([id]) => id === received!.id))
   // The notifier remembers the event per customer for NOTIFICATIONS_DEDUP (2 h here), then forgets it.
-  const keys = notificationKeys(prefix, bob.customerId)
+  const keys = notificationKeys(a.prefix, bob.customerId)
   const ttl = await b.redis.pttl(keys.marker(String(received!.data.eventId), 'transfer.received'))
   assert.ok(ttl > 3_600_000 && ttl <= 7_200_000, `marker TTL ${ttl} ms`)
   // Bob's stream lives NOTIFICATIONS_TTL (3 h here) after his latest notification.
@@ -182,7 +184,7 @@ test('reconnecting with Last-Event-ID delivers exactly the missed notifications,
   await first.ended
 
   const missed = [await transferOnA(2), await transferOnA(3), await transferOnA(4)]
-  const key = notificationKeys(prefix, bob.customerId).stream
+  const key = notificationKeys(a.prefix, bob.customerId).stream
   const deadline = Date.now() + 15_000
   let stored: Array<[string, string[]]>
   for (;;) {
@@ -439,7 +441,7 @@ test('a client that stops reading is dropped once 1 MiB waits for it; a reading 
   for (let i = 1; i <= published; i++) {
     for (const customerId of [dave.customerId, erin.customerId]) {
       const message = JSON.stringify({ id: `${start}-${i}`, event: 'transfer.received', data })
-      await b.redis.publish(notificationKeys(prefix, customerId).channel, message)
+      await b.redis.publish(notificationKeys(a.prefix, customerId).channel, message)
     }
   }
   const deadline = Date.now() + 15_000

@@ -380,6 +380,30 @@ test('a loss check while another relay appends older events after newer committe
   })
 })
 
+test('an older event a slower relay appended last, then lost with the newest writes: the loss check refills it', async () => {
+  await withBacklog(14, async ({ db, redis, stream }) => {
+    const ids = (
+      await db.query<{ id: string }>('SELECT id::text FROM outbox_events ORDER BY outbox_events.id')
+    ).map((r) => r.id)
+    // C appended the newer seven and committed, then A appended the older seven and committed.
+    await redis.set(`${stream}:relay-epoch`, '1')
+    await appendEvents(redis, stream, ids.slice(7))
+    await appendEvents(redis, stream, ids.slice(0, 7))
+    await db.query('DELETE FROM outbox_events')
+    // A failover loses the newest write: A's last entry. The newest ids are all still there.
+    const [last] = (await redis.xrevrange(stream, '+', '-', 'COUNT', 1)) as Array<[string, string[]]>
+    await redis.xdel(stream, last![0])
+    const relay = createOutboxRelay({ db, redis, stream, retention: 10_000, batch: 7, intervalMs: 1000 })
+    assert.equal(await relay.relayPending(), 1, 'the lost event, relayed again')
+    const onStream = await streamEventIds(redis, stream)
+    assert.deepEqual(
+      ids.map((id) => onStream.filter((x) => x === id).length),
+      ids.map(() => 1),
+      'every event on the stream once',
+    )
+  })
+})
+
 test('a batch Redis refuses stays in the backlog; one accepted goes on the stream in id order', async () => {
   await withBacklog(30, async ({ db, redis, stream }) => {
     const relay = createOutboxRelay({ db, redis, stream, retention: 10_000, intervalMs: 1000 })

@@ -288,7 +288,7 @@ describe('notifications', () => {
     const here = await buildTestApp({ RATE_LIMITS: 'off', SSE_HEARTBEAT: '100ms' })
     const elsewhere = await buildTestApp(
       { RATE_LIMITS: 'off' },
-      { testDatabase: { db: here.db, drop: async () => {} }, keyPrefix: here.prefix },
+      { testDatabase: { db: here.db, drop: async () => {} }, keyPrefix: here.basePrefix },
     )
     t.after(async () => {
       await elsewhere.close()

@@ -196,7 +196,7 @@ test('a browser gets transfers live over EventSource, reconnects by itself with 
   assert.deepEqual((await state()).errors, [0])
 
   const missed = await bobPaysAlice(102)
-  const key = notificationKeys(prefix, alice.customerId).stream
+  const key = notificationKeys(app.keyPrefix, alice.customerId).stream
   const transferIdOf = (fields: string[]) =>
     (JSON.parse(fields[fields.indexOf('data') + 1]!) as { transferId: number }).transferId
   for (;;) {

@@ -222,7 +222,7 @@ test('the demo flows over HTTP: login, balances, transfers, a notification, sche
 
   // Every notification stream written expires NOTIFICATIONS_TTL after its latest notification.
   for (const customer of [alice, bob, carol]) {
-    const ttl = await t.redis.pttl(notificationKeys(prefix, customer.customerId).stream)
+    const ttl = await t.redis.pttl(notificationKeys(t.prefix, customer.customerId).stream)
     assert.ok(ttl > 0 && ttl <= NOTIFICATIONS_TTL_MS, `customer ${customer.customerId}: stream TTL ${ttl} ms`)
   }
   const logout = await inject(alice, 'DELETE', '/session')
@@ -231,7 +231,7 @@ test('the demo flows over HTTP: login, balances, transfers, a notification, sche
 
 test('a notification trims the notifications older than NOTIFICATIONS_TTL from the customer stream', async () => {
   const dave = await createCustomer(database.db, 'dave', [1000])
-  const key = notificationKeys(prefix, dave.customerId).stream
+  const key = notificationKeys(t.prefix, dave.customerId).stream
   // Notifications of four hours ago, more than a node of the stream (100 entries) holds: a whole
   // node of them can be trimmed (MINID ~ removes whole nodes only).
   const old = Date.now() - 4 * 3_600_000
@@ -314,7 +314,7 @@ test('every key the gateway wrote expires, or is documented in docs/redis-keys.m
   const problems: string[] = []
   const seen = new Set<string>()
   for (const key of keys.sort()) {
-    const name = key.slice(prefix.length)
+    const name = key.slice(t.prefix.length)
     const matching = documented.filter((d) => d.regex.test(name))
     const ttl = await t.redis.pttl(key)
     if (ttl === -2) continue

@@ -14,6 +14,7 @@ import { SAME_SIGNAL_WINDOW_MS, SECOND_SIGNAL_EXIT_CODE } from '../../src/shutdo
 import {
   createCustomer,
   createTestDatabase,
+  gatewayKeyPrefix,
   ledgerInvariants,
   scanKeys,
   TEST_SECRET,
@@ -345,11 +346,12 @@ describe('shutdown on SIGTERM', { skip: USE_PGLITE && 'needs a database shared a
     // The sender's account row is locked here: the transfer on a waits for it, past the grace period.
     await locker.query('BEGIN')
     await locker.query('SELECT id FROM accounts WHERE id = $1 FOR UPDATE', [from.accountIds[0]])
-    // Idempotency records being processed (claimed, not completed) in this Redis: Hashes (a
+    // Idempotency records being processed (claimed, not completed) in this Redis, under the
+    // database's identity: Hashes (a
     // completed record, such as the first test's transfer, is a String).
     const claimed = async () => {
       let n = 0
-      for (const k of await probe.keys('idem:*'))
+      for (const k of await probe.keys('*idem:*'))
         if ((await probe.type(k)) === 'hash' && (await probe.hget(k, 'state')) === 'processing') n++
       return n
     }
@@ -605,6 +607,7 @@ describe('shutdown on SIGTERM', { skip: USE_PGLITE && 'needs a database shared a
       [customerIds],
     )
     const probe = new Redis(redis.url)
+    const keyPrefix = await gatewayKeyPrefix(database.db, prefix)
     try {
       const expected = new Set<string>()
       for (const t of transfers) {
@@ -614,7 +617,7 @@ describe('shutdown on SIGTERM', { skip: USE_PGLITE && 'needs a database shared a
       const seen = async () => {
         const got: string[] = []
         for (const id of customerIds) {
-          const entries = (await probe.xrange(notificationKeys(prefix, id).stream, '-', '+')) as Array<
+          const entries = (await probe.xrange(notificationKeys(keyPrefix, id).stream, '-', '+')) as Array<
             [string, string[]]
           >
           for (const [, fields] of entries) {
@@ -635,7 +638,7 @@ describe('shutdown on SIGTERM', { skip: USE_PGLITE && 'needs a database shared a
       )
       assert.equal(new Set(got).size, got.length, 'no notification twice')
       assert.deepEqual(new Set(got), expected, 'one notification per transfer and side')
-      const [pending] = (await probe.xpending(`${prefix}events:transfers`, 'notifier')) as [number]
+      const [pending] = (await probe.xpending(`${keyPrefix}events:transfers`, 'notifier')) as [number]
       assert.equal(pending, 0, 'no stream entry left pending')
       const [unrelayed] = await database.db.query<{ n: number }>(
         'SELECT count(*)::int AS n FROM outbox_events',

@@ -75,8 +75,17 @@ export interface TestApp {
   app: FastifyInstance
   db: Database
   redis: RedisClient
+  /** What the gateway's keys start with (`app.keyPrefix`): `basePrefix` and the database's identity. */
   prefix: string
+  /** The key prefix the gateway was given: another gateway on the same database takes this one. */
+  basePrefix: string
   close(): Promise<void>
+}
+
+/** What the keys of a gateway given `basePrefix` on this database start with (`app.keyPrefix`). */
+export async function gatewayKeyPrefix(db: Database, basePrefix: string): Promise<string> {
+  const [row] = await db.query<{ identity: string }>('SELECT identity FROM database_identity')
+  return `${basePrefix}${row!.identity}:`
 }
 
 /** Builds the gateway the way server.ts does, on its own database and Redis key prefix. */
@@ -98,7 +107,8 @@ export async function buildTestApp(
     app,
     db: testDatabase.db,
     redis: app.redis,
-    prefix,
+    prefix: app.keyPrefix,
+    basePrefix: prefix,
     async close() {
       await app.close()
       if (!deps.testDatabase) await testDatabase.drop()
