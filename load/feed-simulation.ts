@@ -1,10 +1,15 @@
 // The feed's push/pull decision in numbers (docs/feed.md), `npm run bench:feed`.
 //
-// (A) A day of publishes on a network with a heavy-tailed follower distribution, in arithmetic (it
-//     needs follower counts, not the graph): fan-out writes per day, the largest single fan-out and
-//     what readers pull, with no threshold and with pushMaxFollowers 100,000 and 10,000. Once at
-//     full scale (100M users) and once scaled down 100 times with the thresholds scaled alike.
-// (B) On a private redis-server, through the module: MEMORY USAGE per entry of each key (the
+// (A) The reference generator at its own scale: 1,000,000 users with follower counts
+//     min(5e6, floor(20 / (1 - u)^(1/1.1)) - 19), u uniform in [0, 1), one post per user a day
+//     written to every follower. Its three rows (no threshold, 100,000 and 10,000) beside the
+//     reference figures, with the exact expectation of each and, for the no-threshold row, the
+//     spread over many seeds: the reference figure lies outside what the generator can give.
+// (B) A day of publishes on a Zipf network, in arithmetic (it needs follower counts, not the
+//     graph): fan-out writes per day, the largest single fan-out and what readers pull, with no
+//     threshold and with pushMaxFollowers 100,000 and 10,000. Once at full scale (100M users) and
+//     once scaled down 100 times with the thresholds scaled alike.
+// (C) On a private redis-server, through the module: MEMORY USAGE per entry of each key (the
 //     sizing formula), read latency p50/p99 for a reader following 0, 10 and 50 pulled producers,
 //     a rebuild by pull, and the Redis CPU a fan-out write costs.
 import { cpus, loadavg } from 'node:os'
@@ -18,7 +23,79 @@ import { formatTable, writeResults } from './lib/runner.ts'
 const quick = process.argv.includes('--quick')
 
 // ---------------------------------------------------------------------------------------------
-// (A) The network and its day.
+// (A) The reference generator.
+
+const REFERENCE = {
+  users: 1_000_000,
+  cap: 5_000_000,
+  alpha: 1.1,
+  /** The reference figures: fan-out writes a day and producers above the threshold. */
+  rows: [
+    { threshold: null, writes: 206_800_000, celebrities: 0 },
+    { threshold: 100_000, writes: 105_500_000, celebrities: 95 },
+    { threshold: 10_000, writes: 77_800_000, celebrities: 1430 },
+  ] as Array<{ threshold: number | null; writes: number; celebrities: number }>,
+}
+const REFERENCE_SEED = 20261206
+
+/** One user's follower count: the reference generator, u uniform in [0, 1). */
+const referenceFollowers = (u: number) =>
+  Math.min(REFERENCE.cap, Math.floor(20 / (1 - u) ** (1 / REFERENCE.alpha)) - 19)
+
+/** P(followers >= k) for k >= 1: floor(Y) - 19 >= k exactly when Y >= k + 19, Y Pareto(20, alpha). */
+const referenceTail = (k: number) => (k > REFERENCE.cap ? 0 : Math.min(1, (20 / (k + 19)) ** REFERENCE.alpha))
+
+/**
+ * Exact moments of one user's follower count, from its tail: E[min(X, t)] = sum of P(X >= k) for
+ * k = 1..t, and E[X^2] = sum of (2k - 1) P(X >= k).
+ */
+function referenceMoments() {
+  const partial = new Map<number, number>() // t -> E[min(X, t)]
+  const marks = new Set(REFERENCE.rows.map((r) => r.threshold ?? REFERENCE.cap))
+  let mean = 0
+  let square = 0
+  for (let k = 1; k <= REFERENCE.cap; k++) {
+    const tail = referenceTail(k)
+    mean += tail
+    square += (2 * k - 1) * tail
+    if (marks.has(k)) partial.set(k, mean)
+  }
+  /** Expected follower sum of the users at or under t (a pushed user's writes: one post a day). */
+  const pushedMean = (t: number) => partial.get(t)! - t * referenceTail(t + 1)
+  // Without the cap the mean is 20 alpha / (alpha - 1) - 19 (to within the floor's half unit).
+  const uncappedMean = (20 * REFERENCE.alpha) / (REFERENCE.alpha - 1) - 19
+  return { mean, sd: Math.sqrt(square - mean * mean), pushedMean, uncappedMean }
+}
+
+interface ReferenceDraw {
+  writes: number[]
+  celebrities: number[]
+  largest: number
+  atCap: number
+}
+
+/** One network of the generator: per threshold, the writes a day and the producers above it. */
+function drawReference(seed: number): ReferenceDraw {
+  const rand = random(seed)
+  const thresholds = REFERENCE.rows.map((r) => r.threshold ?? Number.POSITIVE_INFINITY)
+  const writes = thresholds.map(() => 0)
+  const celebrities = thresholds.map(() => 0)
+  let largest = 0
+  let atCap = 0
+  for (let user = 0; user < REFERENCE.users; user++) {
+    const followers = referenceFollowers(rand())
+    if (followers > largest) largest = followers
+    if (followers === REFERENCE.cap) atCap++
+    for (let t = 0; t < thresholds.length; t++) {
+      if (followers > thresholds[t]!) celebrities[t]!++
+      else writes[t]! += followers
+    }
+  }
+  return { writes, celebrities, largest, atCap }
+}
+
+// ---------------------------------------------------------------------------------------------
+// (B) A Zipf network and its day.
 
 /**
  * Users are readers and producers. The producer of rank i (1 = most followed) has
@@ -156,7 +233,7 @@ const SCALED: Network = {
 }
 
 // ---------------------------------------------------------------------------------------------
-// (B) Redis.
+// (C) Redis.
 
 const percentile = (sorted: number[], p: number) =>
   sorted[Math.min(sorted.length - 1, Math.floor(p * sorted.length))]!
@@ -419,10 +496,119 @@ async function measureFanout(redis: Redis, source: MemorySource, feed: Feed) {
 
 const fmt = (n: number) => Math.round(n).toLocaleString('en-US')
 
+const millions = (n: number) => `${(n / 1e6).toFixed(1)} M`
+const ratio = (drawn: number, reference: number) => {
+  const r = (drawn / reference - 1) * 100
+  return `${r >= 0 ? '+' : ''}${r.toFixed(1)} %`
+}
+
+/** (A): the reference generator's rows beside the reference figures, and why one of them differs. */
+function referenceSection(md: string[]) {
+  const t0 = performance.now()
+  const moments = referenceMoments()
+  const draw = drawReference(REFERENCE_SEED)
+  const seeds = quick ? 10 : 50
+  const totals: number[] = []
+  let seedsAtCap = 0
+  for (let s = 1; s <= seeds; s++) {
+    const other = drawReference(REFERENCE_SEED + s)
+    totals.push(other.writes[0]!)
+    seedsAtCap = Math.max(seedsAtCap, other.atCap)
+  }
+  totals.sort((a, b) => a - b)
+  const { users, cap } = REFERENCE
+  const rows = REFERENCE.rows.map((row, t) => {
+    const threshold = row.threshold ?? cap
+    return {
+      threshold: row.threshold === null ? 'none' : fmt(row.threshold),
+      writes: draw.writes[t]!,
+      expectedWrites: users * moments.pushedMean(threshold),
+      referenceWrites: row.writes,
+      celebrities: draw.celebrities[t]!,
+      expectedCelebrities: row.threshold === null ? 0 : users * referenceTail(threshold + 1),
+      referenceCelebrities: row.celebrities,
+    }
+  })
+  const sdOfSum = moments.sd * Math.sqrt(users)
+  const expectedAtCap = users * referenceTail(cap)
+  // The capped sum exceeds its mean by at most `cap` per user drawn at the cap: reaching the
+  // reference figure takes this many of them, against the expected count.
+  const neededAtCap = Math.ceil((REFERENCE.rows[0]!.writes - users * moments.mean) / cap)
+  const reference = REFERENCE.rows[0]!.writes
+  const reason = [
+    `The no-threshold row cannot be reproduced under the cap. Capped at ${fmt(cap)}, a user's expected`,
+    `follower count is ${moments.mean.toFixed(1)}, so ${fmt(users)} users make ${millions(users * moments.mean)} writes a day, with a standard`,
+    `deviation of ${millions(sdOfSum)}: ${millions(reference)} is ${((reference - users * moments.mean) / sdOfSum).toFixed(1)} standard deviations above. The sum gains at most`,
+    `${fmt(cap)} over its mean per user drawn at the cap; reaching ${millions(reference)} would take about ${neededAtCap} of them,`,
+    `where ${expectedAtCap.toFixed(2)} are expected (P(X >= ${fmt(cap)}) = ${referenceTail(cap).toExponential(2)}). Over ${seeds} other seeds the total`,
+    `ran from ${millions(totals[0]!)} to ${millions(totals.at(-1)!)} (median ${millions(totals[Math.floor(seeds / 2)]!)}), with at most ${seedsAtCap} user(s) at the cap in one`,
+    `network. Without the cap the expectation is 20 * 1.1 / 0.1 - 19 = ${moments.uncappedMean.toFixed(0)} a user, ${millions(users * moments.uncappedMean)} a day,`,
+    `${ratio(users * moments.uncappedMean, reference)} from the reference figure: that figure is near the uncapped expectation, which a capped`,
+    `draw of ${fmt(users)} users does not reach. The thresholded rows do not depend on the cap, and match within 10 %.`,
+  ]
+  const last = rows.at(-1)!
+  reason.push(
+    '',
+    `The reference count of ${fmt(last.referenceCelebrities)} producers above ${last.threshold} is not the generator's either: it`,
+    `expects ${fmt(last.expectedCelebrities)} (${fmt(users)} * P(X > ${last.threshold})), give or take ${Math.sqrt(last.expectedCelebrities).toFixed(0)} (Poisson);`,
+    'the writes at that threshold match all the same.',
+  )
+  md.push(
+    `## (A) The reference generator: ${fmt(users)} users, min(5e6, floor(20 / (1 - u)^(1/1.1)) - 19) followers`,
+    '',
+    'u uniform in [0, 1) from a seeded generator (seed ' +
+      `${REFERENCE_SEED}), one post per user a day written to every follower of a pushed producer:`,
+    'fan-out writes a day are the follower sum of the producers at or under the threshold. "Expected":',
+    'the exact expectation of the generator (from its tail, P(X >= k) = (20 / (k + 19))^1.1 under the cap).',
+    `This network: mean following ${(draw.writes[0]! / users).toFixed(1)}, largest producer ${fmt(draw.largest)} followers.`,
+    '',
+    formatTable(
+      [
+        'pushMaxFollowers',
+        'fan-out writes/day',
+        'expected',
+        'reference',
+        'vs reference',
+        'producers above the threshold',
+        'expected',
+        'reference',
+        'vs reference',
+      ],
+      rows.map((r) => [
+        r.threshold,
+        millions(r.writes),
+        millions(r.expectedWrites),
+        millions(r.referenceWrites),
+        ratio(r.writes, r.referenceWrites),
+        fmt(r.celebrities),
+        r.expectedCelebrities ? fmt(r.expectedCelebrities) : '0',
+        fmt(r.referenceCelebrities),
+        r.referenceCelebrities ? ratio(r.celebrities, r.referenceCelebrities) : '',
+      ]),
+    ),
+    '',
+    ...reason,
+    '',
+  )
+  console.log(md.slice(-(reason.length + 4)).join('\n'))
+  console.log(`(A) ${((performance.now() - t0) / 1000).toFixed(1)} s`)
+  return {
+    seed: REFERENCE_SEED,
+    rows,
+    moments: { mean: moments.mean, sd: moments.sd, uncappedMean: moments.uncappedMean },
+    otherSeeds: { seeds, min: totals[0], max: totals.at(-1), median: totals[Math.floor(seeds / 2)] },
+    largest: draw.largest,
+    atCap: draw.atCap,
+  }
+}
+
 async function main() {
   const md: string[] = ['# Feed simulation', '']
+  const reference = referenceSection(md)
   md.push(
-    `Model: the producer of rank i has floor(M * i^-${ALPHA}) followers (M: the largest, half of the users);`,
+    '## (B) A Zipf network',
+    '',
+    `The producer of rank i has floor(M * i^-${ALPHA}) followers (M: the largest, half of the users);`,
     `each user posts Poisson(${POSTS_PER_DAY}) items a day; each follower is active within the window with`,
     `probability ${ACTIVE}. One simulated day (seeded). Fan-out writes: active followers reached by pushed posts.`,
     '',
@@ -433,10 +619,10 @@ async function main() {
     const { rows, posts, meanFollowing } = simulateDay(network)
     day[network.name] = { rows, posts, meanFollowing }
     console.log(
-      `(A) ${network.name}: ${fmt(posts)} posts, mean following ${meanFollowing.toFixed(1)} (${((performance.now() - t0) / 1000).toFixed(1)} s)`,
+      `(B) ${network.name}: ${fmt(posts)} posts, mean following ${meanFollowing.toFixed(1)} (${((performance.now() - t0) / 1000).toFixed(1)} s)`,
     )
     md.push(
-      `## (A) ${network.name}: ${fmt(posts)} posts in the day, mean following ${meanFollowing.toFixed(1)}`,
+      `### ${network.name}: ${fmt(posts)} posts in the day, mean following ${meanFollowing.toFixed(1)}`,
       '',
     )
     md.push(
@@ -471,7 +657,7 @@ async function main() {
     const info = await redis.info('server')
     const version = /redis_version:(\S+)/.exec(info)?.[1]
     md.push(
-      `## (B) Redis ${version}, a private redis-server on this machine (${cpus().length} CPUs, load average ${loadavg()[0]!.toFixed(1)} at the start)`,
+      `## (C) Redis ${version}, a private redis-server on this machine (${cpus().length} CPUs, load average ${loadavg()[0]!.toFixed(1)} at the start)`,
       '',
     )
     const memory = await measureMemory(redis)
@@ -554,7 +740,7 @@ async function main() {
     // The day's fan-out in Redis CPU, at the measured cost of a write.
     const cost = (writes: number) => (writes * fanout.redisCpuMicrosPerWrite) / 1e6
     md.push(
-      `### The day of (A) at ${fanout.redisCpuMicrosPerWrite.toFixed(2)} µs of Redis CPU per write (skiplist)`,
+      `### The day of (B) at ${fanout.redisCpuMicrosPerWrite.toFixed(2)} µs of Redis CPU per write (skiplist)`,
       '',
       formatTable(
         [
@@ -577,7 +763,12 @@ async function main() {
       '',
     )
     console.log(md.slice(-3).join('\n'))
-    const { json, md: mdPath } = writeResults('feed', { quick, day, memory, runs }, md.join('\n'), { quick })
+    const { json, md: mdPath } = writeResults(
+      'feed',
+      { quick, reference, day, memory, runs },
+      md.join('\n'),
+      { quick },
+    )
     console.log(`results: ${json}, ${mdPath}`)
   } finally {
     redis.disconnect()

@@ -1,8 +1,10 @@
-// Runs benchmark scenarios: `tsx load/run.ts [--quick] [name ...]`; no names runs every file in
-// load/scenarios/. Each scenario writes load/results/<name>.{json,md} (quick runs: under
-// load/results/quick/, git-ignored); the run then rebuilds summary.md (the headline rows, every
+// Runs benchmark scenarios: `tsx load/run.ts [--quick | --smoke] [name ...]`; no names runs every
+// file in load/scenarios/. Each scenario writes load/results/<name>.{json,md} (quick and smoke runs:
+// under load/results/quick/, git-ignored); the run then rebuilds summary.md (the headline rows, every
 // scenario's tables, the chart) and ratios.svg from the latest result of every scenario. A scenario
-// that fails is reported in the summary and the others still run.
+// that fails is reported in the summary and the others still run. `--smoke` is a quick run that
+// also fails a scenario whose load runs got a non-2xx answer or an error (every load run of the
+// suite expects success), for `npm run bench:smoke` (load/smoke.ts).
 import pg from 'pg'
 import { pinLoadGenerator, pinPostgres, placement } from './lib/cpus.ts'
 import { stopAllServers, writeResults } from './lib/runner.ts'
@@ -11,7 +13,8 @@ import { ADMIN_DATABASE_URL } from './lib/services.ts'
 import { type ScenarioOutcome, writeSummary } from './lib/summary.ts'
 
 const args = process.argv.slice(2)
-const quick = args.includes('--quick')
+const smoke = args.includes('--smoke')
+const quick = smoke || args.includes('--quick')
 const available = scenarioNames()
 const names = args.filter((a) => !a.startsWith('--'))
 const unknown = names.filter((n) => !available.includes(n))
@@ -34,13 +37,27 @@ process.once('SIGINT', () => {
   stopAllServers().finally(() => process.exit(130))
 })
 
+/** Non-2xx answers, errors and timeouts of every load run a scenario's data holds (its samples). */
+function failedRequests(data: unknown): number {
+  if (Array.isArray(data)) return data.reduce((n: number, d) => n + failedRequests(d), 0)
+  if (!data || typeof data !== 'object') return 0
+  let n = 0
+  for (const [key, value] of Object.entries(data)) {
+    if (['non2xx', 'errors', 'timeouts'].includes(key) && typeof value === 'number') n += value
+    else n += failedRequests(value)
+  }
+  return n
+}
+
 const outcomes: ScenarioOutcome[] = []
 for (const name of names.length ? names : available) {
   const started = performance.now()
-  console.error(`\n== ${name}${quick ? ' (quick)' : ''}`)
+  console.error(`\n== ${name}${smoke ? ' (smoke)' : quick ? ' (quick)' : ''}`)
   try {
     const { default: scenario } = (await import(`./scenarios/${name}.ts`)) as { default: Scenario }
     const result = await scenario({ quick })
+    const bad = smoke ? failedRequests(result.data) : 0
+    if (bad) throw new Error(`${bad} non-2xx answers, errors or timeouts in its load runs`)
     const paths = writeResults(
       name,
       { scenario: name, quick, placement: placement(), ...result },
@@ -61,6 +78,8 @@ const summary = writeSummary(available, { quick, failed: outcomes.filter((o) => 
 const total = outcomes.reduce((sum, o) => sum + o.seconds, 0)
 console.log(`\nSummary: ${summary.md}\nChart:   ${summary.svg}`)
 console.log(`${outcomes.length} scenario(s) in ${total.toFixed(0)} s`)
+const failed = outcomes.filter((o) => o.error).map((o) => o.name)
+if (failed.length) console.log(`failed scenario(s): ${failed.join(' ')}`)
 // Servers left by a failed scenario must not outlive the run; failures set the exit code.
 await stopAllServers()
 process.exit(outcomes.some((o) => o.error) ? 1 : 0)

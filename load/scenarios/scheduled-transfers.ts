@@ -52,7 +52,11 @@ const scheduledTransfers: Scenario = async ({ quick }) => {
       await Promise.all(
         Array.from({ length: Math.min(25, count - start) }, async (_, j) => {
           const i = start + j
-          const runAt = base + Math.floor((i * spreadMs) / count)
+          // runAt must be in the future when the gateway reads it: under load, creation can run
+          // past the planned time, and such a schedule is due shortly after its creation instead.
+          const planned = base + Math.floor((i * spreadMs) / count)
+          const runAt = Math.max(planned, Date.now() + 2000)
+          if (runAt > planned) createdLate++
           const res = await fetch(`${urls[i % urls.length]}/scheduled-transfers`, {
             method: 'POST',
             headers: {
@@ -69,7 +73,6 @@ const scheduledTransfers: Scenario = async ({ quick }) => {
             }),
           })
           if (res.status !== 201) throw new Error(`schedule failed: ${res.status} ${await res.text()}`)
-          if (Date.now() > runAt) createdLate++
         }),
       )
     }
@@ -95,7 +98,7 @@ const scheduledTransfers: Scenario = async ({ quick }) => {
       schedules: count,
       completed: completed.length,
       transfers,
-      createdAfterRunAt: createdLate,
+      createdPastPlannedRunAt: createdLate,
       p50Ms: Math.round(quantile(lateness, 0.5)),
       p90Ms: Math.round(quantile(lateness, 0.9)),
       p99Ms: Math.round(quantile(lateness, 0.99)),
@@ -121,7 +124,10 @@ const scheduledTransfers: Scenario = async ({ quick }) => {
         ],
       ),
       ...(createdLate
-        ? ['', `${createdLate} schedules were created after their runAt (slow creation).`]
+        ? [
+            '',
+            `${createdLate} schedules were created too late for their planned runAt (slow creation) and were due 2 s after their creation instead.`,
+          ]
         : []),
     ].join('\n')
     return {
