@@ -21,7 +21,6 @@ import {
   session,
 } from './index.ts'
 import { type AccountFilter, createAccountFilter } from './ledger/account-filter.ts'
-import { awaitRedisAtBoot } from './plugins/common/redis.ts'
 import publicAccounts from './public-accounts/plugin.ts'
 import accountRoutes from './routes/accounts.ts'
 import campaignRoutes from './routes/campaigns.ts'
@@ -115,9 +114,9 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
   await app.register(redis, { redis: deps.redis, ...config.redis })
   await app.register(postgres, { database: deps.database, connectionString: config.databaseUrl })
   // Redis keys derived from the database's ids (feeds, notification markers, the leaderboard, the
-  // cache) live under its identity: a new or restored database never meets another's keys.
+  // cache) live under its identity: a new or restored database never meets another's keys. The
+  // redis plugin has connected app.redis (it fails the boot otherwise).
   const basePrefix = deps.keyPrefix ?? ''
-  await awaitRedisAtBoot(app, app.redis, 'redis')
   const identity = await settleDatabaseIdentity(app.db, app.redis, basePrefix, (from, to) =>
     app.log.warn(
       { from, to },

@@ -128,10 +128,8 @@ export class SessionStore implements SessionSaver {
    * timeout is below `touchAfterMs` would expire between two slides while its user is active.
    */
   #touchAfter(idle: number): number {
-    const { idleTimeoutMs } = this.options
-    return idle >= idleTimeoutMs
-      ? this.#touchAfterMs
-      : Math.floor((this.#touchAfterMs * idle) / idleTimeoutMs)
+    const full = this.options.idleTimeoutMs
+    return idle >= full ? this.#touchAfterMs : Math.floor((this.#touchAfterMs * idle) / full)
   }
 
   #touched(id: string, at: number, idle: number): void {
@@ -163,8 +161,8 @@ export class SessionStore implements SessionSaver {
    * together, no script (Redis would run each command of a script through Lua, about 1 µs apiece):
    * HGETALL, and PEXPIRE sliding the idle expiry on the Redis clock (a no-op on a missing key) unless
    * this process did so less than `touchAfterMs` ago: the idle expiry is then at most that much
-   * early, and most loads write nothing (a session with a shorter idle timeout than the plugin's:
-   * the same share of its own, see #touchAfter). The absolute lifetime is checked here, on this process's
+   * early (for a shorter idle timeout than the plugin's, the same share of its own: #touchAfter),
+   * and most loads write nothing. The absolute lifetime is checked here, on this process's
    * clock: a session past it is deleted and refused, and one whose idle expiry would pass it gets
    * its expiry moved back to it. A session given its own idle timeout at login is slid by that one:
    * the first load in a process, which does not know it yet, slides by the plugin's and then again
