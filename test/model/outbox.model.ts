@@ -61,6 +61,8 @@ interface Real {
   seen: Map<string, string>
   errors: unknown[]
   started: number
+  /** Whether the notifiers run: down, the stream fills and the faults meet entries nobody read yet. */
+  notifiersUp: boolean
 }
 
 let server: ModelRedis | undefined
@@ -101,7 +103,7 @@ async function startInstance(real: Real): Promise<Instance> {
     blockMs: 200,
     onError,
   })
-  await notifier.start()
+  if (real.notifiersUp) await notifier.start()
   return { prefix, relay, notifier }
 }
 
@@ -171,7 +173,7 @@ async function atQuietPoint(model: Model, real: Real, fault: () => Promise<void>
   // Stream ids made after the fault are never those made before it.
   real.server.clock.advance(1000)
   await fault()
-  for (const instance of real.instances) await instance.notifier.start()
+  if (real.notifiersUp) for (const instance of real.instances) await instance.notifier.start()
 }
 
 class MakeTransfer implements ModelCommand<Model, Real> {
@@ -218,6 +220,8 @@ class Settle implements ModelCommand<Model, Real> {
   async run(model: Model, real: Real) {
     // A timed pass of each relay (loss check included), then the notifiers have every event to deliver.
     for (const instance of real.instances) await instance.relay.relayPending()
+    real.notifiersUp = true
+    for (const instance of real.instances) await instance.notifier.start()
     const deadline = Date.now() + 30_000
     for (;;) {
       await observe(model, real)
@@ -257,6 +261,32 @@ class RestartRedis implements ModelCommand<Model, Real> {
     await atQuietPoint(model, real, () => real.server.restart())
   }
   toString = () => 'restartRedis()'
+}
+
+class NotifiersDown implements ModelCommand<Model, Real> {
+  check = () => true
+  async run(_model: Model, real: Real) {
+    // Both instances' notifiers stop (a deploy of the workers, say): the next settle() starts them.
+    real.notifiersUp = false
+    for (const instance of real.instances) await instance.notifier.stop()
+  }
+  toString = () => 'notifiersDown()'
+}
+
+class LoseTail implements ModelCommand<Model, Real> {
+  /** A failover to a replica that had not received the stream's last `count` entries. */
+  constructor(readonly count: number) {}
+  check = () => true
+  async run(model: Model, real: Real) {
+    await atQuietPoint(model, real, async () => {
+      const stream = `${real.instances[0]!.prefix}events:transfers`
+      const tail = (await real.redis.xrevrange(stream, '+', '-', 'COUNT', this.count)) as Array<
+        [string, string[]]
+      >
+      if (tail.length > 0) await real.redis.xdel(stream, ...tail.map(([id]) => id))
+    })
+  }
+  toString = () => `loseTail(${this.count})`
 }
 
 class RestartInstance implements ModelCommand<Model, Real> {
@@ -303,6 +333,8 @@ modelTest<Model, Real>({
     fc.constant(new Settle()),
     fc.constant(new FlushAll()),
     fc.constant(new DropStreamSlot()),
+    fc.integer({ min: 1, max: 8 }).map((n) => new LoseTail(n)),
+    fc.constant(new NotifiersDown()),
     fc.constant(new RestartRedis()),
     fc.constantFrom<0 | 1>(0, 1).map((which) => new RestartInstance(which)),
     fc.constant(new Restore()),
@@ -337,6 +369,7 @@ modelTest<Model, Real>({
       seen: new Map(),
       errors: [],
       started: 0,
+      notifiersUp: true,
     }
     real.instances = [await startInstance(real), await startInstance(real)]
     return { model: { transfers: new Map() }, real }
