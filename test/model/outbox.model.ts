@@ -222,7 +222,7 @@ class Settle implements ModelCommand<Model, Real> {
     for (const instance of real.instances) await instance.relay.relayPending()
     real.notifiersUp = true
     for (const instance of real.instances) await instance.notifier.start()
-    const deadline = Date.now() + 30_000
+    const deadline = Date.now() + 15_000
     for (;;) {
       await observe(model, real)
       const missing = undelivered(model, real)
@@ -231,6 +231,8 @@ class Settle implements ModelCommand<Model, Real> {
         Date.now() < deadline,
         `never delivered after a relay pass: ${missing.join(', ')}; errors: ${real.errors.map(String).join('; ')}`,
       )
+      // Blocking reads time out on the server's clock, which moves only when the model moves it.
+      real.server.clock.advance(50)
       await sleep(50)
     }
   }
@@ -316,26 +318,33 @@ class Restore implements ModelCommand<Model, Real> {
   toString = () => 'restore()'
 }
 
-const customer = fc.integer({ min: 0, max: CUSTOMERS - 1 })
+const transfer = fc
+  .tuple(
+    fc.integer({ min: 0, max: CUSTOMERS - 1 }),
+    fc.integer({ min: 1, max: CUSTOMERS - 1 }),
+    fc.integer({ min: 1, max: 1000 }),
+  )
+  .map(([from, step, amount]) => new MakeTransfer(from, (from + step) % CUSTOMERS, amount))
 
 modelTest<Model, Real>({
   name: 'outbox',
   runs: 15,
   maxCommands: 20,
+  // Each entry is drawn with the same weight: transfers and relay passes more often than faults.
   commands: [
-    fc
-      .tuple(customer, customer, fc.integer({ min: 1, max: 1000 }))
-      .map(([a, b, n]) => new MakeTransfer(a, b, n)),
-    fc
-      .tuple(customer, customer, fc.integer({ min: 1, max: 1000 }))
-      .map(([a, b, n]) => new MakeTransfer(a, b, n)),
+    transfer,
+    transfer,
+    transfer,
+    fc.constantFrom<0 | 1 | 'both'>(0, 1, 'both').map((which) => new RelayPass(which)),
     fc.constantFrom<0 | 1 | 'both'>(0, 1, 'both').map((which) => new RelayPass(which)),
     fc.constant(new Settle()),
-    fc.constant(new FlushAll()),
-    fc.constant(new DropStreamSlot()),
-    fc.integer({ min: 1, max: 8 }).map((n) => new LoseTail(n)),
+    fc.oneof(
+      fc.constant(new FlushAll()),
+      fc.constant(new DropStreamSlot()),
+      fc.integer({ min: 1, max: 8 }).map((n) => new LoseTail(n)),
+      fc.constant(new RestartRedis()),
+    ),
     fc.constant(new NotifiersDown()),
-    fc.constant(new RestartRedis()),
     fc.constantFrom<0 | 1>(0, 1).map((which) => new RestartInstance(which)),
     fc.constant(new Restore()),
   ],
@@ -369,7 +378,8 @@ modelTest<Model, Real>({
       seen: new Map(),
       errors: [],
       started: 0,
-      notifiersUp: true,
+      // Down at first: the first faults meet relayed events that nobody has read yet.
+      notifiersUp: false,
     }
     real.instances = [await startInstance(real), await startInstance(real)]
     return { model: { transfers: new Map() }, real }
