@@ -17,9 +17,10 @@ import { type ModelRedis, startModelRedis } from './redis.ts'
 // model's commands, the loss check included) and a notifier (running on its own), and a customer
 // who watches their notification stream all along. The promise checked: every committed transfer's
 // event reaches both parties once, none is lost while Postgres keeps it, and none of a previous
-// database ever shows. Faults: FLUSHALL, the loss of the stream's hash slot, a Redis restart, an
-// instance restart, and a restore (the database back to a backup taken before any transfer: ids
-// start again, the instances restart on it, Redis keeps what it had).
+// database ever shows. Faults: FLUSHALL, the loss of the stream's hash slot, a failover that lost
+// the stream's last entries, a Redis restart, an instance restart, the notifiers down (events pile
+// up unread, so a loss meets them), and a restore (the database back to a backup taken before any
+// transfer: ids start again, the instances restart on it, Redis keeps what it had).
 //
 // Faults come at the notifiers' quiet points (each is stopped, which finishes its read, and started
 // again after): docs/events.md allows a duplicate only when Redis loses its data in the
@@ -176,32 +177,36 @@ async function atQuietPoint(model: Model, real: Real, fault: () => Promise<void>
   if (real.notifiersUp) for (const instance of real.instances) await instance.notifier.start()
 }
 
-class MakeTransfer implements ModelCommand<Model, Real> {
+class MakeTransfers implements ModelCommand<Model, Real> {
+  /** `count` transfers from one customer to another, of `amount`, `amount + 1`, ... VND. */
   constructor(
     readonly from: number,
     readonly to: number,
     readonly amount: number,
+    readonly count: number,
   ) {}
   check = () => this.from !== this.to
   async run(model: Model, real: Real) {
     const from = real.customers[this.from]!
     const to = real.customers[this.to]!
-    const result = await executeTransfer(real.db.db, {
-      customerId: from.customerId,
-      fromAccountId: from.accountId,
-      toAccountId: to.accountId,
-      amount: this.amount,
-      currency: 'VND',
-    })
-    model.transfers.set(result.transferId, {
-      fromCustomer: from.customerId,
-      toCustomer: to.customerId,
-      fromAccountId: from.accountId,
-      toAccountId: to.accountId,
-      amount: this.amount,
-    })
+    for (let i = 0; i < this.count; i++) {
+      const result = await executeTransfer(real.db.db, {
+        customerId: from.customerId,
+        fromAccountId: from.accountId,
+        toAccountId: to.accountId,
+        amount: this.amount + i,
+        currency: 'VND',
+      })
+      model.transfers.set(result.transferId, {
+        fromCustomer: from.customerId,
+        toCustomer: to.customerId,
+        fromAccountId: from.accountId,
+        toAccountId: to.accountId,
+        amount: this.amount + i,
+      })
+    }
   }
-  toString = () => `transfer(${this.from} → ${this.to}, ${this.amount})`
+  toString = () => `transfers(${this.from} → ${this.to}, ${this.amount}, ×${this.count})`
 }
 
 class RelayPass implements ModelCommand<Model, Real> {
@@ -323,8 +328,10 @@ const transfer = fc
     fc.integer({ min: 0, max: CUSTOMERS - 1 }),
     fc.integer({ min: 1, max: CUSTOMERS - 1 }),
     fc.integer({ min: 1, max: 1000 }),
+    // Several: a pass then takes more than one batch, and two relays' batches interleave.
+    fc.integer({ min: 1, max: 2 * BATCH }),
   )
-  .map(([from, step, amount]) => new MakeTransfer(from, (from + step) % CUSTOMERS, amount))
+  .map(([from, step, amount, count]) => new MakeTransfers(from, (from + step) % CUSTOMERS, amount, count))
 
 modelTest<Model, Real>({
   name: 'outbox',
