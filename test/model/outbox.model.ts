@@ -270,14 +270,16 @@ class RestartRedis implements ModelCommand<Model, Real> {
   toString = () => 'restartRedis()'
 }
 
-class NotifiersDown implements ModelCommand<Model, Real> {
+class Notifiers implements ModelCommand<Model, Real> {
+  /** Both instances' notifiers stop (a deploy of the workers, say) or start again; settle() starts them too. */
+  constructor(readonly up: boolean) {}
   check = () => true
   async run(_model: Model, real: Real) {
-    // Both instances' notifiers stop (a deploy of the workers, say): the next settle() starts them.
-    real.notifiersUp = false
-    for (const instance of real.instances) await instance.notifier.stop()
+    real.notifiersUp = this.up
+    for (const instance of real.instances)
+      await (this.up ? instance.notifier.start() : instance.notifier.stop())
   }
-  toString = () => 'notifiersDown()'
+  toString = () => `notifiers(${this.up ? 'up' : 'down'})`
 }
 
 class LoseTail implements ModelCommand<Model, Real> {
@@ -335,7 +337,7 @@ const transfer = fc
 
 modelTest<Model, Real>({
   name: 'outbox',
-  runs: 15,
+  runs: 20,
   maxCommands: 20,
   // Each entry is drawn with the same weight: transfers and relay passes more often than faults.
   commands: [
@@ -351,7 +353,8 @@ modelTest<Model, Real>({
       fc.integer({ min: 1, max: 8 }).map((n) => new LoseTail(n)),
       fc.constant(new RestartRedis()),
     ),
-    fc.constant(new NotifiersDown()),
+    fc.boolean().map((up) => new Notifiers(up)),
+    fc.boolean().map((up) => new Notifiers(up)),
     fc.constantFrom<0 | 1>(0, 1).map((which) => new RestartInstance(which)),
     fc.constant(new Restore()),
   ],
