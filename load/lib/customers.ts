@@ -15,6 +15,8 @@ export interface Seeded {
   last: number
   customerOffset: number
   count: number
+  /** The running gateway's Redis key prefix: its keys live under the database's identity. */
+  keyPrefix: string
 }
 
 /**
@@ -41,7 +43,14 @@ export async function seedCustomers(db: pg.Client, count: number, openingBalance
       throw new Error('seeded account ids are not consecutive and in step with their customers')
   })
   await db.query('ANALYZE')
-  return { first, last: first + count - 1, customerOffset, count }
+  const identity = await db.query<{ identity: string }>('SELECT identity FROM database_identity')
+  return {
+    first,
+    last: first + count - 1,
+    customerOffset,
+    count,
+    keyPrefix: `${identity.rows[0]!.identity}:`,
+  }
 }
 
 /**
@@ -58,7 +67,7 @@ export async function signInCustomers(
   const redis = new Redis(redisUrl)
   try {
     const store = new SessionStore(redis, {
-      keyPrefix: 'sess:',
+      keyPrefix: `${seeded.keyPrefix}sess:`,
       idleTimeoutMs: config.session.idleTimeoutMs,
       absoluteTimeoutMs: config.session.absoluteTimeoutMs,
     })

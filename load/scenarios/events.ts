@@ -222,7 +222,7 @@ const events: Scenario = async ({ quick }) => {
     const count = async (sql: string) => Number((await db.query<{ n: string }>(sql)).rows[0]!.n)
     /** Entries of the notifier group delivered and not acknowledged, or not yet delivered. */
     const notifierBehind = async () => {
-      const groups = (await redis.xinfo('GROUPS', STREAM).catch(() => [])) as unknown[][]
+      const groups = (await redis.xinfo('GROUPS', seeded.keyPrefix + STREAM).catch(() => [])) as unknown[][]
       let behind = 0
       for (const info of groups) {
         const fields = new Map<string, unknown>()
@@ -401,9 +401,9 @@ const events: Scenario = async ({ quick }) => {
       transfers: await count('SELECT count(*) AS n FROM transfers'),
       outboxEvents: await count('SELECT count(*) AS n FROM transfers WHERE has_event'),
       unrelayed: await count('SELECT count(*) AS n FROM outbox_events'),
-      notifiedRecipient: await scanCount('notified:*:transfer.received'),
-      notifiedSender: await scanCount('notified:*:transfer.sent'),
-      deadLetters: await redis.xlen(`${STREAM}:dead`),
+      notifiedRecipient: await scanCount(`${seeded.keyPrefix}notified:*:transfer.received`),
+      notifiedSender: await scanCount(`${seeded.keyPrefix}notified:*:transfer.sent`),
+      deadLetters: await redis.xlen(`${seeded.keyPrefix}${STREAM}:dead`),
       created201OutboxOn: createdOn,
       watchedCreated: watched.length,
       watchedNotified: fromResponse.length,

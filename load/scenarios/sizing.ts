@@ -447,7 +447,10 @@ const sizing: Scenario = async ({ quick }) => {
     await db.connect()
     const seeded = await seedCustomers(db, customers, 1_000_000_000)
     // The gateway has booted (consumer groups, scheduler): what the activity adds counts from here.
-    const before = { memory: await memoryInfo(redis), keys: await snapshotKeys(redis, '', classes) }
+    const before = {
+      memory: await memoryInfo(redis),
+      keys: await snapshotKeys(redis, seeded.keyPrefix, classes),
+    }
 
     const address = (i: number) => `10.${(i >> 16) & 255}.${(i >> 8) & 255}.${i & 255}`
     const cookies: string[] = []
@@ -492,14 +495,17 @@ const sizing: Scenario = async ({ quick }) => {
     const activitySec = (performance.now() - activityStarted) / 1000
     // The `ip` token buckets live until they refill (2 s with the defaults): seen only now.
     let ipBuckets = { keys: 0, bytes: 0 }
-    for await (const keys of redis.scanStream({ match: 'rl:*:ip:*', count: 1000 }) as AsyncIterable<string[]>)
+    for await (const keys of redis.scanStream({
+      match: `${seeded.keyPrefix}rl:*:ip:*`,
+      count: 1000,
+    }) as AsyncIterable<string[]>)
       for (const key of keys)
         ipBuckets = { keys: ipBuckets.keys + 1, bytes: ipBuckets.bytes + (await usage(redis, key)) }
 
     // Every event relayed and handled by the four groups (notifier, leaderboard, daily totals, feed).
     const count = async (sql: string) => Number((await db.query<{ n: string }>(sql)).rows[0]!.n)
     const behind = async () => {
-      const groups = (await redis.xinfo('GROUPS', STREAM).catch(() => [])) as unknown[][]
+      const groups = (await redis.xinfo('GROUPS', seeded.keyPrefix + STREAM).catch(() => [])) as unknown[][]
       // Until every group the gateway reads the stream with exists, something is still to come.
       const missing = new Set(EVENT_GROUPS)
       let entries = 0
@@ -520,7 +526,10 @@ const sizing: Scenario = async ({ quick }) => {
     await inPool(customers, IN_FLIGHT, async (i) => void (await readBalance(i)))
 
     const transfers = await count('SELECT count(*) AS n FROM transfers')
-    const after = { memory: await memoryInfo(redis), keys: await snapshotKeys(redis, '', classes) }
+    const after = {
+      memory: await memoryInfo(redis),
+      keys: await snapshotKeys(redis, seeded.keyPrefix, classes),
+    }
 
     // The gateway stopped, nothing else writes: each class's keys deleted in turn.
     await server.stop()
