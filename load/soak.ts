@@ -81,12 +81,20 @@ try {
     // A key without a TTL must be one that docs/redis-keys.md bounds otherwise: capped, or a fixed
     // number per deployment or instance (the account filter, the streams, a lock's fence...).
     const boundWithoutTtl = keysBoundWithoutTtl()
+    // The gateway's keys live under its database's identity; the documented patterns follow it.
+    const [row] = await db.query<{ identity: string }>('SELECT identity FROM database_identity')
+    const prefix = `${row!.identity}:`
     let withoutTtl = 0
     const namesWithoutTtl: string[] = []
     for await (const keys of redis.scanStream({ count: 1000 })) {
       for (const key of keys as string[]) {
         if ((await redis.pttl(key)) !== -1) continue
-        if (boundWithoutTtl.some((pattern) => pattern.test(key))) continue
+        if (
+          boundWithoutTtl.some((pattern) =>
+            pattern.test(key.startsWith(prefix) ? key.slice(prefix.length) : key),
+          )
+        )
+          continue
         withoutTtl++
         if (namesWithoutTtl.length < 20) namesWithoutTtl.push(key)
       }
