@@ -4,11 +4,12 @@ import { dirname, join, relative, resolve } from 'node:path'
 import { test } from 'node:test'
 import { fileURLToPath } from 'node:url'
 
-// The library (src/index.ts, src/plugins, src/primitives, src/lua, src/compat) stands without the
-// demo, each plugin on its own folder plus the common one, the primitives on their own folder, lua
-// and the shared plugin helpers, each compat module (another package's API on one of our plugins)
-// on that plugin, the common one and lua, and the demo reaches the library only through its public
-// entry.
+// The library (src/index.ts, src/plugins, src/primitives, src/redis, src/compat) stands without the
+// demo. src/redis is its floor (clients, server checks, command bounds, batching, scripts, keys,
+// errors) and imports nothing above it. Each plugin stands on its own folder, the common one and the
+// floor; the primitives on their own folder, the common one and the floor; each compat module
+// (another package's API on one of our plugins) on that plugin, the common one and the floor. The
+// demo reaches the library only through its public entry.
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '..')
 const src = join(root, 'src')
 
@@ -32,7 +33,7 @@ const isLibrary = (path: string) =>
   path === 'index.ts' ||
   path.startsWith('plugins/') ||
   path.startsWith('primitives/') ||
-  path.startsWith('lua/') ||
+  path.startsWith('redis/') ||
   path.startsWith('compat/')
 
 /** Each compat module and the one plugin it is built on. */
@@ -43,13 +44,13 @@ const COMPAT_PLUGINS: Record<string, string> = {
 /** What `file` (relative to src/) may import, or null when it may import anything. */
 function allowed(file: string): ((target: string) => boolean) | null {
   const plugin = /^plugins\/([^/]+)\//.exec(file)?.[1]
-  if (plugin === 'common') return (t) => t.startsWith('plugins/common/') || t.startsWith('lua/')
+  if (plugin === 'common') return (t) => t.startsWith('plugins/common/') || t.startsWith('redis/')
   if (plugin)
     return (t) =>
-      t.startsWith(`plugins/${plugin}/`) || t.startsWith('plugins/common/') || t.startsWith('lua/')
+      t.startsWith(`plugins/${plugin}/`) || t.startsWith('plugins/common/') || t.startsWith('redis/')
   if (file.startsWith('primitives/'))
-    return (t) => t.startsWith('primitives/') || t.startsWith('lua/') || t.startsWith('plugins/common/')
-  if (file.startsWith('lua/')) return (t) => t.startsWith('lua/')
+    return (t) => t.startsWith('primitives/') || t.startsWith('redis/') || t.startsWith('plugins/common/')
+  if (file.startsWith('redis/')) return (t) => t.startsWith('redis/')
   // A compat module stands on the plugin whose API it translates: src/compat/<plugin>-*.ts or a
   // module named after another package, mapped below.
   if (file.startsWith('compat/')) {
@@ -60,7 +61,7 @@ function allowed(file: string): ((target: string) => boolean) | null {
       (plugin !== undefined && t.startsWith(`plugins/${plugin}/`)) ||
       (plugin !== undefined && t.startsWith(`compat/${module}/`)) ||
       t.startsWith('plugins/common/') ||
-      t.startsWith('lua/')
+      t.startsWith('redis/')
   }
   if (file === 'index.ts') return (t) => isLibrary(t)
   // The demo: anything of its own, and of the library only the public entry.
@@ -103,7 +104,10 @@ test('the check catches a plugin importing the demo or another plugin, and the d
   assert.deepEqual(probe('plugins/common/problem.ts', "import type { Config } from '../../config.ts'"), [
     'config.ts',
   ])
-  assert.deepEqual(probe('lua/index.ts', "export { y } from '../db/database.ts'"), ['db/database.ts'])
+  assert.deepEqual(probe('redis/scripts.ts', "export { y } from '../db/database.ts'"), ['db/database.ts'])
+  assert.deepEqual(probe('redis/client.ts', "import { x } from '../plugins/common/errors.ts'"), [
+    'plugins/common/errors.ts',
+  ])
   assert.deepEqual(
     probe('ledger/ledger.ts', "import { keyMismatch } from '../plugins/idempotency/problems.ts'"),
     ['plugins/idempotency/problems.ts'],
@@ -129,11 +133,11 @@ test('the check catches a primitive importing the demo or a plugin, and the demo
   assert.deepEqual(probe('ledger/ledger.ts', "import { createLock } from '../primitives/lock.ts'"), [
     'primitives/lock.ts',
   ])
-  assert.deepEqual(probe('primitives/delayed-queue.ts', "import { runScript } from '../lua/index.ts'"), [])
   assert.deepEqual(
-    probe('primitives/lock.ts', "import type { RedisClient } from '../plugins/common/redis.ts'"),
+    probe('primitives/delayed-queue.ts', "import { runScript } from '../redis/scripts.ts'"),
     [],
   )
+  assert.deepEqual(probe('primitives/lock.ts', "import type { RedisClient } from '../redis/client.ts'"), [])
   assert.deepEqual(probe('primitives/delayed-queue.ts', "import { createLock } from './lock.ts'"), [])
   assert.deepEqual(probe('index.ts', "export { createLock } from './primitives/lock.ts'"), [])
 })
@@ -146,7 +150,7 @@ test('the check lets a compat module use its plugin, common and lua only, and ke
     })
   const compat = 'compat/fastify-rate-limit.ts'
   assert.deepEqual(probe(compat, "import { RateLimitEngine } from '../plugins/rate-limit/engine.ts'"), [])
-  assert.deepEqual(probe(compat, "import { bootPluginRedis } from '../plugins/common/redis.ts'"), [])
+  assert.deepEqual(probe(compat, "import { bootPluginRedis } from '../redis/server.ts'"), [])
   assert.deepEqual(probe(compat, "import { check } from './fastify-rate-limit/params.ts'"), [])
   assert.deepEqual(
     probe(

@@ -7,7 +7,7 @@ import Fastify, { type FastifyInstance, type FastifyRequest } from 'fastify'
 import { Redis } from 'ioredis'
 import { type RedisServerProcess, startRedisServer } from '../src/embedded/redis-server.ts'
 import { cache, idempotency, keyBy, metrics, rateLimit, session } from '../src/index.ts'
-import { scriptSources } from '../src/lua/index.ts'
+import { scriptSources } from '../src/redis/scripts.ts'
 import { TEST_REDIS_URL, TEST_SECRET, uniquePrefix } from './helpers/index.ts'
 import { scrape } from './helpers/metrics-scrape.ts'
 

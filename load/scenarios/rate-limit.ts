@@ -4,8 +4,8 @@
 // INFO commandstats on a private redis-server) and MEMORY USAGE of each algorithm's key, the
 // sliding log at limit 100.
 import { randomBytes } from 'node:crypto'
-import { runScript, type ScriptName } from '../../src/lua/index.ts'
 import { connectRedis, createRedisClient } from '../../src/plugins/redis/index.ts'
+import { runScript, type ScriptName } from '../../src/redis/scripts.ts'
 import { roundTrips } from '../lib/roundtrips.ts'
 import {
   type Contender,

@@ -1,10 +1,10 @@
 import type { FastifyInstance, FastifyRequest, RouteOptions } from 'fastify'
 import fp from 'fastify-plugin'
-import { bootPluginRedis } from '../plugins/common/redis.ts'
 import { addRouteHook } from '../plugins/common/route-hooks.ts'
 import { RateLimitEngine, type RateLimitResult } from '../plugins/rate-limit/engine.ts'
 import { createMetrics } from '../plugins/rate-limit/metrics.ts'
 import { normalizePolicy, type Policy, type RateLimitPolicy } from '../plugins/rate-limit/policy.ts'
+import { bootPluginRedis } from '../redis/server.ts'
 import {
   check,
   connectTimeoutOf,

@@ -1,9 +1,9 @@
 import { hash } from 'node:crypto'
-import { runScript } from '../lua/index.ts'
 import { GatewayError } from '../plugins/common/errors.ts'
 import { optionChecker, optionKeys } from '../plugins/common/options.ts'
 import { randomToken } from '../plugins/common/random-token.ts'
-import { type AnyRedisClient, checkRedisClient } from '../plugins/common/redis.ts'
+import { type AnyRedisClient, checkRedisClient } from '../redis/client.ts'
+import { runScript } from '../redis/scripts.ts'
 import { checkedOptions, InvalidArgumentError, shown } from './checks.ts'
 
 // A Bloom filter on plain Redis strings (SETBIT/BITFIELD, no module): "is this id possibly in the

@@ -1,9 +1,9 @@
 import type { OptionChecker } from '../plugins/common/options.ts'
-import { describeValue } from '../plugins/common/redis.ts'
+import { describeValue } from '../redis/client.ts'
 
 // What every primitive checks of what it is handed: each options object (an unknown key is
 // refused, never ignored) and the positional arguments of its calls. The client is checked by
-// `checkRedisClient` of plugins/common/redis.ts, as the plugins check theirs.
+// `checkRedisClient` of src/redis/client.ts, as the plugins check theirs.
 
 /**
  * A call's positional argument (a name, a TTL, an id, an item) the primitive cannot use. A

@@ -1,5 +1,5 @@
-import { runScript } from '../lua/index.ts'
-import { type AnyRedisClient, checkRedisClient } from '../plugins/common/redis.ts'
+import { type AnyRedisClient, checkRedisClient } from '../redis/client.ts'
+import { runScript } from '../redis/scripts.ts'
 import { InvalidArgumentError, shown } from './checks.ts'
 import { type Consumer, startConsumer } from './delayed-queue/consume.ts'
 import {

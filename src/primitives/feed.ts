@@ -1,4 +1,4 @@
-import { type AnyRedisClient, checkRedisClient } from '../plugins/common/redis.ts'
+import { type AnyRedisClient, checkRedisClient } from '../redis/client.ts'
 import { createFeedContext } from './feed/context.ts'
 import { createFanoutWorker, fanoutLag } from './feed/fanout.ts'
 import { createFollowGraph } from './feed/follow-graph.ts'

@@ -1,6 +1,6 @@
-import { runScript } from '../lua/index.ts'
 import { optionChecker, optionKeys } from '../plugins/common/options.ts'
-import { type AnyRedisClient, checkRedisClient } from '../plugins/common/redis.ts'
+import { type AnyRedisClient, checkRedisClient } from '../redis/client.ts'
+import { runScript } from '../redis/scripts.ts'
 import { checkedOptions, InvalidArgumentError, shown } from './checks.ts'
 
 // Leaderboards on Redis sorted sets, fed by at-least-once events: each event's amount is added to

@@ -1,9 +1,9 @@
-import { runScript } from '../lua/index.ts'
 import { GatewayError } from '../plugins/common/errors.ts'
 import { optionChecker, optionKeys } from '../plugins/common/options.ts'
 import { randomToken } from '../plugins/common/random-token.ts'
-import { type AnyRedisClient, checkRedisClient } from '../plugins/common/redis.ts'
-import { withTimeout } from '../plugins/common/timeout.ts'
+import { type AnyRedisClient, checkRedisClient } from '../redis/client.ts'
+import { runScript } from '../redis/scripts.ts'
+import { withTimeout } from '../redis/timeout.ts'
 import { checkedOptions, InvalidArgumentError, shown } from './checks.ts'
 
 // A distributed lock on one Redis (or one Cluster slot): SET NX PX to take it, compare-and-delete to

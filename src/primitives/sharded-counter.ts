@@ -1,6 +1,6 @@
-import { runScript } from '../lua/index.ts'
 import { type OptionChecker, optionChecker, optionKeys } from '../plugins/common/options.ts'
-import { type AnyRedisClient, checkRedisClient, isCluster } from '../plugins/common/redis.ts'
+import { type AnyRedisClient, checkRedisClient, isCluster } from '../redis/client.ts'
+import { runScript } from '../redis/scripts.ts'
 import { checkedOptions, InvalidArgumentError, shown } from './checks.ts'
 
 // A counter split over N keys, so that no single key takes every write: one key lives on one Redis

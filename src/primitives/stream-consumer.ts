@@ -1,5 +1,5 @@
 import type { Redis } from 'ioredis'
-import { type AnyRedisClient, checkRedisClient, type RedisClient } from '../plugins/common/redis.ts'
+import { type AnyRedisClient, checkRedisClient, type RedisClient } from '../redis/client.ts'
 import { blockingConnection, whenReady } from './stream-consumer/connection.ts'
 import {
   checkConsumerOptions,

@@ -9,8 +9,8 @@ import rateLimit, {
   type RateLimitDecorators,
 } from '../../src/compat/fastify-rate-limit.ts'
 import { InvalidOptionError } from '../../src/plugins/common/errors.ts'
-import type { RedisClient } from '../../src/plugins/common/redis.ts'
 import { connectRedis, createRedisClient } from '../../src/plugins/redis/index.ts'
+import type { RedisClient } from '../../src/redis/client.ts'
 import { scanKeys, testRedisConnection, uniquePrefix } from '../helpers/index.ts'
 import { loggedApp } from '../plugins/rate-limit/fixtures.ts'
 

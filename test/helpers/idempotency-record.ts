@@ -1,6 +1,6 @@
 // Reads an idempotency record as Redis holds it, whichever its layout: the processing Hash, the
 // packed String of a completed record (see src/lua/idempotency-complete.lua), or a completed Hash.
-import type { RedisClient } from '../../src/plugins/common/redis.ts'
+import type { RedisClient } from '../../src/redis/client.ts'
 
 export interface IdempotencyRecordView {
   state: 'processing' | 'done'

@@ -7,7 +7,8 @@ import { loadConfig } from '../../src/config.ts'
 import { createPgDatabase, createPgliteDatabase, type Database } from '../../src/db/database.ts'
 import { migrate } from '../../src/db/migrate.ts'
 import { hashPassword } from '../../src/ledger/passwords.ts'
-import { connectRedis, type RedisClient } from '../../src/plugins/common/redis.ts'
+import type { RedisClient } from '../../src/redis/client.ts'
+import { connectRedis } from '../../src/redis/server.ts'
 
 // Tests read their own settings here; the gateway itself only reads the environment in src/config.ts.
 export const TEST_REDIS_URL = process.env.TEST_REDIS_URL ?? 'redis://127.0.0.1:6379'

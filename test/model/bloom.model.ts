@@ -10,7 +10,7 @@ import {
   createBloomFilter,
   InvalidArgumentError,
 } from '../../src/index.ts'
-import { hashSlot } from '../../src/primitives/slots.ts'
+import { hashSlot } from '../../src/redis/keys.ts'
 import { type ModelCommand, modelTest } from './harness.ts'
 import { type ModelRedis, startModelRedis } from './redis.ts'
 

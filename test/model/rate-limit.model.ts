@@ -4,7 +4,7 @@ import Fastify, { type FastifyInstance } from 'fastify'
 import type { Redis } from 'ioredis'
 import rateLimit, { type RateLimitPolicy, type RateLimitResult } from '../../src/plugins/rate-limit/index.ts'
 import { identityTag } from '../../src/plugins/rate-limit/keys.ts'
-import { hashSlot } from '../../src/primitives/slots.ts'
+import { hashSlot } from '../../src/redis/keys.ts'
 import { type ModelCommand, modelTest } from './harness.ts'
 import { type ModelRedis, startModelRedis } from './redis.ts'
 

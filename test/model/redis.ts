@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { Redis, type RedisOptions } from 'ioredis'
 import { freePort, redisAnswers } from '../../src/embedded/redis-server.ts'
-import { hashSlot } from '../../src/primitives/slots.ts'
+import { hashSlot } from '../../src/redis/keys.ts'
 
 /**
  * A private redis-server for a model run: no persistence, its own port, a wall clock the model sets

@@ -14,8 +14,8 @@ import {
   RedisClientError,
   UnknownOptionError,
 } from '../../src/index.ts'
-import { isCluster } from '../../src/plugins/common/redis.ts'
 import { connectRedis, createRedisClient } from '../../src/plugins/redis/index.ts'
+import { isCluster } from '../../src/redis/client.ts'
 import { scanKeys, testRedisConnection, uniquePrefix } from '../helpers/index.ts'
 
 // The feed on the Redis the suites use: a single node, or the Redis Cluster under `npm run

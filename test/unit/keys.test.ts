@@ -6,7 +6,7 @@ import { CACHE_KEY, CacheKeyInvalidError, cacheKey } from '../../src/plugins/cac
 import { clientAddress, keyBy } from '../../src/plugins/rate-limit/index.ts'
 import { identityTag, ipKey } from '../../src/plugins/rate-limit/keys.ts'
 import { sessionHandle } from '../../src/plugins/session/store.ts'
-import { hashSlot } from '../../src/primitives/slots.ts'
+import { hashSlot } from '../../src/redis/keys.ts'
 
 // How the plugins turn what a request or a caller gives into Redis keys: the rate limit's client
 // identities, the cache's `cacheKey`, a session's public handle and a key's Cluster slot.

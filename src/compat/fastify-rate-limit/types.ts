@@ -1,5 +1,5 @@
 import type { FastifyReply, FastifyRequest } from 'fastify'
-import type { RedisClient } from '../../plugins/common/redis.ts'
+import type { RedisClient } from '../../redis/client.ts'
 
 // @fastify/rate-limit 11's option, result and decorator types, as its users write them.
 

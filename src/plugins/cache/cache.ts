@@ -1,4 +1,4 @@
-import { describeValue } from '../common/redis.ts'
+import { describeValue } from '../../redis/client.ts'
 import { encodeValue, lifetimes } from './entry.ts'
 import { checkSet, type EntryOptions, NO_OPTIONS, resolveSetOptions } from './entry-options.ts'
 import { CacheKeyInvalidError } from './errors.ts'

@@ -1,5 +1,5 @@
+import { describeValue } from '../../redis/client.ts'
 import { optionChecker, optionKeys } from '../common/options.ts'
-import { describeValue } from '../common/redis.ts'
 import { checkKey, checkTags } from './key.ts'
 import type { CacheLoadErrorMode, CacheSetOptions, CacheSettings, GetOrLoadOptions } from './types.ts'
 

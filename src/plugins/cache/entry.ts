@@ -1,4 +1,4 @@
-import { describeValue } from '../common/redis.ts'
+import { describeValue } from '../../redis/client.ts'
 import type { EntryOptions } from './entry-options.ts'
 import { CacheValueNotJsonError, whyNotJson } from './errors.ts'
 import type { CacheSettings } from './types.ts'

@@ -1,5 +1,5 @@
+import { describeValue } from '../../redis/client.ts'
 import { GatewayError } from '../common/errors.ts'
-import { describeValue } from '../common/redis.ts'
 
 // Key, tag and value errors are mistakes in the calling code, thrown at the call: they extend
 // TypeError (as they always did) and carry a stable code like every error of the library.

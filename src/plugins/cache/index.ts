@@ -8,15 +8,10 @@ import type {
   RouteOptions,
 } from 'fastify'
 import fp from 'fastify-plugin'
+import { type AnyRedisClient, describeValue, type RedisClient } from '../../redis/client.ts'
+import { bootPluginRedis, DEFAULT_CONNECT_TIMEOUT_MS } from '../../redis/server.ts'
 import { observePluginRedis, whenMetricsReady } from '../common/metrics.ts'
 import { optionChecker, optionKeys } from '../common/options.ts'
-import {
-  type AnyRedisClient,
-  bootPluginRedis,
-  DEFAULT_CONNECT_TIMEOUT_MS,
-  describeValue,
-  type RedisClient,
-} from '../common/redis.ts'
 import { pluginRegistered, routeCovered } from '../common/route-coverage.ts'
 import { addRouteHook } from '../common/route-hooks.ts'
 import {

@@ -1,4 +1,4 @@
-import { withTimeout } from '../common/timeout.ts'
+import { withTimeout } from '../../redis/timeout.ts'
 import { encodeValue, lifetimes } from './entry.ts'
 import type { ReadOptions } from './entry-options.ts'
 import { CacheLoadTimeoutError } from './errors.ts'

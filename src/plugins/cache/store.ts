@@ -1,6 +1,6 @@
-import { runScript } from '../../lua/index.ts'
+import { isCluster, type RedisClient } from '../../redis/client.ts'
+import { runScript } from '../../redis/scripts.ts'
 import { randomToken } from '../common/random-token.ts'
-import { isCluster, type RedisClient } from '../common/redis.ts'
 import type { GetReply } from './entry.ts'
 import { CacheUnavailableError } from './errors.ts'
 import type { CacheSettings } from './types.ts'

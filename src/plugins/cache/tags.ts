@@ -1,4 +1,4 @@
-import { runScript } from '../../lua/index.ts'
+import { runScript } from '../../redis/scripts.ts'
 import type { GetReply } from './entry.ts'
 import { type EntryStore, type GetAttempt, token } from './store.ts'
 import type { CacheSettings } from './types.ts'

@@ -1,5 +1,5 @@
 import type { FastifyBaseLogger } from 'fastify'
-import type { RedisClient } from '../common/redis.ts'
+import type { RedisClient } from '../../redis/client.ts'
 import type { L1Cache } from './l1.ts'
 import type { ConcurrencyLimiter } from './limiter.ts'
 import type { CacheMetrics } from './metrics.ts'

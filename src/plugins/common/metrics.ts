@@ -1,6 +1,6 @@
 import type { FastifyInstance } from 'fastify'
 import type { Registry } from 'prom-client'
-import { type RedisClient, rawClient } from './redis.ts'
+import { type RedisClient, rawClient } from '../../redis/client.ts'
 
 /** What the metrics plugin decorates `app.metrics` with. */
 export interface MetricsApi {

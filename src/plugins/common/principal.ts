@@ -1,6 +1,6 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify'
+import { describeValue } from '../../redis/client.ts'
 import { optionChecker } from './options.ts'
-import { describeValue } from './redis.ts'
 
 /** Who the caller is (a customer id, a user name); null or undefined for an anonymous request. */
 export type PrincipalFunction = (request: FastifyRequest) => string | null | undefined

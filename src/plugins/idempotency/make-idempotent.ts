@@ -1,16 +1,11 @@
 import { setTimeout as sleep } from 'node:timers/promises'
 import type { FastifyInstance } from 'fastify'
 import { Counter, type Registry } from 'prom-client'
+import { type AnyRedisClient, checkRedisClient, type RedisClient } from '../../redis/client.ts'
+import { checkRedisServer, connectRedis } from '../../redis/server.ts'
+import { withTimeout } from '../../redis/timeout.ts'
 import { adoptMetric } from '../common/metrics.ts'
 import { optionChecker, optionKeys } from '../common/options.ts'
-import {
-  type AnyRedisClient,
-  checkRedisClient,
-  checkRedisServer,
-  connectRedis,
-  type RedisClient,
-} from '../common/redis.ts'
-import { withTimeout } from '../common/timeout.ts'
 import {
   IdempotencyFingerprintTooLargeError,
   IdempotencyInFlightError,

@@ -1,7 +1,8 @@
 import type { FastifyReply, FastifyRequest } from 'fastify'
+import { type AnyRedisClient, describeValue } from '../../redis/client.ts'
+import { DEFAULT_CONNECT_TIMEOUT_MS } from '../../redis/server.ts'
 import { type OptionChecker, optionChecker, optionKeys } from '../common/options.ts'
 import type { PrincipalFunction } from '../common/principal.ts'
-import { type AnyRedisClient, DEFAULT_CONNECT_TIMEOUT_MS, describeValue } from '../common/redis.ts'
 
 /** When Redis cannot be asked: 'closed' answers 503; 'open' runs the handler on its own guard. */
 export type IdempotencyFailureMode = 'closed' | 'open'

@@ -1,7 +1,7 @@
 import { createHash } from 'node:crypto'
-import { runScript } from '../../lua/index.ts'
+import type { RedisClient } from '../../redis/client.ts'
+import { runScript } from '../../redis/scripts.ts'
 import { randomToken } from '../common/random-token.ts'
-import type { RedisClient } from '../common/redis.ts'
 
 export interface StoredResponse {
   status: number

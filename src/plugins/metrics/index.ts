@@ -2,10 +2,11 @@ import type { FastifyInstance, FastifySchema } from 'fastify'
 import fp from 'fastify-plugin'
 import type { Command } from 'ioredis'
 import { Counter, collectDefaultMetrics, Registry } from 'prom-client'
-import { scriptSources } from '../../lua/index.ts'
+import { type RedisClient, rawClient, SENT_BY } from '../../redis/client.ts'
+import { beforeEachCommand } from '../../redis/command-bounds.ts'
+import { scriptSources } from '../../redis/scripts.ts'
 import { adoptMetric, type MetricsApi } from '../common/metrics.ts'
 import { optionChecker, optionKeys } from '../common/options.ts'
-import { beforeEachCommand, type RedisClient, rawClient, SENT_BY } from '../common/redis.ts'
 import { type HistogramSeries, TalliedHistogram } from '../common/tallied-histogram.ts'
 
 export type { MetricsApi }

@@ -7,10 +7,11 @@ import type {
   RouteOptions,
 } from 'fastify'
 import fp from 'fastify-plugin'
+import { type AnyRedisClient, describeValue } from '../../redis/client.ts'
+import { bootPluginRedis } from '../../redis/server.ts'
 import { observePluginRedis, whenMetricsReady } from '../common/metrics.ts'
 import { checkPrincipalOption, type PrincipalFunction, resolvePrincipal } from '../common/principal.ts'
 import { sendProblem } from '../common/problem.ts'
-import { type AnyRedisClient, bootPluginRedis, describeValue } from '../common/redis.ts'
 import { pluginRegistered, routeCovered } from '../common/route-coverage.ts'
 import { addRouteHook, routeName } from '../common/route-hooks.ts'
 import { type Duration, durationOption, parseDuration } from './duration.ts'

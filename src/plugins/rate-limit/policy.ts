@@ -1,6 +1,6 @@
 import type { FastifyReply, FastifyRequest } from 'fastify'
+import { describeValue } from '../../redis/client.ts'
 import type { PrincipalFunction } from '../common/principal.ts'
-import { describeValue } from '../common/redis.ts'
 import { type Duration, durationOption, parseDuration } from './duration.ts'
 import { DEFAULT_IPV6_SUBNET, ipKey, type KeyFunction, keyBy, needsPreHandler } from './keys.ts'
 import { BAN_KEYS, DEFAULTS_KEYS, POLICY_KEYS, policyCheck } from './options.ts'

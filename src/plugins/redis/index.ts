@@ -1,19 +1,18 @@
 import type { FastifyInstance } from 'fastify'
 import fp from 'fastify-plugin'
 import { Cluster, Redis } from 'ioredis'
-import { corkForTurn } from '../../lua/index.ts'
-import { RedisConnectionError } from '../common/errors.ts'
-import { optionChecker, optionKeys } from '../common/options.ts'
+import { corkForTurn } from '../../redis/batching.ts'
 import {
   type AnyRedisClient,
-  beforeEachCommand,
-  boundCommands,
-  connectRedis,
   describeValue,
   isRedisClient,
   type RedisClient,
   redisAddress,
-} from '../common/redis.ts'
+} from '../../redis/client.ts'
+import { beforeEachCommand, boundCommands } from '../../redis/command-bounds.ts'
+import { connectRedis } from '../../redis/server.ts'
+import { RedisConnectionError } from '../common/errors.ts'
+import { optionChecker, optionKeys } from '../common/options.ts'
 
 export type { AnyRedisClient, RedisClient }
 export { boundCommands, connectRedis }

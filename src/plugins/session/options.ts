@@ -1,5 +1,6 @@
+import { type AnyRedisClient, describeValue } from '../../redis/client.ts'
+import { DEFAULT_CONNECT_TIMEOUT_MS } from '../../redis/server.ts'
 import { optionChecker, optionKeys } from '../common/options.ts'
-import { type AnyRedisClient, DEFAULT_CONNECT_TIMEOUT_MS, describeValue } from '../common/redis.ts'
 
 export interface SessionPluginOptions {
   /** Signing secrets, each at least 32 characters; the first signs, all verify (rotation). */

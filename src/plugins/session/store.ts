@@ -1,6 +1,6 @@
 import { createHash, randomBytes } from 'node:crypto'
-import { runScript } from '../../lua/index.ts'
-import type { RedisClient } from '../common/redis.ts'
+import type { RedisClient } from '../../redis/client.ts'
+import { runScript } from '../../redis/scripts.ts'
 import {
   checkHandle,
   checkPrincipal,

@@ -1,4 +1,4 @@
-import { runScript } from '../../lua/index.ts'
+import { runScript } from '../../redis/scripts.ts'
 import { InvalidArgumentError } from '../checks.ts'
 import { createStreamConsumer, type StreamEntry } from '../stream-consumer.ts'
 import { type FeedContext, KEYS_PER_CALL } from './context.ts'

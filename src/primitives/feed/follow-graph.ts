@@ -1,4 +1,4 @@
-import { runScript } from '../../lua/index.ts'
+import { runScript } from '../../redis/scripts.ts'
 import { type FeedContext, KEYS_PER_CALL, singleFlight } from './context.ts'
 import { FeedFollowLimitError } from './errors.ts'
 import { feedMember } from './items.ts'

@@ -1,4 +1,4 @@
-import { runScript } from '../../lua/index.ts'
+import { runScript } from '../../redis/scripts.ts'
 import type { FeedContext } from './context.ts'
 import { FeedRebuildError } from './errors.ts'
 import { checkItem } from './options.ts'

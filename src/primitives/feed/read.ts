@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto'
-import { runScript } from '../../lua/index.ts'
+import { runScript } from '../../redis/scripts.ts'
 import { type FeedContext, KEYS_PER_CALL, singleFlight } from './context.ts'
 import { FeedRebuildError } from './errors.ts'
 import { byPull, type FollowGraph, fansOut } from './follow-graph.ts'

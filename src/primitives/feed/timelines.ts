@@ -1,4 +1,4 @@
-import { runScript } from '../../lua/index.ts'
+import { runScript } from '../../redis/scripts.ts'
 import { type FeedContext, singleFlight } from './context.ts'
 import { FeedRebuildError } from './errors.ts'
 import { type Cursor, type SourcePage, toItems } from './items.ts'

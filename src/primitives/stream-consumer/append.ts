@@ -1,6 +1,6 @@
-import { runScript } from '../../lua/index.ts'
 import { type OptionChecker, optionChecker, optionKeys } from '../../plugins/common/options.ts'
-import { isCluster, type RedisClient } from '../../plugins/common/redis.ts'
+import { isCluster, type RedisClient } from '../../redis/client.ts'
+import { runScript } from '../../redis/scripts.ts'
 import { checkedOptions, shown } from '../checks.ts'
 
 // The producing side of a stream: appends in one script call, each entry once per marker

@@ -1,5 +1,5 @@
 import type { Redis } from 'ioredis'
-import { isCluster, type RedisClient } from '../../plugins/common/redis.ts'
+import { isCluster, type RedisClient } from '../../redis/client.ts'
 
 // The consumer's own connection for its blocking reads (XREADGROUP BLOCK), apart from the caller's
 // client.

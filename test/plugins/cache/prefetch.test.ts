@@ -3,13 +3,13 @@ import { after, before, describe, test } from 'node:test'
 import { setTimeout as sleep } from 'node:timers/promises'
 import Fastify, { type FastifyInstance, type FastifyRequest } from 'fastify'
 import { Redis } from 'ioredis'
-import { scriptSources } from '../../../src/lua/index.ts'
 import { peekEntry } from '../../../src/plugins/cache/cache.ts'
 import cachePlugin, { type CachePluginOptions } from '../../../src/plugins/cache/index.ts'
 import metrics from '../../../src/plugins/metrics/index.ts'
 import rateLimit from '../../../src/plugins/rate-limit/index.ts'
 import { connectRedis, createRedisClient, type RedisClient } from '../../../src/plugins/redis/index.ts'
 import sessionPlugin from '../../../src/plugins/session/index.ts'
+import { scriptSources } from '../../../src/redis/scripts.ts'
 import {
   buildTestApp,
   createCustomer,

@@ -14,8 +14,8 @@ import {
   RouteNotProtectedError,
   UnknownOptionError,
 } from '../../../src/index.ts'
-import type { RedisClient } from '../../../src/plugins/common/redis.ts'
 import { createRedisClient } from '../../../src/plugins/redis/index.ts'
+import type { RedisClient } from '../../../src/redis/client.ts'
 import { scanKeys, testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
 
 // What the idempotency plugin and makeIdempotent refuse at boot (or at the first call) rather than

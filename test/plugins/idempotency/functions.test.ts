@@ -15,9 +15,9 @@ import {
   type MakeIdempotentOptions,
   makeIdempotent,
 } from '../../../src/index.ts'
-import type { RedisClient } from '../../../src/plugins/common/redis.ts'
 import * as subpath from '../../../src/plugins/idempotency/index.ts'
 import { createRedisClient } from '../../../src/plugins/redis/index.ts'
+import type { RedisClient } from '../../../src/redis/client.ts'
 import { readIdempotencyRecord } from '../../helpers/idempotency-record.ts'
 import { scanKeys, testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
 import { gate } from './fixtures.ts'

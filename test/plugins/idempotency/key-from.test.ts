@@ -1,13 +1,13 @@
 import assert from 'node:assert/strict'
 import { after, before, describe, test } from 'node:test'
 import Fastify, { type FastifyInstance } from 'fastify'
-import type { RedisClient } from '../../../src/plugins/common/redis.ts'
 import idempotency, {
   type IdempotencyPluginOptions,
   type IdempotencyReplay,
   requestFingerprint,
 } from '../../../src/plugins/idempotency/index.ts'
 import { createRedisClient } from '../../../src/plugins/redis/index.ts'
+import type { RedisClient } from '../../../src/redis/client.ts'
 import { scanKeys, testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
 
 let shared: RedisClient

@@ -4,13 +4,13 @@ import fc from 'fast-check'
 import Fastify, { type FastifyInstance } from 'fastify'
 import { registerProblemHandlers } from '../../../src/errors.ts'
 import type { PrincipalFunction } from '../../../src/plugins/common/principal.ts'
-import type { RedisClient } from '../../../src/plugins/common/redis.ts'
 import idempotency, {
   canonicalJson,
   type IdempotencyPluginOptions,
 } from '../../../src/plugins/idempotency/index.ts'
 import redisPlugin, { createRedisClient } from '../../../src/plugins/redis/index.ts'
 import session from '../../../src/plugins/session/index.ts'
+import type { RedisClient } from '../../../src/redis/client.ts'
 import { scanKeys, TEST_SECRET, testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
 
 let shared: RedisClient

@@ -5,10 +5,10 @@ import { after, before, describe, test } from 'node:test'
 import fc from 'fast-check'
 import Fastify from 'fastify'
 import { registerProblemHandlers } from '../../../src/errors.ts'
-import type { RedisClient } from '../../../src/plugins/common/redis.ts'
 import idempotency from '../../../src/plugins/idempotency/index.ts'
 import { parseIdempotencyKey, parseSfString } from '../../../src/plugins/idempotency/key.ts'
 import { createRedisClient } from '../../../src/plugins/redis/index.ts'
+import type { RedisClient } from '../../../src/redis/client.ts'
 import { testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
 
 // The string vectors of the HTTP Working Group's structured-field-tests (test/fixtures/structured-field-tests).

@@ -4,7 +4,6 @@ import Fastify, { type FastifyInstance } from 'fastify'
 import { Redis } from 'ioredis'
 import { startRedisServer } from '../../../src/embedded/redis-server.ts'
 import { registerProblemHandlers } from '../../../src/errors.ts'
-import type { RedisClient } from '../../../src/plugins/common/redis.ts'
 import idempotency, {
   type IdempotencyPluginOptions,
   parseIdempotencyKey,
@@ -12,6 +11,7 @@ import idempotency, {
 } from '../../../src/plugins/idempotency/index.ts'
 import metrics from '../../../src/plugins/metrics/index.ts'
 import redisPlugin, { createRedisClient } from '../../../src/plugins/redis/index.ts'
+import type { RedisClient } from '../../../src/redis/client.ts'
 import { scanKeys, testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
 import { gate } from './fixtures.ts'
 

@@ -2,10 +2,10 @@ import assert from 'node:assert/strict'
 import { after, before, describe, test } from 'node:test'
 import Fastify, { type FastifyInstance } from 'fastify'
 import { registerProblemHandlers } from '../../../src/errors.ts'
-import type { RedisClient } from '../../../src/plugins/common/redis.ts'
 import idempotency, { requestFingerprint } from '../../../src/plugins/idempotency/index.ts'
 import { ownerToken } from '../../../src/plugins/idempotency/store.ts'
 import redisPlugin, { createRedisClient } from '../../../src/plugins/redis/index.ts'
+import type { RedisClient } from '../../../src/redis/client.ts'
 import { readIdempotencyRecord } from '../../helpers/idempotency-record.ts'
 import {
   buildTestApp,

@@ -3,10 +3,10 @@ import { after, before, test } from 'node:test'
 import Fastify, { type FastifyInstance } from 'fastify'
 import { Redis } from 'ioredis'
 import { startRedisServer } from '../../../src/embedded/redis-server.ts'
-import { rawClient, sentBy } from '../../../src/plugins/common/redis.ts'
 import idempotency from '../../../src/plugins/idempotency/index.ts'
 import metrics from '../../../src/plugins/metrics/index.ts'
 import rateLimit from '../../../src/plugins/rate-limit/index.ts'
+import { rawClient, sentBy } from '../../../src/redis/client.ts'
 import { delta, scrape } from '../../helpers/metrics-scrape.ts'
 
 // A dedicated server: SCRIPT FLUSH would make every other suite on the shared Redis reload its scripts.

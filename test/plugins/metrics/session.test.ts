@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict'
 import { randomUUID } from 'node:crypto'
 import { after, before, test } from 'node:test'
-import { scriptSources } from '../../../src/lua/index.ts'
+import { scriptSources } from '../../../src/redis/scripts.ts'
 import {
   buildTestApp,
   cookieHeader,

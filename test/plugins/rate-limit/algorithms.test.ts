@@ -1,7 +1,6 @@
 import assert from 'node:assert/strict'
 import { after, before, describe, test } from 'node:test'
 import Fastify, { type FastifyInstance } from 'fastify'
-import { runScript, scriptSources } from '../../../src/lua/index.ts'
 import metrics from '../../../src/plugins/metrics/index.ts'
 import { memoryStoreOf } from '../../../src/plugins/rate-limit/engine.ts'
 import rateLimit, {
@@ -10,6 +9,7 @@ import rateLimit, {
   type RouteRateLimit,
 } from '../../../src/plugins/rate-limit/index.ts'
 import { connectRedis, createRedisClient, type RedisClient } from '../../../src/plugins/redis/index.ts'
+import { runScript, scriptSources } from '../../../src/redis/scripts.ts'
 import { keysWithoutTtl, listen, scanKeys, TEST_REDIS_URL, uniquePrefix } from '../../helpers/index.ts'
 
 // REDIS_CLUSTER_NODES (set by `npm run test:cluster`) runs the same tests on a Redis Cluster.

@@ -1,9 +1,9 @@
 import assert from 'node:assert/strict'
 import { after, before, test } from 'node:test'
 import Fastify from 'fastify'
-import { runScript } from '../../../src/lua/index.ts'
 import rateLimit from '../../../src/plugins/rate-limit/index.ts'
 import { connectRedis, createRedisClient } from '../../../src/plugins/redis/index.ts'
+import { runScript } from '../../../src/redis/scripts.ts'
 import { testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
 
 const redis = createRedisClient(testRedisConnection())

@@ -1,12 +1,12 @@
 import assert from 'node:assert/strict'
 import { after, before, describe, test } from 'node:test'
 import Fastify from 'fastify'
-import { runScript, type ScriptName } from '../../../src/lua/index.ts'
-import type { RedisClient } from '../../../src/plugins/common/redis.ts'
 import { memoryStoreOf } from '../../../src/plugins/rate-limit/engine.ts'
 import rateLimit, { type Algorithm, keyBy } from '../../../src/plugins/rate-limit/index.ts'
 import { MemoryStore } from '../../../src/plugins/rate-limit/memory.ts'
 import { connectRedis, createRedisClient } from '../../../src/plugins/redis/index.ts'
+import type { RedisClient } from '../../../src/redis/client.ts'
+import { runScript, type ScriptName } from '../../../src/redis/scripts.ts'
 import { testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
 
 // The memory store runs the scripts' logic in process. The algorithm suite runs against both stores

@@ -4,8 +4,8 @@ import { test } from 'node:test'
 import Fastify from 'fastify'
 import { Redis } from 'ioredis'
 import { freePort, startRedisServer } from '../../../src/embedded/redis-server.ts'
-import { scriptSources } from '../../../src/lua/index.ts'
 import redisPlugin, { createRedisClient } from '../../../src/plugins/redis/index.ts'
+import { scriptSources } from '../../../src/redis/scripts.ts'
 import { TEST_REDIS_URL } from '../../helpers/index.ts'
 
 test('every src/lua script loads under the SHA runScript sends, and each opens with a header naming KEYS, ARGV and the reply', async () => {

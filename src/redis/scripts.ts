@@ -1,11 +1,12 @@
 import { createHash } from 'node:crypto'
 import { readdirSync, readFileSync } from 'node:fs'
-import type { Writable } from 'node:stream'
+import { corkForTurn } from './batching.ts'
 
-const dir = new URL('.', import.meta.url)
+// The scripts themselves live in src/lua (copied beside this folder by the build).
+const dir = new URL('../lua/', import.meta.url)
 
 /**
- * Every script of this folder by name (`rate-limit-gcra.lua` is `rateLimitGcra`), so a misspelled
+ * Every script of src/lua by name (`rate-limit-gcra.lua` is `rateLimitGcra`), so a misspelled
  * name fails the type check; loading refuses a folder that does not hold exactly these scripts.
  */
 const SCRIPT_NAMES = [
@@ -115,28 +116,6 @@ type Arg = string | number | Buffer
 export interface ScriptClient {
   call(...args: never[]): Promise<unknown>
   callBuffer(...args: never[]): Promise<unknown>
-}
-
-let corked: Writable[] = []
-const uncorkAll = () => {
-  for (const stream of corked) stream.uncork()
-  corked = []
-}
-
-/**
- * The script calls of one event-loop turn (the requests that arrived together) leave in one write
- * on a user's own client too: the first call of a turn corks the connection's socket and
- * setImmediate, after the turn's I/O callbacks, uncorks it. Redis then reads them in one read and
- * answers in one write, instead of a syscall per call on each side. Order and replies are
- * unchanged and nothing waits beyond the turn; the user's other commands of the turn ride along.
- * A Cluster (no socket of its own: each command goes to its node's) is left as it is.
- */
-export function corkForTurn(client: object): void {
-  const stream = (client as { stream?: Writable }).stream
-  if (!stream || 'nodes' in client || corked.includes(stream)) return
-  stream.cork()
-  if (corked.length === 0) setImmediate(uncorkAll)
-  corked.push(stream)
 }
 
 /**
