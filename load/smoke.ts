@@ -3,13 +3,14 @@
 // then a short soak with its invariants. Exits 1 naming what failed. Results go to
 // load/results/quick/ (git-ignored); it checks that the suite runs, it measures nothing to quote.
 import { spawn } from 'node:child_process'
+import { RUN_TYPESCRIPT } from '../test/helpers/tsx.ts'
 
 const SOAK_MINUTES = '0.2'
 
 /** Runs one tsx script, its output passed through; resolves its exit code and its stdout. */
 function run(args: string[]): Promise<{ code: number; stdout: string }> {
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, ['--import', 'tsx', ...args], {
+    const child = spawn(process.execPath, [...RUN_TYPESCRIPT, ...args], {
       stdio: ['ignore', 'pipe', 'inherit'],
     })
     let stdout = ''

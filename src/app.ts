@@ -2,13 +2,6 @@ import swagger from '@fastify/swagger'
 import swaggerUi from '@fastify/swagger-ui'
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
 import Fastify, { type FastifyInstance } from 'fastify'
-import campaigns from './campaigns/plugin.ts'
-import { type Config, NO_EVENT_WORKERS } from './config.ts'
-import type { Database } from './db/database.ts'
-import { settleDatabaseIdentity } from './db/identity.ts'
-import postgres from './db/plugin.ts'
-import { registerProblemHandlers, scheduleFailureOf } from './errors.ts'
-import events from './events/plugin.ts'
 import {
   cache,
   createRedisClient,
@@ -19,7 +12,14 @@ import {
   rateLimit,
   redis,
   session,
-} from './index.ts'
+} from 'fastify-redis-gateway'
+import campaigns from './campaigns/plugin.ts'
+import { type Config, NO_EVENT_WORKERS } from './config.ts'
+import type { Database } from './db/database.ts'
+import { settleDatabaseIdentity } from './db/identity.ts'
+import postgres from './db/plugin.ts'
+import { registerProblemHandlers, scheduleFailureOf } from './errors.ts'
+import events from './events/plugin.ts'
 import { type AccountFilter, createAccountFilter } from './ledger/account-filter.ts'
 import publicAccounts from './public-accounts/plugin.ts'
 import accountRoutes from './routes/accounts.ts'

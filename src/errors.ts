@@ -1,6 +1,6 @@
 import type { FastifyError, FastifyInstance } from 'fastify'
+import { HttpProblem, PROBLEM_CONTENT_TYPE, sendProblem } from 'fastify-redis-gateway'
 import { DomainError, type DomainErrorCode } from './domain-error.ts'
-import { HttpProblem, PROBLEM_CONTENT_TYPE, sendProblem } from './index.ts'
 import type { DescribeRefusal } from './ledger/ledger.ts'
 
 export { HttpProblem, PROBLEM_CONTENT_TYPE }

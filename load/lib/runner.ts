@@ -2,6 +2,7 @@ import { type ChildProcess, spawn } from 'node:child_process'
 import { mkdirSync, writeFileSync } from 'node:fs'
 import autocannon from 'autocannon'
 import { Redis } from 'ioredis'
+import { RUN_TYPESCRIPT } from '../../test/helpers/tsx.ts'
 import { processCpuSeconds, redisCpuSeconds } from './cpu-time.ts'
 import { pinUnderTest } from './cpus.ts'
 
@@ -35,13 +36,13 @@ export async function stopAllServers(): Promise<void> {
 const START_TIMEOUT_MS = 120_000
 
 /**
- * Starts `node --import tsx <entry>`; the entry must print `LISTENING <url>` on stdout when ready.
+ * Starts `node --conditions=fastify-redis-gateway:source --import tsx <entry>`; the entry must print `LISTENING <url>` on stdout when ready.
  * Its stderr is passed through, so a crash is visible in the benchmark output.
  */
 export function startServer(entry: string, env: Record<string, string> = {}): Promise<ServerHandle> {
   // BENCH_NODE_ARGS='--cpu-prof --cpu-prof-dir=prof' profiles every server under test.
   const nodeArgs = (process.env.BENCH_NODE_ARGS ?? '').split(/\s+/).filter(Boolean)
-  const child: ChildProcess = spawn(process.execPath, [...nodeArgs, '--import', 'tsx', entry], {
+  const child: ChildProcess = spawn(process.execPath, [...nodeArgs, ...RUN_TYPESCRIPT, entry], {
     env: { ...process.env, NODE_ENV: 'production', LOG_LEVEL: 'warn', ...env },
     stdio: ['ignore', 'pipe', 'inherit'],
   })

@@ -6,13 +6,14 @@
 import { execFile } from 'node:child_process'
 import { readFileSync } from 'node:fs'
 import { promisify } from 'node:util'
+import { RUN_TYPESCRIPT } from '../../test/helpers/tsx.ts'
 import { resultsDir } from '../lib/runner.ts'
 import type { Scenario } from '../lib/scenario.ts'
 
 const run = promisify(execFile)
 
 async function report(script: string, name: string, quick: boolean): Promise<string> {
-  await run(process.execPath, ['--import', 'tsx', script, ...(quick ? ['--quick'] : [])], {
+  await run(process.execPath, [...RUN_TYPESCRIPT, script, ...(quick ? ['--quick'] : [])], {
     cwd: new URL('../..', import.meta.url).pathname,
     maxBuffer: 64 * 1024 * 1024,
   })

@@ -1,7 +1,13 @@
+import type {
+  Leaderboard,
+  LeaderboardEntry,
+  LeaderboardItem,
+  StreamConsumer,
+  StreamEntry,
+} from 'fastify-redis-gateway'
 import type { Database } from '../db/database.ts'
 import { createTransferEventsConsumer, type TransferEventsConsumerOptions } from '../events/consumer.ts'
 import type { TransferEvent } from '../events/outbox-relay.ts'
-import type { Leaderboard, LeaderboardEntry, LeaderboardItem, StreamConsumer, StreamEntry } from '../index.ts'
 import { DAY_MS, isoWeek } from './periods.ts'
 
 // The weekly campaign leaderboard (docs/leaderboard.md): the `leaderboard` consumer group adds each

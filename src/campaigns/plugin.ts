@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto'
 import { hostname } from 'node:os'
 import type { FastifyInstance } from 'fastify'
 import fp from 'fastify-plugin'
-import { createLeaderboard, type Leaderboard, type StreamConsumer } from '../index.ts'
+import { createLeaderboard, type Leaderboard, type StreamConsumer } from 'fastify-redis-gateway'
 import { createLeaderboardConsumer, LEADERBOARD_GROUP } from './leaderboard.ts'
 import { createStatsConsumer, STATS_GROUP } from './stats.ts'
 

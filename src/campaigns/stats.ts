@@ -1,5 +1,3 @@
-import { createTransferEventsConsumer, type TransferEventsConsumerOptions } from '../events/consumer.ts'
-import type { TransferEvent } from '../events/outbox-relay.ts'
 import {
   createShardedCounter,
   type RedisClient,
@@ -7,7 +5,9 @@ import {
   type ShardedCounterItem,
   type StreamConsumer,
   type StreamEntry,
-} from '../index.ts'
+} from 'fastify-redis-gateway'
+import { createTransferEventsConsumer, type TransferEventsConsumerOptions } from '../events/consumer.ts'
+import type { TransferEvent } from '../events/outbox-relay.ts'
 import { DAY_MS, utcDay } from './periods.ts'
 
 // The bank's totals per UTC day (docs/leaderboard.md, "Today's totals"): transfers, volume per

@@ -1,4 +1,4 @@
-import type { RedisClient } from '../index.ts'
+import type { RedisClient } from 'fastify-redis-gateway'
 import type { Queryable } from './database.ts'
 
 /**

@@ -1,4 +1,9 @@
-import { createStreamConsumer, type RedisClient, type StreamConsumer, type StreamEntry } from '../index.ts'
+import {
+  createStreamConsumer,
+  type RedisClient,
+  type StreamConsumer,
+  type StreamEntry,
+} from 'fastify-redis-gateway'
 
 /** What every consumer group of the transfer events is given (the events plugin's tuning included). */
 export interface TransferEventsConsumerOptions {

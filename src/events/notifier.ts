@@ -1,5 +1,10 @@
+import {
+  appendEachOnce,
+  type RedisClient,
+  type StreamConsumer,
+  type StreamEntry,
+} from 'fastify-redis-gateway'
 import type { Queryable } from '../db/database.ts'
-import { appendEachOnce, type RedisClient, type StreamConsumer, type StreamEntry } from '../index.ts'
 import { createTransferEventsConsumer, type TransferEventsConsumerOptions } from './consumer.ts'
 import type { TransferEvent } from './outbox-relay.ts'
 

@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto'
+import { appendJsonEntries, type RedisClient } from 'fastify-redis-gateway'
 import type { Database, Queryable } from '../db/database.ts'
 import { checkDatabaseIdentity, raiseHighWater, renewDatabaseIdentity } from '../db/identity.ts'
-import { appendJsonEntries, type RedisClient } from '../index.ts'
 
 /** An outbox row as it goes onto the stream: the `data` field of the entry (JSON). */
 export interface TransferEvent {

@@ -1,6 +1,6 @@
 import type { Writable } from 'node:stream'
+import type { RedisClient } from 'fastify-redis-gateway'
 import type { Redis } from 'ioredis'
-import type { RedisClient } from '../index.ts'
 import { notificationKeys } from './notifier.ts'
 
 /** A notification as published and as replayed from the customer's stream. */

@@ -1,5 +1,5 @@
+import { BLOOM_MAX_BATCH, type BloomFilter, createBloomFilter, type RedisClient } from 'fastify-redis-gateway'
 import type { Database } from '../db/database.ts'
-import { BLOOM_MAX_BATCH, type BloomFilter, createBloomFilter, type RedisClient } from '../index.ts'
 
 // Which account ids exist, as a Bloom filter in Redis: a read of an id that no account has is
 // answered without the database and without a "not found" cache entry per id (cache penetration).

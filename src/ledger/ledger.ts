@@ -1,6 +1,6 @@
+import { idempotencyKeyMismatch } from 'fastify-redis-gateway'
 import { type Database, type Queryable, toSafeInteger } from '../db/database.ts'
 import { type DomainError, isRefusal } from '../domain-error.ts'
-import { idempotencyKeyMismatch } from '../index.ts'
 import { type RefusedVerdict, refusalOf } from './refusals.ts'
 
 export interface Account {

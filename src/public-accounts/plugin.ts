@@ -2,9 +2,15 @@ import { randomBytes } from 'node:crypto'
 import { hostname } from 'node:os'
 import type { FastifyInstance } from 'fastify'
 import fp from 'fastify-plugin'
+import {
+  createFeed,
+  type FanoutWorker,
+  type Feed,
+  type FeedItem,
+  type StreamConsumer,
+} from 'fastify-redis-gateway'
 import { createTransferEventsConsumer } from '../events/consumer.ts'
 import type { TransferEvent } from '../events/outbox-relay.ts'
-import { createFeed, type FanoutWorker, type Feed, type FeedItem, type StreamConsumer } from '../index.ts'
 import { feedItemId, feedSource, publicAmong } from './store.ts'
 
 export interface PublicAccountsPluginOptions {

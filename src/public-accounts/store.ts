@@ -1,6 +1,6 @@
+import type { FeedItem, FeedSource } from 'fastify-redis-gateway'
 import { maskUsername } from '../campaigns/leaderboard.ts'
 import type { Queryable } from '../db/database.ts'
-import type { FeedItem, FeedSource } from '../index.ts'
 
 // Public accounts in Postgres: the accounts with a public name, who follows them, and their
 // movements as feed items. Postgres is the truth; the feed in Redis is derived from it.

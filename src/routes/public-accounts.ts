@@ -1,8 +1,8 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import type { FastifyBaseLogger } from 'fastify'
+import { InvalidArgumentError } from 'fastify-redis-gateway'
 import { Type } from 'typebox'
 import { HttpProblem } from '../errors.ts'
-import { InvalidArgumentError } from '../index.ts'
 import {
   follow,
   type FeedEntry as HydratedEntry,

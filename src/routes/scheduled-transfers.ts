@@ -1,8 +1,8 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import type { FastifyReply } from 'fastify'
+import { idempotencyKeyMismatch } from 'fastify-redis-gateway'
 import { Type } from 'typebox'
 import { HttpProblem } from '../errors.ts'
-import { idempotencyKeyMismatch } from '../index.ts'
 import { getAccountWithOwner } from '../ledger/ledger.ts'
 import { accountNotFound, sameAccount } from '../ledger/refusals.ts'
 import {

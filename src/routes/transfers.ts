@@ -1,7 +1,7 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
 import type { FastifyInstance, FastifyReply, FastifyRequest, onSendHookHandler } from 'fastify'
+import { idempotencyKeyMismatch } from 'fastify-redis-gateway'
 import { Type } from 'typebox'
-import { idempotencyKeyMismatch } from '../index.ts'
 import { invalidateAfterTransfer } from '../ledger/account-cache.ts'
 import { executeTransfer } from '../ledger/ledger.ts'
 import { HEADERS, json, problems } from './openapi.ts'

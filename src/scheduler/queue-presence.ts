@@ -1,4 +1,4 @@
-import type { DelayedQueue, RedisClient } from '../index.ts'
+import type { DelayedQueue, RedisClient } from 'fastify-redis-gateway'
 
 /**
  * Which of `ids` the queue holds anywhere: in any registered instance's delayed set or processing

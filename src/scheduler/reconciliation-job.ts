@@ -1,6 +1,4 @@
 import type { FastifyBaseLogger } from 'fastify'
-import { Counter, Gauge, type Registry } from 'prom-client'
-import type { Database, Queryable } from '../db/database.ts'
 import {
   type Consumer,
   createDelayedQueue,
@@ -8,7 +6,9 @@ import {
   type DelayedQueue,
   LockNotAcquiredError,
   type RedisClient,
-} from '../index.ts'
+} from 'fastify-redis-gateway'
+import { Counter, Gauge, type Registry } from 'prom-client'
+import type { Database, Queryable } from '../db/database.ts'
 import { queuedIds } from './queue-presence.ts'
 
 export interface Violation {

@@ -1,6 +1,6 @@
 import type { FastifyBaseLogger } from 'fastify'
+import { type Consumer, createDelayedQueue, type DelayedQueue, type RedisClient } from 'fastify-redis-gateway'
 import type { Database } from '../db/database.ts'
-import { type Consumer, createDelayedQueue, type DelayedQueue, type RedisClient } from '../index.ts'
 import { type DescribeRefusal, executeScheduledTransfer, type ScheduledRun } from '../ledger/ledger.ts'
 import { queuedIds } from './queue-presence.ts'
 import { markRunning, type NotDue, pendingSchedules } from './store.ts'

@@ -15,13 +15,14 @@ import {
   USE_PGLITE,
   uniquePrefix,
 } from '../helpers/index.ts'
+import { RUN_TYPESCRIPT } from '../helpers/tsx.ts'
 
 // Processes die at the worst moments: a relay SIGKILLed after its XADDs and before its COMMIT, a
 // notifier SIGKILLed with an event half notified and entries pending. After a restart, every
 // committed transfer has exactly one notification per involved customer (checked against Postgres).
 
 function runChild(env: Record<string, string>): Promise<NodeJS.Signals | null> {
-  const child = spawn(process.execPath, ['--import', 'tsx', 'test/helpers/events-worker-child.ts'], {
+  const child = spawn(process.execPath, [...RUN_TYPESCRIPT, 'test/helpers/events-worker-child.ts'], {
     env: { ...process.env, ...env },
     stdio: ['ignore', 'inherit', 'inherit'],
   })

@@ -4,6 +4,7 @@ import { randomUUID } from 'node:crypto'
 import { after, test } from 'node:test'
 import { Redis } from 'ioredis'
 import { freePort, HOW_TO_GET_REDIS, resolveDevRedis } from '../../src/embedded/redis-server.ts'
+import { RUN_TYPESCRIPT } from '../helpers/tsx.ts'
 
 const children: Array<{ kill(): void }> = []
 after(() => {
@@ -12,7 +13,7 @@ after(() => {
 
 /** Runs `src/server.ts` like `npm start` does; resolves with its URL once it listens. */
 function startServer(env: Record<string, string>) {
-  const child = spawn(process.execPath, ['--import', 'tsx', 'src/server.ts'], {
+  const child = spawn(process.execPath, [...RUN_TYPESCRIPT, 'src/server.ts'], {
     env: { PATH: process.env.PATH, HOME: process.env.HOME, LOG_LEVEL: 'info', ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   })

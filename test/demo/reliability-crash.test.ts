@@ -5,10 +5,11 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import { freePort, startRedisServer } from '../../src/embedded/redis-server.ts'
 import { createCustomer, createTestDatabase, TEST_SECRET, USE_PGLITE } from '../helpers/index.ts'
 import { type Actor, mixedLoad, moneyAndKeyInvariants, settle } from '../helpers/mixed-load.ts'
+import { RUN_TYPESCRIPT } from '../helpers/tsx.ts'
 
 /** The gateway as `npm start` runs it, on a fixed port so clients can retry against the restarted one. */
 function startGateway(env: Record<string, string>): Promise<ChildProcess> {
-  const child = spawn(process.execPath, ['--import', 'tsx', 'src/server.ts'], {
+  const child = spawn(process.execPath, [...RUN_TYPESCRIPT, 'src/server.ts'], {
     env: { PATH: process.env.PATH, LOG_LEVEL: 'info', ...env },
     stdio: ['ignore', 'pipe', 'inherit'],
   })

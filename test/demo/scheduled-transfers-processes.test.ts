@@ -16,6 +16,7 @@ import {
   USE_PGLITE,
   uniquePrefix,
 } from '../helpers/index.ts'
+import { RUN_TYPESCRIPT } from '../helpers/tsx.ts'
 
 // Three gateway processes share Postgres and Redis; one is SIGKILLed. Scheduled transfers still run
 // exactly once each, and the reconciliation job never runs twice at once and survives its holder.
@@ -27,7 +28,7 @@ interface Gateway {
 }
 
 function startGateway(env: Record<string, string>): Promise<Gateway> {
-  const child = spawn(process.execPath, ['--import', 'tsx', 'test/helpers/scheduled-transfers-gateway.ts'], {
+  const child = spawn(process.execPath, [...RUN_TYPESCRIPT, 'test/helpers/scheduled-transfers-gateway.ts'], {
     env: {
       PATH: process.env.PATH,
       LOG_LEVEL: 'warn',

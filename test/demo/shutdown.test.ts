@@ -23,6 +23,7 @@ import {
   USE_PGLITE,
   uniquePrefix,
 } from '../helpers/index.ts'
+import { RUN_TYPESCRIPT } from '../helpers/tsx.ts'
 
 // Rolling deploys (docs/operations.md): real gateway processes get SIGTERM. /ready fails at once while
 // the rest is served; clients retrying with Idempotency-Key see every transfer done exactly once and no
@@ -42,9 +43,9 @@ after(() => {
     if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL')
 })
 
-/** Spawns `node --import tsx <script>` and resolves once it listens (its URL from its output). */
+/** Spawns `node --conditions=fastify-redis-gateway:source --import tsx <script>` and resolves once it listens (its URL from its output). */
 function spawnGateway(script: string, env: Record<string, string>, ready: RegExp): Promise<Gateway> {
-  return spawnListening(spawn(process.execPath, ['--import', 'tsx', script], spawnOptions(env)), ready)
+  return spawnListening(spawn(process.execPath, [...RUN_TYPESCRIPT, script], spawnOptions(env)), ready)
 }
 
 function spawnOptions(env: Record<string, string>) {

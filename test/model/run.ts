@@ -2,6 +2,7 @@ import { spawnSync } from 'node:child_process'
 import { readdirSync } from 'node:fs'
 import { join } from 'node:path'
 import { parseArgs } from 'node:util'
+import { RUN_TYPESCRIPT } from '../helpers/tsx.ts'
 
 // npm run test:model [-- --model NAME] [--runs N] [--time-limit MS] [--seed=S --path P [--replay-path R]]
 // Runs test/model/*.model.ts under node:test, each model with its CI budget unless told otherwise.
@@ -64,8 +65,7 @@ set('MODEL_REPLAY_PATH', values['replay-path'])
 const result = spawnSync(
   process.execPath,
   [
-    '--import',
-    'tsx',
+    ...RUN_TYPESCRIPT,
     '--test',
     '--test-force-exit',
     '--test-concurrency=2',
