@@ -1,4 +1,4 @@
-// Runs benchmark scenarios: `tsx load/run.ts [--quick | --smoke] [name ...]`; no names runs every
+// Runs benchmark scenarios: `tsx --conditions=fastify-redis-gateway:source load/run.ts [--quick | --smoke] [name ...]`; no names runs every
 // file in load/scenarios/. Each scenario writes load/results/<name>.{json,md} (quick and smoke runs:
 // under load/results/quick/, git-ignored); the run then rebuilds summary.md (the headline rows, every
 // scenario's tables, the chart) and ratios.svg from the latest result of every scenario. A scenario

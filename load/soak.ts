@@ -2,7 +2,7 @@
 // load/results/quick/). Mixed load (reads, transfers, duplicate keys, retries)
 // against the gateway in its own process, on a private redis-server and a fresh database; then
 // every invariant is checked, and the app's memory growth and Redis's key count are reported.
-// Exits non-zero when an invariant fails or a Redis key has no TTL and docs/redis-keys.md does not
+// Exits non-zero when an invariant fails or a Redis key has no TTL and docs/demo/redis-keys.md does not
 // bound it otherwise.
 import { readFileSync } from 'node:fs'
 import { parseArgs } from 'node:util'
@@ -78,7 +78,7 @@ try {
     }
     await settle(() => server.url, attempts)
     const invariants = await moneyAndKeyInvariants(db, attempts)
-    // A key without a TTL must be one that docs/redis-keys.md bounds otherwise: capped, or a fixed
+    // A key without a TTL must be one that docs/demo/redis-keys.md bounds otherwise: capped, or a fixed
     // number per deployment or instance (the account filter, the streams, a lock's fence...).
     const boundWithoutTtl = keysBoundWithoutTtl()
     // The gateway's keys live under its database's identity; the documented patterns follow it.

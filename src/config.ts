@@ -172,7 +172,7 @@ export interface Config {
    * customer's unfinished (`scheduled` or `running`) schedules at most.
    */
   scheduler: { enabled: boolean; reconciliationPeriodMs: number; maxPending: number }
-  /** Transfer events (docs/events.md): outbox, relay and notifier workers, SSE notifications. */
+  /** Transfer events (docs/demo/events.md): outbox, relay and notifier workers, SSE notifications. */
   events: {
     outbox: boolean
     /** Which transfer-event workers this instance runs (EVENT_WORKERS; `on`: all of them). */
@@ -193,7 +193,7 @@ export interface Config {
     sseMaxStreamsPerCustomer: number
   }
   /**
-   * On SIGTERM/SIGINT (docs/operations.md): `drainMs` of normal serving with /ready at 503, then at
+   * On SIGTERM/SIGINT (docs/demo/operations.md): `drainMs` of normal serving with /ready at 503, then at
    * most `graceMs` to answer the requests already received before they are cut.
    */
   shutdown: { drainMs: number; graceMs: number }

@@ -6,7 +6,7 @@ import type { DescribeRefusal } from './ledger/ledger.ts'
 export { HttpProblem, PROBLEM_CONTENT_TYPE }
 
 // Problems are RFC 9457 problem details; every `type` is a relative URI under /problems/, documented
-// in docs/problems.md and served at that URI (src/routes/problem-types.ts, src/routes/problems.ts).
+// in docs/demo/problems.md and served at that URI (src/routes/problem-types.ts, src/routes/problems.ts).
 
 /** Fastify's own client errors (bad JSON, body limit, ...) as problems: status -> [slug, title]. */
 export const FASTIFY_PROBLEMS: Readonly<Record<number, readonly [string, string]>> = {
@@ -24,7 +24,7 @@ const FASTIFY_OTHER_CLIENT_ERROR = ['client-error', 'Client error'] as const
 
 /**
  * What each domain error answers: its code is the problem's slug, with the status and title of that
- * problem type (src/routes/problem-types.ts, the table behind docs/problems.md; the test of that
+ * problem type (src/routes/problem-types.ts, the table behind docs/demo/problems.md; the test of that
  * table checks these against it) and the error's detail.
  */
 const DOMAIN_PROBLEMS: Readonly<Record<DomainErrorCode, (detail: string) => HttpProblem>> = {

@@ -22,7 +22,7 @@ export interface ShutdownOptions {
 }
 
 /**
- * The gateway's shutdown on SIGTERM and SIGINT (docs/operations.md):
+ * The gateway's shutdown on SIGTERM and SIGINT (docs/demo/operations.md):
  * 1. drain: GET /ready answers 503 at once; everything else is served as usual for `drainMs`;
  * 2. close: no new connections; requests already received are answered, each with `Connection: close`
  *    so its keep-alive connection ends after it; SSE streams end (preClose); requests still running

@@ -1,10 +1,10 @@
 import { readFileSync } from 'node:fs'
 
-// The key patterns of docs/redis-keys.md whose bound is not a TTL (a cap, or a fixed number per
+// The key patterns of docs/demo/redis-keys.md whose bound is not a TTL (a cap, or a fixed number per
 // deployment or instance), so that the soak accepts those keys without a TTL and no others.
 // test/demo/redis-keys-bounded.test.ts reads the same table.
 
-const DOCS = new URL('../../docs/redis-keys.md', import.meta.url)
+const DOCS = new URL('../../docs/demo/redis-keys.md', import.meta.url)
 
 /** Regexes of the documented patterns whose keys may have no TTL (`*` stands for any part). */
 export function keysBoundWithoutTtl(): RegExp[] {
@@ -16,7 +16,7 @@ export function keysBoundWithoutTtl(): RegExp[] {
       .split(/(?<!\\)\|/)
       .map((cell) => cell.trim())
   const header = lines.findIndex((line) => line.startsWith('|') && /\|\s*bound\s*\|/.test(line))
-  if (header < 0) throw new Error('docs/redis-keys.md has no table with a `bound` column')
+  if (header < 0) throw new Error('docs/demo/redis-keys.md has no table with a `bound` column')
   const boundAt = cells(lines[header]!).indexOf('bound')
   const patterns: RegExp[] = []
   for (const line of lines.slice(header + 2)) {
@@ -31,6 +31,6 @@ export function keysBoundWithoutTtl(): RegExp[] {
       patterns.push(new RegExp(`^${source}$`))
     }
   }
-  if (!patterns.length) throw new Error('docs/redis-keys.md lists no key bound otherwise than by a TTL')
+  if (!patterns.length) throw new Error('docs/demo/redis-keys.md lists no key bound otherwise than by a TTL')
   return patterns
 }

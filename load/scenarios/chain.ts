@@ -79,7 +79,7 @@ const chain: Scenario = async ({ quick }) => {
       RATE_LIMIT_IP: '1000000000,1000000000',
       RATE_LIMIT_TRANSFERS: '1000000000/60s',
       RATE_LIMIT_LOGIN: '1000000/60s',
-      // The transfer's outbox row is written; its relay and consumers (docs/events.md, measured by the
+      // The transfer's outbox row is written; its relay and consumers (docs/demo/events.md, measured by the
       // events scenario) run elsewhere, so the counts below are the request's own.
       EVENT_WORKERS: 'off',
       // Nor do the scheduled-transfer workers poll in the background.

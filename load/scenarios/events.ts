@@ -545,7 +545,7 @@ const events: Scenario = async ({ quick }) => {
         `${CONNECTIONS} connections, ${CUSTOMERS.toLocaleString('en')} customers with one VND account each (sessions created in Redis as login creates them), ` +
         `1 VND per request between random accounts (one in ${WATCHED_EVERY} to a watched recipient) with a new Idempotency-Key, ` +
         'the demo gateway (`load/servers/gateway.ts`, RATE_LIMITS=off, SCHEDULER=off) on one Redis and one database, in three ' +
-        'phases against the same OUTBOX=off server. First (the verdict) what the outbox itself runs, in the layout docs/events.md ' +
+        'phases against the same OUTBOX=off server. First (the verdict) what the outbox itself runs, in the layout docs/demo/events.md ' +
         'recommends under load with only the notifier in the worker: the API instance with EVENT_WORKERS=relay and a worker instance with EVENT_WORKERS=notifier, ' +
         'pinned to the load generator\u2019s CPU as a machine of its own (its Redis commands still run on the CPU under test); ' +
         'then the same with the campaign groups (leaderboard, daily stats) added to the worker (EVENT_WORKERS=notifier,campaigns); ' +

@@ -1,4 +1,4 @@
-// Sizing the transaction history's page query (docs/history.md): one account with 1,000,000
+// Sizing the transaction history's page query (docs/demo/history.md): one account with 1,000,000
 // transfers (quick: 100,000) written by one INSERT ... SELECT generate_series into the scenario's
 // fresh database, then the page of 20 after 1 %, 10 % and 90 % of them, read by keyset (the query
 // GET /accounts/:accountId/transactions runs, src/ledger/history.ts) and by OFFSET on the same

@@ -1,4 +1,4 @@
-// Sizing Redis for N customers (docs/operations.md, "Sizing Redis"). The demo gateway runs with every
+// Sizing Redis for N customers (docs/demo/operations.md, "Sizing Redis"). The demo gateway runs with every
 // feature on (sessions, rate limits, Idempotency-Key, balance cache, outbox relay and notifier, the
 // leaderboard and daily-totals groups, the scheduler) on a private redis-server and a fresh database.
 // C customers are seeded in Postgres with a funded account; each one, from an address of its own

@@ -1,5 +1,5 @@
 /**
- * Every problem `type` the gateway answers with: the one table behind docs/problems.md (checked by
+ * Every problem `type` the gateway answers with: the one table behind docs/demo/problems.md (checked by
  * test/demo/openapi-problems.test.ts), the pages served at `/problems/<slug>` (the `type` URIs resolve
  * there) and the problem responses of the OpenAPI document.
  */
@@ -316,7 +316,7 @@ const SOURCES: Record<ProblemType['source'], string> = {
   idempotency: 'idempotency plugin',
 }
 
-/** The table of docs/problems.md, exactly (the test compares the file with it). */
+/** The table of docs/demo/problems.md, exactly (the test compares the file with it). */
 export function problemTableMarkdown(): string {
   const rows = PROBLEM_TYPES.map(
     (p) => `| \`/problems/${p.slug}\` | ${p.status} | ${p.title} | ${p.when} | ${SOURCES[p.source]} |`,

@@ -22,7 +22,7 @@ type Tunable<T> = Partial<
   Omit<T, 'redis' | 'db' | 'log' | 'keyPrefix' | 'instanceId' | 'registry' | 'describeRefusal'>
 >
 
-/** Timings of the scheduler's workers (defaults in docs/scheduled-transfers.md); tests shorten them. */
+/** Timings of the scheduler's workers (defaults in docs/demo/scheduled-transfers.md); tests shorten them. */
 export interface SchedulerTuning {
   /** This process's id in the queues and the runs table (default host, pid and a random suffix). */
   instanceId?: string

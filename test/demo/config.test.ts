@@ -2,7 +2,7 @@ import assert from 'node:assert/strict'
 import { test } from 'node:test'
 import { loadConfig } from '../../src/config.ts'
 
-test('defaults follow docs/http-api.md', () => {
+test('defaults follow docs/demo/http-api.md', () => {
   const config = loadConfig({})
   assert.equal(config.port, 3000)
   assert.equal(config.host, '127.0.0.1')

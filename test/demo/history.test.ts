@@ -13,7 +13,7 @@ import {
   type TestCustomer,
 } from '../helpers/index.ts'
 
-// GET /accounts/:accountId/transactions (docs/history.md): keyset pages that hold still while
+// GET /accounts/:accountId/transactions (docs/demo/history.md): keyset pages that hold still while
 // transfers arrive, signed cursors bound to their account, limits, directions, ownership.
 
 interface Item {

@@ -5,7 +5,7 @@ import { after, before, test } from 'node:test'
 import * as Schema from 'typebox/schema'
 import { type Operation, operations, ROOT, type RunningDemo, startDemo } from '../openapi/demo.ts'
 
-// Issue 17: docs/demo.http stays in step with the OpenAPI document: the same routes (every operation
+// Issue 17: docs/demo/demo.http stays in step with the OpenAPI document: the same routes (every operation
 // has a request, every request is an operation), only declared headers (the required ones present),
 // bodies and query strings the document accepts, and each request answers the status its title names
 // when the file is run top to bottom against a fresh gateway.
@@ -52,7 +52,7 @@ function parseHttpFile(text: string): HttpRequest[] {
     })
 }
 
-const requests = parseHttpFile(readFileSync(join(ROOT, 'docs/demo.http'), 'utf8'))
+const requests = parseHttpFile(readFileSync(join(ROOT, 'docs/demo/demo.http'), 'utf8'))
 
 let demo: RunningDemo
 before(async () => {

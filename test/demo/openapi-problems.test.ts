@@ -6,7 +6,7 @@ import { FASTIFY_PROBLEMS } from '../../src/errors.ts'
 import { PROBLEM_TYPES, problemTableMarkdown } from '../../src/routes/problem-types.ts'
 import { operations, ROOT, type RunningDemo, startDemo } from '../openapi/demo.ts'
 
-// Issue 17: each problem type the API returns is documented (docs/problems.md), the code answers no
+// Issue 17: each problem type the API returns is documented (docs/demo/problems.md), the code answers no
 // type that is not, and every `type` URI resolves to its documentation on the running gateway.
 
 let demo: RunningDemo
@@ -70,8 +70,8 @@ test('every problem type the code answers is documented, and every documented ty
   assert.equal(documented.size, PROBLEM_TYPES.length, 'each type once')
 })
 
-test('docs/problems.md shows the table unchanged', () => {
-  const text = readFileSync(join(ROOT, 'docs/problems.md'), 'utf8')
+test('docs/demo/problems.md shows the table unchanged', () => {
+  const text = readFileSync(join(ROOT, 'docs/demo/problems.md'), 'utf8')
   const table = /<!-- problem-types:start[^>]*-->\n([\s\S]*?)\n<!-- problem-types:end -->/.exec(text)?.[1]
   assert.equal(table, problemTableMarkdown(), 'paste the expected table between the markers')
 })

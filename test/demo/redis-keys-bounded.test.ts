@@ -24,10 +24,10 @@ import {
 // Every key bounded: the demo gateway, with every worker running (outbox relay, notifier,
 // leaderboard and daily totals, scheduled transfers and the reconciliation job) and its rate limits
 // on, goes through its flows over HTTP; then every key under its prefix must either expire (a TTL)
-// or be one that docs/redis-keys.md documents as capped or as a fixed number per deployment or
-// instance. A key that docs/redis-keys.md does not list fails the test with its name.
+// or be one that docs/demo/redis-keys.md documents as capped or as a fixed number per deployment or
+// instance. A key that docs/demo/redis-keys.md does not list fails the test with its name.
 
-const DOCS = new URL('../../docs/redis-keys.md', import.meta.url)
+const DOCS = new URL('../../docs/demo/redis-keys.md', import.meta.url)
 const DEAD_LETTER_RETENTION = 5
 const NOTIFICATIONS_TTL_MS = 3 * 3_600_000
 
@@ -276,7 +276,7 @@ interface DocumentedKey {
   withoutTtl: boolean
 }
 
-/** The rows of docs/redis-keys.md's table: the patterns of the first column and the bound column. */
+/** The rows of docs/demo/redis-keys.md's table: the patterns of the first column and the bound column. */
 function documentedKeys(): DocumentedKey[] {
   const lines = readFileSync(DOCS, 'utf8').split('\n')
   const cells = (line: string) =>
@@ -286,7 +286,7 @@ function documentedKeys(): DocumentedKey[] {
       .split(/(?<!\\)\|/)
       .map((cell) => cell.trim())
   const header = lines.findIndex((line) => line.startsWith('|') && /\|\s*bound\s*\|/.test(line))
-  assert.ok(header >= 0, 'docs/redis-keys.md has a table with a `bound` column')
+  assert.ok(header >= 0, 'docs/demo/redis-keys.md has a table with a `bound` column')
   const boundAt = cells(lines[header]!).indexOf('bound')
   const keys: DocumentedKey[] = []
   for (const line of lines.slice(header + 2)) {
@@ -303,11 +303,11 @@ function documentedKeys(): DocumentedKey[] {
       keys.push({ pattern: pattern!, regex: new RegExp(`^${source}$`), bound, withoutTtl })
     }
   }
-  assert.ok(keys.length > 0, 'docs/redis-keys.md lists key patterns')
+  assert.ok(keys.length > 0, 'docs/demo/redis-keys.md lists key patterns')
   return keys
 }
 
-test('every key the gateway wrote expires, or is documented in docs/redis-keys.md as capped or one per deployment', async () => {
+test('every key the gateway wrote expires, or is documented in docs/demo/redis-keys.md as capped or one per deployment', async () => {
   const documented = documentedKeys()
   const keys = await scanKeys(t.redis, prefix)
   assert.ok(keys.length > 0)
@@ -321,7 +321,7 @@ test('every key the gateway wrote expires, or is documented in docs/redis-keys.m
     const type = await t.redis.type(key)
     for (const d of matching) seen.add(d.pattern)
     if (matching.length === 0)
-      problems.push(`${name} (${type}, PTTL ${ttl}): no pattern of docs/redis-keys.md`)
+      problems.push(`${name} (${type}, PTTL ${ttl}): no pattern of docs/demo/redis-keys.md`)
     else if (ttl === -1 && !matching.some((d) => d.withoutTtl))
       problems.push(`${name} (${type}): no TTL, documented as "${matching[0]!.bound}"`)
   }

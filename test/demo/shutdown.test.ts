@@ -25,7 +25,7 @@ import {
 } from '../helpers/index.ts'
 import { RUN_TYPESCRIPT } from '../helpers/tsx.ts'
 
-// Rolling deploys (docs/operations.md): real gateway processes get SIGTERM. /ready fails at once while
+// Rolling deploys (docs/demo/operations.md): real gateway processes get SIGTERM. /ready fails at once while
 // the rest is served; clients retrying with Idempotency-Key see every transfer done exactly once and no
 // reset during the drain; the workers finish or hand back what they hold, so nothing waits for a timeout.
 

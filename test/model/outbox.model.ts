@@ -12,7 +12,7 @@ import { createTestDatabase, type TestDatabase } from '../helpers/index.ts'
 import { type ModelCommand, modelTest } from './harness.ts'
 import { type ModelRedis, startModelRedis } from './redis.ts'
 
-// The demo's transfer events (docs/events.md) on a real Postgres and a private Redis: transfers
+// The demo's transfer events (docs/demo/events.md) on a real Postgres and a private Redis: transfers
 // committed with their outbox rows, two gateway instances each with a relay (its passes are the
 // model's commands, the loss check included) and a notifier (running on its own), and a customer
 // who watches their notification stream all along. The promise checked: every committed transfer's
@@ -23,7 +23,7 @@ import { type ModelRedis, startModelRedis } from './redis.ts'
 // transfer: ids start again, the instances restart on it, Redis keeps what it had).
 //
 // Faults come at the notifiers' quiet points (each is stopped, which finishes its read, and started
-// again after): docs/events.md allows a duplicate only when Redis loses its data in the
+// again after): docs/demo/events.md allows a duplicate only when Redis loses its data in the
 // milliseconds between a notification's append and its record in Postgres.
 
 /** Three customers, one account each; transfers go between any two. */

@@ -1,7 +1,7 @@
 -- Transactional outbox: the transfer's own statement inserts its event here, in the same
 -- transaction as the money movement, so an event exists exactly when its transfer committed.
 -- Relays (every gateway instance) claim unrelayed rows with FOR UPDATE SKIP LOCKED, append them
--- to the Redis stream and set relayed_at in the same transaction (see docs/events.md).
+-- to the Redis stream and set relayed_at in the same transaction (see docs/demo/events.md).
 CREATE TABLE outbox_events (
   id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
   type text NOT NULL,

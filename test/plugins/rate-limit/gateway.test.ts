@@ -13,7 +13,7 @@ import {
   type TestDatabase,
 } from '../../helpers/index.ts'
 
-// The demo gateway's wiring (docs/http-api.md): token bucket per IP on every route, sliding log per
+// The demo gateway's wiring (docs/demo/http-api.md): token bucket per IP on every route, sliding log per
 // username on POST /session counting failed logins only, fixed window per customer on POST /transfers.
 // REDIS_CLUSTER_NODES (set by `npm run test:cluster`) runs it on a Redis Cluster.
 const cluster: Record<string, string> = process.env.REDIS_CLUSTER_NODES
