@@ -97,7 +97,7 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
     bodyLimit: 16 * 1024,
     // Bodies are checked as sent: "10" is not an amount, and unknown fields are an error, not dropped.
     ajv: { customOptions: { coerceTypes: false, removeAdditional: false } },
-    // While closing (docs/operations.md), requests on open keep-alive connections are answered with
+    // While closing (docs/demo/operations.md), requests on open keep-alive connections are answered with
     // `Connection: close` rather than 503, and only idle connections are closed at once.
     return503OnClosing: false,
     forceCloseConnections: 'idle',

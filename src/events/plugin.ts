@@ -132,7 +132,7 @@ function observeEvents(
 }
 
 /**
- * Transfer events (docs/events.md): the outbox relay and the notifier consumer (as `workers` says),
+ * Transfer events (docs/demo/events.md): the outbox relay and the notifier consumer (as `workers` says),
  * and the SSE hub behind GET /notifications. Decorates `app.events`.
  */
 async function eventsPlugin(app: FastifyInstance, options: EventsPluginOptions): Promise<void> {

@@ -79,7 +79,7 @@ const transferRoutes: FastifyPluginAsyncTypebox<{ outbox?: boolean }> = async (a
   app.post(
     '/transfers',
     {
-      // Required (docs/http-api.md); when Redis cannot be asked the transfer still runs, guarded by the
+      // Required (docs/demo/http-api.md); when Redis cannot be asked the transfer still runs, guarded by the
       // unique (customer, key) of its row in Postgres.
       config: {
         session: 'required',
