@@ -1,4 +1,4 @@
-import { createHash, randomBytes } from 'node:crypto'
+import { randomBytes } from 'node:crypto'
 import type { RedisClient } from '../../redis/client.ts'
 import { runScript } from '../../redis/scripts.ts'
 import {
@@ -8,7 +8,9 @@ import {
   isWellFormedId,
   resolveLifetime,
   type SessionLifetime,
+  sessionHandle,
 } from './checks.ts'
+import type { LoadResult } from './decision.ts'
 import { SessionTooLargeError } from './errors.ts'
 import {
   type AnonymousSessionHooks,
@@ -24,7 +26,7 @@ import {
 } from './session.ts'
 import { guarded } from './unavailable.ts'
 
-export type { SessionLifetime } from './checks.ts'
+export { type SessionLifetime, sessionHandle } from './checks.ts'
 export { sessionStoreUnavailable } from './unavailable.ts'
 export type { SessionRecord, SessionValue }
 
@@ -42,15 +44,6 @@ export const MAX_INDEX_SCAN = 1000
 
 /** The hash field holding a session's own idle timeout, when it was given one at login. */
 const IDLE_FIELD = '__idleTimeoutMs'
-
-/**
- * A session's non-secret handle: 128 bits of SHA-256 of its id, base64url (22 characters). The id
- * is the bearer secret the cookie carries; the handle names the session in a listing and cannot be
- * turned back into the id, so showing it (to the user, in a URL, in logs) lets nobody use the session.
- */
-export function sessionHandle(id: string): string {
-  return createHash('sha256').update(id).digest().subarray(0, 16).toString('base64url')
-}
 
 /** One of a principal's live sessions, as `listSessions` describes it. */
 export interface SessionInfo {
@@ -169,7 +162,12 @@ export class SessionStore implements SessionSaver {
    * by the session's.
    */
   async load(id: string): Promise<Session | null> {
-    if (!isWellFormedId(id)) return null
+    return (await this.loadPresented(id)).session
+  }
+
+  /** @internal `load`, saying what it found: how the plugin decides about a presented cookie. */
+  async loadPresented(id: string): Promise<LoadResult> {
+    if (!isWellFormedId(id)) return { decision: 'forged', session: null }
     const key = this.sessionKey(id)
     const sentAt = this.#now()
     const last = this.#touchedAt.get(id)
@@ -183,13 +181,13 @@ export class SessionStore implements SessionSaver {
     const absoluteExpiresAt = Number(fields._absoluteExpiresAt)
     if (!absoluteExpiresAt) {
       this.#touchedAt.delete(id)
-      return null
+      return { decision: 'ended', session: null }
     }
     const now = this.#now()
     if (now >= absoluteExpiresAt) {
       this.#touchedAt.delete(id)
       await this.redis.del(key).catch(() => {})
-      return null
+      return { decision: 'expired', session: null }
     }
     const idleTimeoutMs = Number(fields[IDLE_FIELD]) || this.options.idleTimeoutMs
     if (touch) {
@@ -214,7 +212,8 @@ export class SessionStore implements SessionSaver {
       }
     }
     const expiresAt = Math.min((touch ? sentAt : last!.at) + idleTimeoutMs, absoluteExpiresAt)
-    return new Session(this, { id, principal, createdAt, expiresAt, absoluteExpiresAt }, raw)
+    const session = new Session(this, { id, principal, createdAt, expiresAt, absoluteExpiresAt }, raw)
+    return { decision: touch ? 'slid' : 'found', session }
   }
 
   /**
