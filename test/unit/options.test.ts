@@ -289,7 +289,7 @@ describe('session plugin options', () => {
       [null, /options are required/],
       [{ secrets: [] }, /`secrets` must be a non-empty array of strings/],
       [{ secrets: ['short'] }, /at least 32 characters/],
-      [options({ idleTimeoutMs: 0 }), /`idleTimeoutMs` must be a positive integer, got 0/],
+      [options({ idleTimeoutMs: 0 }), /`idleTimeoutMs` must be an integer of at least 1, got 0/],
       [
         options({ absoluteTimeoutMs: 1000, idleTimeoutMs: 2000 }),
         /`absoluteTimeoutMs` must be an integer no smaller/,
@@ -303,14 +303,14 @@ describe('session plugin options', () => {
       [options({ secure: 'yes' }), /`secure` must be true, false or 'auto'/],
       [options({ sameSite: 'loose' }), /`sameSite` must be 'lax', 'strict' or 'none'/],
       [options({ sameSite: 'none' }), /requires `secure`/],
-      [options({ partitioned: 1 }), /`partitioned` must be a boolean/],
+      [options({ partitioned: 1 }), /`partitioned` must be true or false, got 1/],
       [options({ partitioned: true }), /`partitioned` requires `secure`/],
       [options({ domain: 'bad domain' }), /`domain` must be a host name/],
       [options({ path: 'no-slash' }), /`path` must start with \//],
-      [options({ saveUninitialized: 'no' }), /`saveUninitialized` must be a boolean/],
+      [options({ saveUninitialized: 'no' }), /`saveUninitialized` must be true or false/],
       [options({ cookieName: 'a;b' }), /`cookieName` must be 1-32 letters/],
       [options({ keyPrefix: 1 }), /`keyPrefix` must be a string/],
-      [options({ connectTimeoutMs: -1 }), /`connectTimeoutMs` must be a whole number/],
+      [options({ connectTimeoutMs: -1 }), /`connectTimeoutMs` must be an integer of at least 0, got -1/],
     ]
     refusesEach(cases, (value) => validateOptions(value as SessionPluginOptions))
   })

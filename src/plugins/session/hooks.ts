@@ -1,5 +1,4 @@
 import type {
-  FastifyBaseLogger,
   FastifyInstance,
   FastifyReply,
   FastifyRequest,
@@ -8,13 +7,14 @@ import type {
   onSendHookHandler,
   preParsingAsyncHookHandler,
 } from 'fastify'
-import { describeValue, type RedisClient } from '../../redis/client.ts'
+import { describeValue } from '../../redis/client.ts'
+import type { RedisPluginContext } from '../common/context.ts'
 import { optionChecker } from '../common/options.ts'
-import type { PrincipalFunction } from '../common/principal.ts'
 import { sendProblem } from '../common/problem.ts'
 import { routeCovered } from '../common/route-coverage.ts'
 import { routeName } from '../common/route-hooks.ts'
 import type { SessionCookie } from './cookie.ts'
+import type { SessionMetrics } from './metrics.ts'
 import type { ValidOptions } from './options.ts'
 import { unauthenticated } from './require-session.ts'
 import { detachSession, type Session, type SessionValue } from './session.ts'
@@ -25,15 +25,16 @@ import { type SessionLifetime, type SessionStore, sessionStoreUnavailable } from
 // cache's prefetch) send their Redis commands while it is in flight: one round trip for all of
 // them. `request.session` and `request.sessionDecision` are therefore set from preParsing on.
 
-/** What the handlers of one plugin instance share: built at registration, never reassigned. */
-export interface SessionContext {
+/**
+ * What the handlers of one plugin instance share, built at registration and never reassigned: the
+ * common context (child logger, instruments, the Redis client, the principal: who the request's
+ * session belongs to, for the rate-limit and idempotency plugins; an anonymous session is nobody)
+ * and the session's own parts.
+ */
+export interface SessionContext extends RedisPluginContext<SessionMetrics> {
   readonly options: ValidOptions
-  readonly log: FastifyBaseLogger
-  readonly redis: RedisClient
   readonly store: SessionStore
   readonly cookie: SessionCookie
-  /** Who the request's session belongs to, for the rate-limit and idempotency plugins; an anonymous session is nobody. */
-  readonly principal: PrincipalFunction
   /** Loads started in onRequest, awaited in preParsing. */
   readonly loading: WeakMap<FastifyRequest, Promise<void>>
 }
@@ -87,6 +88,7 @@ export const settleSession =
       request.session = anonymousSession(ctx, request, reply)
       if (request.sessionDecision === 'none') request.sessionDecision = 'anonymous'
     }
+    ctx.metrics.decisions.inc({ decision: request.sessionDecision })
     // Anything but 'optional' is taken as 'required': a value the onRoute check did not see (a route
     // declared before the plugin) must not let a caller in unchecked.
     const wanted = request.routeOptions.config.session

@@ -1,8 +1,7 @@
 import fastifyCookie from '@fastify/cookie'
 import type { FastifyInstance } from 'fastify'
 import fp from 'fastify-plugin'
-import { bootPluginRedis } from '../../redis/server.ts'
-import { observePluginRedis, whenMetricsReady } from '../common/metrics.ts'
+import { redisPluginContext } from '../common/context.ts'
 import '../common/principal.ts'
 import { contextCovered, pluginRegistered } from '../common/route-coverage.ts'
 import { sessionCookie } from './cookie.ts'
@@ -16,6 +15,7 @@ import {
   settleSession,
   startLoad,
 } from './hooks.ts'
+import { createSessionMetrics } from './metrics.ts'
 import { type SessionPluginOptions, validateOptions } from './options.ts'
 import { requireSession } from './require-session.ts'
 import { MAX_FIELD_BYTES, MAX_SESSION_BYTES, Session, type SessionValue } from './session.ts'
@@ -108,27 +108,25 @@ async function sessionPlugin(app: FastifyInstance, rawOptions: SessionPluginOpti
   // the plugin or after it. Routes of other contexts that ask for a session are taken one by one.
   contextCovered(app, 'session')
   app.addHook('onRoute', checkRouteConfig(app))
-  // Sessions are cache-like (an evicted one means logging in again), so an evicting Redis is worth
-  // a warning, not a refusal.
-  const redis = await bootPluginRedis(app, 'session', {
-    redis: rawOptions.redis,
-    connectTimeoutMs: options.connectTimeoutMs,
-    eviction: 'warn',
-  })
-  const ctx: SessionContext = {
-    options,
-    log: app.log.child({ plugin: 'session' }),
-    redis,
-    store: new SessionStore(redis, options),
-    cookie: sessionCookie(options),
+  const common = await redisPluginContext(app, 'session', {
+    metrics: createSessionMetrics,
+    // How the rate-limit and idempotency plugins learn who the caller is, unless told otherwise.
     principal: (request) => request.session?.principal || null,
+    // Sessions are cache-like (an evicted one means logging in again), so an evicting Redis is
+    // worth a warning, not a refusal.
+    redis: { redis: options.redis, connectTimeoutMs: options.connectTimeoutMs, eviction: 'warn' },
+  })
+  const ctx: SessionContext = Object.freeze({
+    ...common,
+    options,
+    store: new SessionStore(common.redis, options),
+    cookie: sessionCookie(options),
     loading: new WeakMap(),
-  }
+  })
 
   if (!app.hasRequestDecorator('cookies')) await app.register(fastifyCookie)
   app.decorate('sessions', ctx.store)
   app.decorate('sessionPrincipal', ctx.principal)
-  whenMetricsReady(app, (metrics) => observePluginRedis(app, metrics, redis, 'session'))
   app.decorateRequest('session', null)
   app.decorateRequest('sessionUnavailable', false)
   app.decorateRequest('sessionDecision', 'none')

@@ -1,9 +1,11 @@
 import assert from 'node:assert/strict'
 import { after, before, describe, test } from 'node:test'
 import Fastify, { type FastifyInstance, type LightMyRequestResponse } from 'fastify'
+import metricsPlugin from '../../../src/plugins/metrics/index.ts'
 import { connectRedis, createRedisClient, type RedisClient } from '../../../src/plugins/redis/index.ts'
 import sessionPlugin, { type SessionPluginOptions } from '../../../src/plugins/session/index.ts'
 import { scanKeys, TEST_SECRET, testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
+import { delta, scrape } from '../../helpers/metrics-scrape.ts'
 
 // `request.sessionDecision` on a plain Fastify app on the real Redis: each decision the plugin can
 // take about a request's session, from the request the user makes.
@@ -166,5 +168,31 @@ describe('request.sessionDecision with Redis unreachable', () => {
     })
     // Without a cookie nothing is asked of Redis.
     assert.equal((await decide(app)).decision, 'none')
+  })
+})
+
+describe('session_decisions_total', () => {
+  test('counts every request by its decision, with the metrics plugin registered after the session plugin', async () => {
+    const app = Fastify()
+    apps.push(app)
+    await app.register(sessionPlugin, { redis, secrets: [TEST_SECRET], keyPrefix })
+    await app.register(metricsPlugin, { processMetrics: false })
+    app.post('/login', async (_request, reply) => {
+      await reply.regenerateSession('ivo')
+      return { ok: true }
+    })
+    app.get('/', async (request) => ({ decision: request.sessionDecision }))
+    await app.ready()
+    const before = await scrape(app)
+    const cookies = sidOf(await app.inject({ method: 'POST', url: '/login' }))
+    await app.inject({ url: '/', cookies })
+    await app.inject({ url: '/', cookies })
+    await app.inject({ url: '/', cookies: { sid: `${cookies.sid}x` } })
+    const moved = delta(before, await scrape(app))
+    // The login and the scrape presented no cookie; two loads found the session; one was forged.
+    assert.equal(moved('session_decisions_total', { decision: 'none' }), 2)
+    assert.equal(moved('session_decisions_total', { decision: 'found' }), 2)
+    assert.equal(moved('session_decisions_total', { decision: 'forged' }), 1)
+    assert.equal(moved('session_decisions_total'), 5)
   })
 })
