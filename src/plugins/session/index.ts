@@ -16,7 +16,7 @@ import {
   startLoad,
 } from './hooks.ts'
 import { createSessionMetrics } from './metrics.ts'
-import { type SessionPluginOptions, validateOptions } from './options.ts'
+import { type SessionPluginOptions, storeOptions, validateOptions } from './options.ts'
 import { requireSession } from './require-session.ts'
 import { MAX_FIELD_BYTES, MAX_SESSION_BYTES, Session, type SessionValue } from './session.ts'
 import {
@@ -119,7 +119,7 @@ async function sessionPlugin(app: FastifyInstance, rawOptions: SessionPluginOpti
   const ctx: SessionContext = Object.freeze({
     ...common,
     options,
-    store: new SessionStore(common.redis, options),
+    store: new SessionStore(common.redis, storeOptions(options)),
     cookie: sessionCookie(options),
     loading: new WeakMap(),
   })

@@ -1,6 +1,6 @@
 import { describeValue } from '../../redis/client.ts'
 import { DEFAULT_CONNECT_TIMEOUT_MS } from '../../redis/server.ts'
-import { declareOptions, type OptionsOf, option, type SettingsOf } from '../common/options.ts'
+import { declareOptions, type Fail, type OptionsOf, option, type SettingsOf } from '../common/options.ts'
 
 /** @fastify/session's names (and express-session's), with what to write here instead. */
 const HINTS = {
@@ -22,6 +22,75 @@ const COOKIE_PATH = /^\/[\x21-\x3A\x3C-\x7E]{0,1023}$/
 
 const MINUTE = 60_000
 const HOUR = 60 * MINUTE
+
+/** The timeouts, read alike by the plugin and the store (a store of its own, `new SessionStore`). */
+const TIMEOUTS = {
+  idleTimeoutMs: option.integer({
+    min: 1,
+    default: 30 * MINUTE,
+    defaultText: '30 min',
+    doc: 'idle expiry, slid by the requests that present the session',
+  }),
+  absoluteTimeoutMs: option.integer({
+    min: 1,
+    default: 8 * HOUR,
+    defaultText: '8 h',
+    doc: "lifetime from login (or from an anonymous session's first change) regardless of activity; at least `idleTimeoutMs`",
+  }),
+  maxIdleTimeoutMs: option.integer({
+    min: 1,
+    defaultText: '`idleTimeoutMs`',
+    doc: 'the longest idle timeout a login may give its session ([Per-session lifetime](#per-session-lifetime-remember-me)); at least `idleTimeoutMs`',
+  }),
+  maxAbsoluteTimeoutMs: option.integer({
+    min: 1,
+    defaultText: '`absoluteTimeoutMs`',
+    doc: 'the longest lifetime a login may give its session; at least `absoluteTimeoutMs` and `maxIdleTimeoutMs`',
+  }),
+  touchAfterMs: option.integer({
+    min: 0,
+    defaultText: '`idleTimeoutMs / 20`',
+    doc: 'a request slides the idle expiry only if this instance last did so for that session at least this long ago: a session expires between `idleTimeoutMs - touchAfterMs` and `idleTimeoutMs` after its last request, and most requests write nothing to Redis; 0 slides it on every request; below `idleTimeoutMs`. A session given a shorter idle timeout at login is slid after the same share of its own (`touchAfterMs × its idle / idleTimeoutMs`)',
+  }),
+}
+
+const KEY_PREFIX = option.string({ default: 'sess:', doc: 'prefix of every key' })
+
+/** The rules across the timeouts, the plugin's and the store's. */
+function checkTimeouts(o: SettingsOf<typeof TIMEOUTS>, fail: Fail): void {
+  if (o.absoluteTimeoutMs < o.idleTimeoutMs)
+    fail('`absoluteTimeoutMs` must be an integer no smaller than `idleTimeoutMs`')
+  const maxIdle = o.maxIdleTimeoutMs ?? o.idleTimeoutMs
+  if (maxIdle < o.idleTimeoutMs)
+    fail(
+      `\`maxIdleTimeoutMs\` must be an integer no smaller than \`idleTimeoutMs\` (${o.idleTimeoutMs}), got ${maxIdle}`,
+    )
+  const maxAbsolute = o.maxAbsoluteTimeoutMs ?? o.absoluteTimeoutMs
+  if (maxAbsolute < o.absoluteTimeoutMs || maxAbsolute < maxIdle)
+    fail(
+      `\`maxAbsoluteTimeoutMs\` must be an integer no smaller than \`absoluteTimeoutMs\` (${o.absoluteTimeoutMs}) and \`maxIdleTimeoutMs\` (${maxIdle}), got ${maxAbsolute}`,
+    )
+  if (o.touchAfterMs !== undefined && o.touchAfterMs >= o.idleTimeoutMs)
+    fail('`touchAfterMs` must be an integer from 0 to below `idleTimeoutMs`')
+}
+
+/** A `SessionStore`'s options (`new SessionStore(redis, options)`): the plugin's timeouts and key prefix, and a clock. */
+export const SESSION_STORE_OPTIONS = declareOptions(
+  'session store',
+  {
+    keyPrefix: KEY_PREFIX,
+    ...TIMEOUTS,
+    now: option.function<() => number>({
+      default: Date.now,
+      defaultText: '`Date.now`',
+      doc: "this process's clock in ms: the absolute lifetime and `touchAfterMs` are read on it",
+    }),
+  },
+  { check: checkTimeouts },
+)
+
+export type SessionStoreOptions = OptionsOf<typeof SESSION_STORE_OPTIONS>
+export type SessionStoreSettings = SettingsOf<typeof SESSION_STORE_OPTIONS>
 
 /** The session plugin's options, declared once: how each is read, its default and its docs row. */
 export const SESSION_OPTIONS = declareOptions(
@@ -91,34 +160,8 @@ export const SESSION_OPTIONS = declareOptions(
       default: false,
       doc: '`true`: anonymous sessions, stored on their first change (see [Anonymous sessions](#anonymous-sessions))',
     }),
-    idleTimeoutMs: option.integer({
-      min: 1,
-      default: 30 * MINUTE,
-      defaultText: '30 min',
-      doc: 'idle expiry, slid by the requests that present the session',
-    }),
-    absoluteTimeoutMs: option.integer({
-      min: 1,
-      default: 8 * HOUR,
-      defaultText: '8 h',
-      doc: "lifetime from login (or from an anonymous session's first change) regardless of activity; at least `idleTimeoutMs`",
-    }),
-    maxIdleTimeoutMs: option.integer({
-      min: 1,
-      defaultText: '`idleTimeoutMs`',
-      doc: 'the longest idle timeout a login may give its session ([Per-session lifetime](#per-session-lifetime-remember-me)); at least `idleTimeoutMs`',
-    }),
-    maxAbsoluteTimeoutMs: option.integer({
-      min: 1,
-      defaultText: '`absoluteTimeoutMs`',
-      doc: 'the longest lifetime a login may give its session; at least `absoluteTimeoutMs` and `maxIdleTimeoutMs`',
-    }),
-    touchAfterMs: option.integer({
-      min: 0,
-      defaultText: '`idleTimeoutMs / 20`',
-      doc: 'a request slides the idle expiry only if this instance last did so for that session at least this long ago: a session expires between `idleTimeoutMs - touchAfterMs` and `idleTimeoutMs` after its last request, and most requests write nothing to Redis; 0 slides it on every request; below `idleTimeoutMs`. A session given a shorter idle timeout at login is slid after the same share of its own (`touchAfterMs × its idle / idleTimeoutMs`)',
-    }),
-    keyPrefix: option.string({ default: 'sess:', doc: 'prefix of every key' }),
+    ...TIMEOUTS,
+    keyPrefix: KEY_PREFIX,
     connectTimeoutMs: option.integer({
       min: 0,
       default: DEFAULT_CONNECT_TIMEOUT_MS,
@@ -129,20 +172,7 @@ export const SESSION_OPTIONS = declareOptions(
   {
     hints: HINTS,
     check(o, fail) {
-      if (o.absoluteTimeoutMs < o.idleTimeoutMs)
-        fail('`absoluteTimeoutMs` must be an integer no smaller than `idleTimeoutMs`')
-      const maxIdle = o.maxIdleTimeoutMs ?? o.idleTimeoutMs
-      if (maxIdle < o.idleTimeoutMs)
-        fail(
-          `\`maxIdleTimeoutMs\` must be an integer no smaller than \`idleTimeoutMs\` (${o.idleTimeoutMs}), got ${maxIdle}`,
-        )
-      const maxAbsolute = o.maxAbsoluteTimeoutMs ?? o.absoluteTimeoutMs
-      if (maxAbsolute < o.absoluteTimeoutMs || maxAbsolute < maxIdle)
-        fail(
-          `\`maxAbsoluteTimeoutMs\` must be an integer no smaller than \`absoluteTimeoutMs\` (${o.absoluteTimeoutMs}) and \`maxIdleTimeoutMs\` (${maxIdle}), got ${maxAbsolute}`,
-        )
-      if (o.touchAfterMs !== undefined && o.touchAfterMs >= o.idleTimeoutMs)
-        fail('`touchAfterMs` must be an integer from 0 to below `idleTimeoutMs`')
+      checkTimeouts(o, fail)
       if (o.sameSite === 'none' && o.secure === false)
         fail("`sameSite: 'none'` requires `secure` (true or 'auto')")
       if (o.partitioned && o.secure === false) fail("`partitioned` requires `secure` (true or 'auto')")
@@ -172,4 +202,17 @@ export function validateOptions(options: SessionPluginOptions): ValidOptions {
     maxIdleTimeoutMs: settings.maxIdleTimeoutMs ?? settings.idleTimeoutMs,
     maxAbsoluteTimeoutMs: settings.maxAbsoluteTimeoutMs ?? settings.absoluteTimeoutMs,
   })
+}
+
+/** The store's options among the plugin's settings. */
+export function storeOptions(settings: ValidOptions): SessionStoreOptions {
+  const {
+    keyPrefix,
+    idleTimeoutMs,
+    absoluteTimeoutMs,
+    maxIdleTimeoutMs,
+    maxAbsoluteTimeoutMs,
+    touchAfterMs,
+  } = settings
+  return { keyPrefix, idleTimeoutMs, absoluteTimeoutMs, maxIdleTimeoutMs, maxAbsoluteTimeoutMs, touchAfterMs }
 }

@@ -12,6 +12,7 @@ import {
 } from './checks.ts'
 import type { LoadResult } from './decision.ts'
 import { SessionTooLargeError } from './errors.ts'
+import { SESSION_STORE_OPTIONS, type SessionStoreOptions, type SessionStoreSettings } from './options.ts'
 import {
   type AnonymousSessionHooks,
   checkFieldName,
@@ -28,7 +29,7 @@ import { guarded } from './unavailable.ts'
 
 export { type SessionLifetime, sessionHandle } from './checks.ts'
 export { sessionStoreUnavailable } from './unavailable.ts'
-export type { SessionRecord, SessionValue }
+export type { SessionRecord, SessionStoreOptions, SessionValue }
 
 export interface SessionTimes {
   createdAt: number
@@ -55,23 +56,6 @@ export interface SessionInfo {
   absoluteExpiresAt: number
   /** Its idle timeout: the plugin's, or the one given at login. */
   idleTimeoutMs: number
-}
-
-export interface SessionStoreOptions {
-  keyPrefix: string
-  idleTimeoutMs: number
-  absoluteTimeoutMs: number
-  /**
-   * A load slides the idle expiry only when this process last did so for that session at least
-   * this long ago (0: on every load). Default idleTimeoutMs / 20.
-   */
-  touchAfterMs?: number
-  /** Longest idle timeout a login may ask for (`create`'s `lifetime`). Default `idleTimeoutMs`. */
-  maxIdleTimeoutMs?: number
-  /** This process's clock in ms (default `Date.now`): the absolute lifetime and `touchAfterMs` are read on it. */
-  now?: () => number
-  /** Longest lifetime a login may ask for (`create`'s `lifetime`). Default `absoluteTimeoutMs`. */
-  maxAbsoluteTimeoutMs?: number
 }
 
 /** Sessions whose last touch this process remembers (about 100 bytes each). */
@@ -101,17 +85,18 @@ function encodeFields(data: Record<string, SessionValue>): Array<[string, string
  */
 export class SessionStore implements SessionSaver {
   readonly redis: RedisClient
-  readonly options: SessionStoreOptions
+  readonly options: SessionStoreSettings
   readonly #touchAfterMs: number
   readonly #now: () => number
   /** When this process last slid each session's idle expiry (its own touches only), and by how much. */
   readonly #touchedAt = new Map<string, { at: number; idle: number }>()
 
-  constructor(redis: RedisClient, options: SessionStoreOptions) {
+  /** Throws an InvalidOptionError (or UnknownOptionError) for options the plugin would refuse. */
+  constructor(redis: RedisClient, options: SessionStoreOptions = {}) {
     this.redis = redis
-    this.options = options
-    this.#touchAfterMs = options.touchAfterMs ?? Math.floor(options.idleTimeoutMs / 20)
-    this.#now = options.now ?? Date.now
+    this.options = SESSION_STORE_OPTIONS.read(options)
+    this.#touchAfterMs = this.options.touchAfterMs ?? Math.floor(this.options.idleTimeoutMs / 20)
+    this.#now = this.options.now
   }
 
   /**
