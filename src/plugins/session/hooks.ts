@@ -9,13 +9,12 @@ import type {
 } from 'fastify'
 import { describeValue } from '../../redis/client.ts'
 import type { RedisPluginContext } from '../common/context.ts'
-import { optionChecker } from '../common/options.ts'
 import { sendProblem } from '../common/problem.ts'
 import { routeCovered } from '../common/route-coverage.ts'
 import { routeName } from '../common/route-hooks.ts'
 import type { SessionCookie } from './cookie.ts'
 import type { SessionMetrics } from './metrics.ts'
-import type { ValidOptions } from './options.ts'
+import { SESSION_OPTIONS, type ValidOptions } from './options.ts'
 import { unauthenticated } from './require-session.ts'
 import { detachSession, type Session, type SessionValue } from './session.ts'
 import { type SessionLifetime, type SessionStore, sessionStoreUnavailable } from './store.ts'
@@ -39,8 +38,6 @@ export interface SessionContext extends RedisPluginContext<SessionMetrics> {
   readonly loading: WeakMap<FastifyRequest, Promise<void>>
 }
 
-const routeConfig = optionChecker('session plugin')
-
 /** Takes (for the ready-time coverage check) every route asking for a session; a wrong `config.session` fails. */
 export const checkRouteConfig =
   (app: FastifyInstance): onRouteHookHandler =>
@@ -48,7 +45,7 @@ export const checkRouteConfig =
     const wanted = (route.config as { session?: unknown } | undefined)?.session
     if (wanted === undefined) return
     if (wanted !== 'required' && wanted !== 'optional')
-      routeConfig.fail(
+      SESSION_OPTIONS.checker.fail(
         `route ${routeName(route)}: \`config.session\` must be 'required' or 'optional', got ${describeValue(wanted)}`,
       )
     routeCovered(app, 'session', route)
