@@ -5,6 +5,7 @@ import { CACHE_OPTIONS } from '../../src/plugins/cache/options.ts'
 import type { Declarations, DeclaredOptions, OptionDocsRow } from '../../src/plugins/common/options.ts'
 import { METRICS_OPTIONS } from '../../src/plugins/metrics/options.ts'
 import { REDIS_OPTIONS } from '../../src/plugins/redis/options.ts'
+import { SESSION_OPTIONS, SESSION_STORE_OPTIONS } from '../../src/plugins/session/options.ts'
 
 // Each plugin's options table in its docs page is its declaration as written: the same names in
 // the same order, the same defaults and the same descriptions. On a mismatch the message shows the
@@ -14,6 +15,8 @@ const PAGES: Array<[DeclaredOptions<Declarations>, string, string?]> = [
   [CACHE_OPTIONS, 'docs/cache.md'],
   [METRICS_OPTIONS, 'docs/metrics.md', '## Options and API'],
   [REDIS_OPTIONS, 'docs/redis.md', '## Options'],
+  [SESSION_OPTIONS, 'docs/session.md', '## Options'],
+  [SESSION_STORE_OPTIONS, 'docs/session.md', '### A store of its own'],
 ]
 
 const root = new URL('../../', import.meta.url)
