@@ -87,6 +87,7 @@ export {
   default as session,
   requireSession,
   type Session,
+  type SessionDecision,
   SessionFieldNameError,
   SessionHandleError,
   type SessionInfo,

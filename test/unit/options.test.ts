@@ -9,7 +9,7 @@ import type { RateLimitPolicy } from '../../src/plugins/rate-limit/index.ts'
 import { keyBy } from '../../src/plugins/rate-limit/keys.ts'
 import { checkDefaults, normalizePolicy, signature } from '../../src/plugins/rate-limit/policy.ts'
 import type { SessionPluginOptions } from '../../src/plugins/session/index.ts'
-import { validateOptions } from '../../src/plugins/session/options.ts'
+import { SESSION_STORE_OPTIONS, validateOptions } from '../../src/plugins/session/options.ts'
 import { checkedOptions } from '../../src/primitives/checks.ts'
 
 // The option checking every plugin and primitive shares, and each plugin's checks of its own
@@ -289,7 +289,7 @@ describe('session plugin options', () => {
       [null, /options are required/],
       [{ secrets: [] }, /`secrets` must be a non-empty array of strings/],
       [{ secrets: ['short'] }, /at least 32 characters/],
-      [options({ idleTimeoutMs: 0 }), /`idleTimeoutMs` must be a positive integer, got 0/],
+      [options({ idleTimeoutMs: 0 }), /`idleTimeoutMs` must be an integer of at least 1, got 0/],
       [
         options({ absoluteTimeoutMs: 1000, idleTimeoutMs: 2000 }),
         /`absoluteTimeoutMs` must be an integer no smaller/,
@@ -303,16 +303,35 @@ describe('session plugin options', () => {
       [options({ secure: 'yes' }), /`secure` must be true, false or 'auto'/],
       [options({ sameSite: 'loose' }), /`sameSite` must be 'lax', 'strict' or 'none'/],
       [options({ sameSite: 'none' }), /requires `secure`/],
-      [options({ partitioned: 1 }), /`partitioned` must be a boolean/],
+      [options({ partitioned: 1 }), /`partitioned` must be true or false, got 1/],
       [options({ partitioned: true }), /`partitioned` requires `secure`/],
       [options({ domain: 'bad domain' }), /`domain` must be a host name/],
       [options({ path: 'no-slash' }), /`path` must start with \//],
-      [options({ saveUninitialized: 'no' }), /`saveUninitialized` must be a boolean/],
+      [options({ saveUninitialized: 'no' }), /`saveUninitialized` must be true or false/],
       [options({ cookieName: 'a;b' }), /`cookieName` must be 1-32 letters/],
       [options({ keyPrefix: 1 }), /`keyPrefix` must be a string/],
-      [options({ connectTimeoutMs: -1 }), /`connectTimeoutMs` must be a whole number/],
+      [options({ connectTimeoutMs: -1 }), /`connectTimeoutMs` must be an integer of at least 0, got -1/],
     ]
     refusesEach(cases, (value) => validateOptions(value as SessionPluginOptions))
+  })
+
+  test('a store of its own reads the same timeouts by the same rules, and its clock', () => {
+    const defaults = SESSION_STORE_OPTIONS.read({})
+    assert.equal(defaults.keyPrefix, 'sess:')
+    assert.equal(defaults.idleTimeoutMs, 30 * 60_000)
+    assert.equal(defaults.absoluteTimeoutMs, 8 * 3_600_000)
+    assert.equal(defaults.touchAfterMs, undefined)
+    assert.equal(defaults.now, Date.now)
+    const cases: Array<[unknown, RegExp]> = [
+      [{ idleTimeoutMs: 0 }, /^session store: `idleTimeoutMs` must be an integer of at least 1, got 0$/],
+      [{ idleTimeoutMs: 2000, absoluteTimeoutMs: 1000 }, /`absoluteTimeoutMs` must be an integer no smaller/],
+      [{ maxIdleTimeoutMs: 1 }, /`maxIdleTimeoutMs` must be an integer no smaller than `idleTimeoutMs`/],
+      [{ touchAfterMs: 30 * 60_000 }, /`touchAfterMs` must be an integer from 0 to below/],
+      [{ now: 5 }, /`now` must be a function, got 5/],
+    ]
+    refusesEach(cases, (value) => SESSION_STORE_OPTIONS.read(value))
+    // The plugin's other options are not the store's.
+    thrown(() => SESSION_STORE_OPTIONS.read({ secrets: [SECRET] }), UnknownOptionError)
   })
 })
 

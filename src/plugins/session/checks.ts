@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto'
 import { SessionHandleError, SessionLifetimeError, SessionPrincipalError } from './errors.ts'
 
 // What the session store checks of what its caller hands it: a session's id or handle, a
@@ -8,6 +9,15 @@ const SESSION_HANDLE = /^[A-Za-z0-9_-]{22}$/
 
 /** True for a string of the ids' form (43 base64url characters: 256 random bits). */
 export const isWellFormedId = (id: string): boolean => SESSION_ID.test(id)
+
+/**
+ * A session's non-secret handle: 128 bits of SHA-256 of its id, base64url (22 characters). The id
+ * is the bearer secret the cookie carries; the handle names the session in a listing and cannot be
+ * turned back into the id, so showing it (to the user, in a URL, in logs) lets nobody use the session.
+ */
+export function sessionHandle(id: string): string {
+  return createHash('sha256').update(id).digest().subarray(0, 16).toString('base64url')
+}
 
 /** True for a string of the handles' form (22 base64url characters): what a route may accept. */
 export const isWellFormedHandle = (handle: unknown): handle is string =>

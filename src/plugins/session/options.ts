@@ -1,97 +1,6 @@
-import { type AnyRedisClient, describeValue } from '../../redis/client.ts'
+import { describeValue } from '../../redis/client.ts'
 import { DEFAULT_CONNECT_TIMEOUT_MS } from '../../redis/server.ts'
-import { optionChecker, optionKeys } from '../common/options.ts'
-
-export interface SessionPluginOptions {
-  /** Signing secrets, each at least 32 characters; the first signs, all verify (rotation). */
-  secrets: string[]
-  /** Any ioredis Redis or Cluster; defaults to the redis plugin's `app.redis`. Never closed by this plugin. */
-  redis?: AnyRedisClient
-  /**
-   * Cookie name. With `secure: true` it gets the `__Host-` prefix (`Path=/`, no `Domain`), or
-   * `__Secure-` when `domain` or another `path` is set; no prefix otherwise. Default `sid`.
-   */
-  cookieName?: string
-  /**
-   * Sends the cookie with Secure (turn on behind HTTPS and in production). `'auto'`: Secure when
-   * the request came over HTTPS (`request.protocol === 'https'`), and the name has no prefix. Default false.
-   */
-  secure?: boolean | 'auto'
-  /** Default `'lax'`. `'none'` needs `secure` (true or 'auto'; under 'auto' a plain HTTP response gets Lax). */
-  sameSite?: 'lax' | 'strict' | 'none'
-  /** The cookie's Domain attribute (sent to subdomains too). Default none: this host only. */
-  domain?: string
-  /** The cookie's Path attribute. Default `/`. */
-  path?: string
-  /** The Partitioned attribute (CHIPS), for a session inside a third-party frame; needs `secure`. Default false. */
-  partitioned?: boolean
-  /**
-   * True: a request without a session gets an anonymous one (no principal), stored in Redis and
-   * sent as a cookie as soon as something is set on it; an untouched one is never stored. Default
-   * false: `request.session` is null until login.
-   */
-  saveUninitialized?: boolean
-  /** Idle expiry, slid on every request that presents the session. Default 30 minutes. */
-  idleTimeoutMs?: number
-  /** Lifetime from login regardless of activity. Default 8 hours. */
-  absoluteTimeoutMs?: number
-  /**
-   * Longest idle timeout a login may give its session (`reply.regenerateSession`'s `lifetime`, e.g.
-   * "remember me"). Default `idleTimeoutMs`: no login may ask for more.
-   */
-  maxIdleTimeoutMs?: number
-  /** Longest lifetime a login may give its session. Default `absoluteTimeoutMs`: no login may ask for more. */
-  maxAbsoluteTimeoutMs?: number
-  /**
-   * A request slides the idle expiry only when this instance last did so for that session at least
-   * this long ago, so most requests write nothing to Redis; a session then expires between
-   * `idleTimeoutMs - touchAfterMs` and `idleTimeoutMs` after its last request. 0 slides it on every
-   * request. Default `idleTimeoutMs / 20` (90 s of the default 30 minutes). A session given a
-   * shorter idle timeout at login is slid after the same share of its own.
-   */
-  touchAfterMs?: number
-  /** Prepended to every session and index key. Default `sess:`. */
-  keyPrefix?: string
-  /** How long registration waits for Redis to be ready (0: do not wait). Default 5000. */
-  connectTimeoutMs?: number
-}
-
-export interface ValidOptions {
-  secrets: string[]
-  cookieName: string
-  secure: boolean | 'auto'
-  sameSite: 'lax' | 'strict' | 'none'
-  domain: string | undefined
-  path: string
-  partitioned: boolean
-  saveUninitialized: boolean
-  idleTimeoutMs: number
-  absoluteTimeoutMs: number
-  maxIdleTimeoutMs: number
-  maxAbsoluteTimeoutMs: number
-  touchAfterMs: number | undefined
-  keyPrefix: string
-  connectTimeoutMs: number
-}
-
-const PLUGIN_OPTIONS = optionKeys<SessionPluginOptions>({
-  secrets: true,
-  redis: true,
-  cookieName: true,
-  secure: true,
-  sameSite: true,
-  domain: true,
-  path: true,
-  partitioned: true,
-  saveUninitialized: true,
-  idleTimeoutMs: true,
-  absoluteTimeoutMs: true,
-  maxIdleTimeoutMs: true,
-  maxAbsoluteTimeoutMs: true,
-  touchAfterMs: true,
-  keyPrefix: true,
-  connectTimeoutMs: true,
-})
+import { declareOptions, type Fail, type OptionsOf, option, type SettingsOf } from '../common/options.ts'
 
 /** @fastify/session's names (and express-session's), with what to write here instead. */
 const HINTS = {
@@ -106,95 +15,204 @@ const HINTS = {
   idGenerator: 'session ids are always 256 random bits, issued by the server',
 }
 
-/** A wrong value as the message shows it: a number as written, anything else by its type. */
-const shown = (value: unknown) => (typeof value === 'number' ? String(value) : describeValue(value))
-
 const DOMAIN =
   /^\.?(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$/
 /** Printable ASCII but space and `;` (RFC 6265 path-value), at most 1024 characters. */
 const COOKIE_PATH = /^\/[\x21-\x3A\x3C-\x7E]{0,1023}$/
 
-export function validateOptions(options: SessionPluginOptions): ValidOptions {
-  const check = optionChecker('session plugin', HINTS)
-  const fail = check.fail
-  if (typeof options !== 'object' || options === null)
-    fail(`options are required (an object with \`secrets\`), got ${describeValue(options)}`)
-  check.known(options, PLUGIN_OPTIONS)
-  if (!Array.isArray(options.secrets) || options.secrets.length === 0)
-    fail(`\`secrets\` must be a non-empty array of strings, got ${describeValue(options.secrets)}`)
-  if (options.secrets.some((s) => typeof s !== 'string' || s.length < 32)) {
-    fail('every secret in `secrets` must be a string of at least 32 characters')
-  }
-  const idleTimeoutMs = options.idleTimeoutMs ?? 30 * 60_000
-  const absoluteTimeoutMs = options.absoluteTimeoutMs ?? 8 * 3_600_000
-  if (!Number.isSafeInteger(idleTimeoutMs) || idleTimeoutMs <= 0)
-    fail(`\`idleTimeoutMs\` must be a positive integer, got ${shown(idleTimeoutMs)}`)
-  if (!Number.isSafeInteger(absoluteTimeoutMs) || absoluteTimeoutMs < idleTimeoutMs) {
+const MINUTE = 60_000
+const HOUR = 60 * MINUTE
+
+/** The timeouts, read alike by the plugin and the store (a store of its own, `new SessionStore`). */
+const TIMEOUTS = {
+  idleTimeoutMs: option.integer({
+    min: 1,
+    default: 30 * MINUTE,
+    defaultText: '30 min',
+    doc: 'idle expiry, slid by the requests that present the session',
+  }),
+  absoluteTimeoutMs: option.integer({
+    min: 1,
+    default: 8 * HOUR,
+    defaultText: '8 h',
+    doc: "lifetime from login (or from an anonymous session's first change) regardless of activity; at least `idleTimeoutMs`",
+  }),
+  maxIdleTimeoutMs: option.integer({
+    min: 1,
+    defaultText: '`idleTimeoutMs`',
+    doc: 'the longest idle timeout a login may give its session ([Per-session lifetime](#per-session-lifetime-remember-me)); at least `idleTimeoutMs`',
+  }),
+  maxAbsoluteTimeoutMs: option.integer({
+    min: 1,
+    defaultText: '`absoluteTimeoutMs`',
+    doc: 'the longest lifetime a login may give its session; at least `absoluteTimeoutMs` and `maxIdleTimeoutMs`',
+  }),
+  touchAfterMs: option.integer({
+    min: 0,
+    defaultText: '`idleTimeoutMs / 20`',
+    doc: 'a request slides the idle expiry only if this instance last did so for that session at least this long ago: a session expires between `idleTimeoutMs - touchAfterMs` and `idleTimeoutMs` after its last request, and most requests write nothing to Redis; 0 slides it on every request; below `idleTimeoutMs`. A session given a shorter idle timeout at login is slid after the same share of its own (`touchAfterMs × its idle / idleTimeoutMs`)',
+  }),
+}
+
+const KEY_PREFIX = option.string({ default: 'sess:', doc: 'prefix of every key' })
+
+/** The rules across the timeouts, the plugin's and the store's. */
+function checkTimeouts(o: SettingsOf<typeof TIMEOUTS>, fail: Fail): void {
+  if (o.absoluteTimeoutMs < o.idleTimeoutMs)
     fail('`absoluteTimeoutMs` must be an integer no smaller than `idleTimeoutMs`')
-  }
-  const maxIdleTimeoutMs = options.maxIdleTimeoutMs ?? idleTimeoutMs
-  if (!Number.isSafeInteger(maxIdleTimeoutMs) || maxIdleTimeoutMs < idleTimeoutMs)
+  const maxIdle = o.maxIdleTimeoutMs ?? o.idleTimeoutMs
+  if (maxIdle < o.idleTimeoutMs)
     fail(
-      `\`maxIdleTimeoutMs\` must be an integer no smaller than \`idleTimeoutMs\` (${idleTimeoutMs}), got ${shown(maxIdleTimeoutMs)}`,
+      `\`maxIdleTimeoutMs\` must be an integer no smaller than \`idleTimeoutMs\` (${o.idleTimeoutMs}), got ${maxIdle}`,
     )
-  const maxAbsoluteTimeoutMs = options.maxAbsoluteTimeoutMs ?? absoluteTimeoutMs
-  if (
-    !Number.isSafeInteger(maxAbsoluteTimeoutMs) ||
-    maxAbsoluteTimeoutMs < absoluteTimeoutMs ||
-    maxAbsoluteTimeoutMs < maxIdleTimeoutMs
-  )
+  const maxAbsolute = o.maxAbsoluteTimeoutMs ?? o.absoluteTimeoutMs
+  if (maxAbsolute < o.absoluteTimeoutMs || maxAbsolute < maxIdle)
     fail(
-      `\`maxAbsoluteTimeoutMs\` must be an integer no smaller than \`absoluteTimeoutMs\` (${absoluteTimeoutMs}) and \`maxIdleTimeoutMs\` (${maxIdleTimeoutMs}), got ${shown(maxAbsoluteTimeoutMs)}`,
+      `\`maxAbsoluteTimeoutMs\` must be an integer no smaller than \`absoluteTimeoutMs\` (${o.absoluteTimeoutMs}) and \`maxIdleTimeoutMs\` (${maxIdle}), got ${maxAbsolute}`,
     )
-  // Its default lives in the store (SessionStore is usable on its own).
-  const touchAfterMs = options.touchAfterMs
-  if (
-    touchAfterMs !== undefined &&
-    (!Number.isSafeInteger(touchAfterMs) || touchAfterMs < 0 || touchAfterMs >= idleTimeoutMs)
-  )
+  if (o.touchAfterMs !== undefined && o.touchAfterMs >= o.idleTimeoutMs)
     fail('`touchAfterMs` must be an integer from 0 to below `idleTimeoutMs`')
-  const secure = options.secure ?? false
-  if (secure !== true && secure !== false && secure !== 'auto') fail("`secure` must be true, false or 'auto'")
-  const sameSite = options.sameSite ?? 'lax'
-  if (sameSite !== 'lax' && sameSite !== 'strict' && sameSite !== 'none')
-    fail("`sameSite` must be 'lax', 'strict' or 'none'")
-  if (sameSite === 'none' && secure === false) fail("`sameSite: 'none'` requires `secure` (true or 'auto')")
-  const partitioned = options.partitioned ?? false
-  if (typeof partitioned !== 'boolean') fail('`partitioned` must be a boolean')
-  if (partitioned && secure === false) fail("`partitioned` requires `secure` (true or 'auto')")
-  const domain = options.domain
-  if (domain !== undefined && (typeof domain !== 'string' || !DOMAIN.test(domain)))
-    fail('`domain` must be a host name such as example.com')
-  const path = options.path ?? '/'
-  if (typeof path !== 'string' || !COOKIE_PATH.test(path))
-    fail('`path` must start with / and hold no spaces, semicolons or control characters')
-  const saveUninitialized = options.saveUninitialized ?? false
-  if (typeof saveUninitialized !== 'boolean') fail('`saveUninitialized` must be a boolean')
-  const cookieName = options.cookieName ?? 'sid'
-  if (typeof cookieName !== 'string' || !/^[A-Za-z0-9_-]{1,32}$/.test(cookieName))
-    fail('`cookieName` must be 1-32 letters, digits, _ or -')
-  const keyPrefix = options.keyPrefix ?? 'sess:'
-  if (typeof keyPrefix !== 'string') fail(`\`keyPrefix\` must be a string, got ${describeValue(keyPrefix)}`)
-  const connectTimeoutMs = options.connectTimeoutMs ?? DEFAULT_CONNECT_TIMEOUT_MS
-  if (!Number.isSafeInteger(connectTimeoutMs) || connectTimeoutMs < 0)
-    fail(
-      `\`connectTimeoutMs\` must be a whole number of milliseconds, 0 or more, got ${shown(connectTimeoutMs)}`,
+}
+
+/** A `SessionStore`'s options (`new SessionStore(redis, options)`): the plugin's timeouts and key prefix, and a clock. */
+export const SESSION_STORE_OPTIONS = declareOptions(
+  'session store',
+  {
+    keyPrefix: KEY_PREFIX,
+    ...TIMEOUTS,
+    now: option.function<() => number>({
+      default: Date.now,
+      defaultText: '`Date.now`',
+      doc: "this process's clock in ms: the absolute lifetime and `touchAfterMs` are read on it",
+    }),
+  },
+  { check: checkTimeouts },
+)
+
+export type SessionStoreOptions = OptionsOf<typeof SESSION_STORE_OPTIONS>
+export type SessionStoreSettings = SettingsOf<typeof SESSION_STORE_OPTIONS>
+
+/** The session plugin's options, declared once: how each is read, its default and its docs row. */
+export const SESSION_OPTIONS = declareOptions(
+  'session plugin',
+  {
+    secrets: option.required(
+      option.custom<string[]>({
+        type: 'string[]',
+        doc: '32+ characters each; the first signs, all verify (rotation)',
+        read(value, fail) {
+          if (!Array.isArray(value) || value.length === 0)
+            fail(`\`secrets\` must be a non-empty array of strings, got ${describeValue(value)}`)
+          if ((value as unknown[]).some((s) => typeof s !== 'string' || s.length < 32))
+            fail('every secret in `secrets` must be a string of at least 32 characters')
+          return value as string[]
+        },
+      }),
+    ),
+    redis: option.redisClient({
+      defaultText: '`app.redis` (the [redis plugin](redis.md))',
+      doc: 'an ioredis `Redis` or `Cluster`; never closed by this plugin',
+    }),
+    cookieName: option.custom<string>({
+      type: 'string',
+      default: 'sid',
+      doc: '1-32 letters, digits, `_` or `-`; the name gets a prefix with `secure: true` (see [Cookie](#cookie))',
+      read(value, fail) {
+        if (typeof value !== 'string' || !/^[A-Za-z0-9_-]{1,32}$/.test(value))
+          fail('`cookieName` must be 1-32 letters, digits, _ or -')
+        return value as string
+      },
+    }),
+    secure: option.oneOf([true, false, 'auto'] as const, {
+      default: false,
+      doc: "`true`: `Secure` cookie (turn on behind HTTPS and in production); `'auto'`: `Secure` when the request came over HTTPS",
+    }),
+    sameSite: option.oneOf(['lax', 'strict', 'none'] as const, {
+      default: 'lax',
+      defaultText: '`lax`',
+      doc: "`strict`, or `none` (needs `secure`: `true` or `'auto'`)",
+    }),
+    domain: option.custom<string>({
+      type: 'string',
+      defaultText: 'none (this host only)',
+      doc: "the cookie's `Domain`, e.g. `example.com` to share the session with subdomains",
+      read(value, fail) {
+        if (typeof value !== 'string' || !DOMAIN.test(value))
+          fail('`domain` must be a host name such as example.com')
+        return value as string
+      },
+    }),
+    path: option.custom<string>({
+      type: 'string',
+      default: '/',
+      doc: "the cookie's `Path`",
+      read(value, fail) {
+        if (typeof value !== 'string' || !COOKIE_PATH.test(value))
+          fail('`path` must start with / and hold no spaces, semicolons or control characters')
+        return value as string
+      },
+    }),
+    partitioned: option.boolean({
+      default: false,
+      doc: 'the `Partitioned` attribute (CHIPS), for a session inside a third-party frame; needs `secure`',
+    }),
+    saveUninitialized: option.boolean({
+      default: false,
+      doc: '`true`: anonymous sessions, stored on their first change (see [Anonymous sessions](#anonymous-sessions))',
+    }),
+    ...TIMEOUTS,
+    keyPrefix: KEY_PREFIX,
+    connectTimeoutMs: option.integer({
+      min: 0,
+      default: DEFAULT_CONNECT_TIMEOUT_MS,
+      defaultText: '5 000',
+      doc: 'how long registration waits for Redis to be ready (shared with every plugin on the same client); past it the boot goes on with a warning naming the address, and required routes answer 503 until Redis answers. `0`: do not wait',
+    }),
+  },
+  {
+    hints: HINTS,
+    check(o, fail) {
+      checkTimeouts(o, fail)
+      if (o.sameSite === 'none' && o.secure === false)
+        fail("`sameSite: 'none'` requires `secure` (true or 'auto')")
+      if (o.partitioned && o.secure === false) fail("`partitioned` requires `secure` (true or 'auto')")
+    },
+  },
+)
+
+export type SessionPluginOptions = OptionsOf<typeof SESSION_OPTIONS>
+
+/** The plugin's settings: the options read, the maxima resolved to their defaults. */
+export type ValidOptions = Omit<
+  SettingsOf<typeof SESSION_OPTIONS>,
+  'maxIdleTimeoutMs' | 'maxAbsoluteTimeoutMs'
+> & {
+  readonly maxIdleTimeoutMs: number
+  readonly maxAbsoluteTimeoutMs: number
+}
+
+export function validateOptions(options: SessionPluginOptions): ValidOptions {
+  if (typeof options !== 'object' || options === null)
+    SESSION_OPTIONS.checker.fail(
+      `options are required (an object with \`secrets\`), got ${describeValue(options)}`,
     )
-  return {
-    secrets: options.secrets,
-    secure,
-    sameSite,
-    domain,
-    path,
-    partitioned,
-    saveUninitialized,
-    cookieName,
+  const settings = SESSION_OPTIONS.read(options)
+  return Object.freeze({
+    ...settings,
+    maxIdleTimeoutMs: settings.maxIdleTimeoutMs ?? settings.idleTimeoutMs,
+    maxAbsoluteTimeoutMs: settings.maxAbsoluteTimeoutMs ?? settings.absoluteTimeoutMs,
+  })
+}
+
+/** The store's options among the plugin's settings. */
+export function storeOptions(settings: ValidOptions): SessionStoreOptions {
+  const {
+    keyPrefix,
     idleTimeoutMs,
     absoluteTimeoutMs,
     maxIdleTimeoutMs,
     maxAbsoluteTimeoutMs,
     touchAfterMs,
-    keyPrefix,
-    connectTimeoutMs,
-  }
+  } = settings
+  return { keyPrefix, idleTimeoutMs, absoluteTimeoutMs, maxIdleTimeoutMs, maxAbsoluteTimeoutMs, touchAfterMs }
 }

@@ -1,4 +1,4 @@
-import { createHash, randomBytes } from 'node:crypto'
+import { randomBytes } from 'node:crypto'
 import type { RedisClient } from '../../redis/client.ts'
 import { runScript } from '../../redis/scripts.ts'
 import {
@@ -8,8 +8,11 @@ import {
   isWellFormedId,
   resolveLifetime,
   type SessionLifetime,
+  sessionHandle,
 } from './checks.ts'
+import type { LoadResult } from './decision.ts'
 import { SessionTooLargeError } from './errors.ts'
+import { SESSION_STORE_OPTIONS, type SessionStoreOptions, type SessionStoreSettings } from './options.ts'
 import {
   type AnonymousSessionHooks,
   checkFieldName,
@@ -24,9 +27,9 @@ import {
 } from './session.ts'
 import { guarded } from './unavailable.ts'
 
-export type { SessionLifetime } from './checks.ts'
+export { type SessionLifetime, sessionHandle } from './checks.ts'
 export { sessionStoreUnavailable } from './unavailable.ts'
-export type { SessionRecord, SessionValue }
+export type { SessionRecord, SessionStoreOptions, SessionValue }
 
 export interface SessionTimes {
   createdAt: number
@@ -43,15 +46,6 @@ export const MAX_INDEX_SCAN = 1000
 /** The hash field holding a session's own idle timeout, when it was given one at login. */
 const IDLE_FIELD = '__idleTimeoutMs'
 
-/**
- * A session's non-secret handle: 128 bits of SHA-256 of its id, base64url (22 characters). The id
- * is the bearer secret the cookie carries; the handle names the session in a listing and cannot be
- * turned back into the id, so showing it (to the user, in a URL, in logs) lets nobody use the session.
- */
-export function sessionHandle(id: string): string {
-  return createHash('sha256').update(id).digest().subarray(0, 16).toString('base64url')
-}
-
 /** One of a principal's live sessions, as `listSessions` describes it. */
 export interface SessionInfo {
   /** The non-secret handle (`sessionHandle(id)`): what `destroySession` takes. Never the id. */
@@ -62,23 +56,6 @@ export interface SessionInfo {
   absoluteExpiresAt: number
   /** Its idle timeout: the plugin's, or the one given at login. */
   idleTimeoutMs: number
-}
-
-export interface SessionStoreOptions {
-  keyPrefix: string
-  idleTimeoutMs: number
-  absoluteTimeoutMs: number
-  /**
-   * A load slides the idle expiry only when this process last did so for that session at least
-   * this long ago (0: on every load). Default idleTimeoutMs / 20.
-   */
-  touchAfterMs?: number
-  /** Longest idle timeout a login may ask for (`create`'s `lifetime`). Default `idleTimeoutMs`. */
-  maxIdleTimeoutMs?: number
-  /** This process's clock in ms (default `Date.now`): the absolute lifetime and `touchAfterMs` are read on it. */
-  now?: () => number
-  /** Longest lifetime a login may ask for (`create`'s `lifetime`). Default `absoluteTimeoutMs`. */
-  maxAbsoluteTimeoutMs?: number
 }
 
 /** Sessions whose last touch this process remembers (about 100 bytes each). */
@@ -108,17 +85,18 @@ function encodeFields(data: Record<string, SessionValue>): Array<[string, string
  */
 export class SessionStore implements SessionSaver {
   readonly redis: RedisClient
-  readonly options: SessionStoreOptions
+  readonly options: SessionStoreSettings
   readonly #touchAfterMs: number
   readonly #now: () => number
   /** When this process last slid each session's idle expiry (its own touches only), and by how much. */
   readonly #touchedAt = new Map<string, { at: number; idle: number }>()
 
-  constructor(redis: RedisClient, options: SessionStoreOptions) {
+  /** Throws an InvalidOptionError (or UnknownOptionError) for options the plugin would refuse. */
+  constructor(redis: RedisClient, options: SessionStoreOptions = {}) {
     this.redis = redis
-    this.options = options
-    this.#touchAfterMs = options.touchAfterMs ?? Math.floor(options.idleTimeoutMs / 20)
-    this.#now = options.now ?? Date.now
+    this.options = SESSION_STORE_OPTIONS.read(options)
+    this.#touchAfterMs = this.options.touchAfterMs ?? Math.floor(this.options.idleTimeoutMs / 20)
+    this.#now = this.options.now
   }
 
   /**
@@ -169,7 +147,12 @@ export class SessionStore implements SessionSaver {
    * by the session's.
    */
   async load(id: string): Promise<Session | null> {
-    if (!isWellFormedId(id)) return null
+    return (await this.loadPresented(id)).session
+  }
+
+  /** @internal `load`, saying what it found: how the plugin decides about a presented cookie. */
+  async loadPresented(id: string): Promise<LoadResult> {
+    if (!isWellFormedId(id)) return { decision: 'forged', session: null }
     const key = this.sessionKey(id)
     const sentAt = this.#now()
     const last = this.#touchedAt.get(id)
@@ -183,13 +166,13 @@ export class SessionStore implements SessionSaver {
     const absoluteExpiresAt = Number(fields._absoluteExpiresAt)
     if (!absoluteExpiresAt) {
       this.#touchedAt.delete(id)
-      return null
+      return { decision: 'ended', session: null }
     }
     const now = this.#now()
     if (now >= absoluteExpiresAt) {
       this.#touchedAt.delete(id)
       await this.redis.del(key).catch(() => {})
-      return null
+      return { decision: 'expired', session: null }
     }
     const idleTimeoutMs = Number(fields[IDLE_FIELD]) || this.options.idleTimeoutMs
     if (touch) {
@@ -214,7 +197,8 @@ export class SessionStore implements SessionSaver {
       }
     }
     const expiresAt = Math.min((touch ? sentAt : last!.at) + idleTimeoutMs, absoluteExpiresAt)
-    return new Session(this, { id, principal, createdAt, expiresAt, absoluteExpiresAt }, raw)
+    const session = new Session(this, { id, principal, createdAt, expiresAt, absoluteExpiresAt }, raw)
+    return { decision: touch ? 'slid' : 'found', session }
   }
 
   /**

@@ -139,10 +139,13 @@ describe("secure: 'auto'", () => {
 describe('cookie option messages', () => {
   test('each wrong cookie option fails registration with its message', async () => {
     const cases: Array<[Partial<SessionPluginOptions> | Record<string, unknown>, string]> = [
-      [{ secure: 'yes' }, "session plugin: `secure` must be true, false or 'auto'"],
-      [{ sameSite: 'relaxed' }, "session plugin: `sameSite` must be 'lax', 'strict' or 'none'"],
+      [{ secure: 'yes' }, "session plugin: `secure` must be true, false or 'auto', got a string ('yes')"],
+      [
+        { sameSite: 'relaxed' },
+        "session plugin: `sameSite` must be 'lax', 'strict' or 'none', got a string ('relaxed')",
+      ],
       [{ sameSite: 'none' }, "session plugin: `sameSite: 'none'` requires `secure` (true or 'auto')"],
-      [{ partitioned: 'yes' }, 'session plugin: `partitioned` must be a boolean'],
+      [{ partitioned: 'yes' }, "session plugin: `partitioned` must be true or false, got a string ('yes')"],
       [{ partitioned: true }, "session plugin: `partitioned` requires `secure` (true or 'auto')"],
       [{ domain: 'exa mple.com' }, 'session plugin: `domain` must be a host name such as example.com'],
       [{ domain: '' }, 'session plugin: `domain` must be a host name such as example.com'],
@@ -154,7 +157,10 @@ describe('cookie option messages', () => {
         { path: '/a;b' },
         'session plugin: `path` must start with / and hold no spaces, semicolons or control characters',
       ],
-      [{ saveUninitialized: 'yes' }, 'session plugin: `saveUninitialized` must be a boolean'],
+      [
+        { saveUninitialized: 'yes' },
+        "session plugin: `saveUninitialized` must be true or false, got a string ('yes')",
+      ],
     ]
     for (const [options, message] of cases) {
       const app = Fastify()

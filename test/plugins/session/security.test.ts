@@ -271,7 +271,7 @@ describe('plugin options', () => {
       ],
       [
         { secrets: [TEST_SECRET], idleTimeoutMs: 0 },
-        'session plugin: `idleTimeoutMs` must be a positive integer, got 0',
+        'session plugin: `idleTimeoutMs` must be an integer of at least 1, got 0',
       ],
       [
         { secrets: [TEST_SECRET], idleTimeoutMs: 1000, absoluteTimeoutMs: 10 },
@@ -283,11 +283,11 @@ describe('plugin options', () => {
       ],
       [
         { secrets: [TEST_SECRET], touchAfterMs: -1 },
-        'session plugin: `touchAfterMs` must be an integer from 0 to below `idleTimeoutMs`',
+        'session plugin: `touchAfterMs` must be an integer of at least 0, got -1',
       ],
       [
         { secrets: [TEST_SECRET], sameSite: 'loose' },
-        "session plugin: `sameSite` must be 'lax', 'strict' or 'none'",
+        "session plugin: `sameSite` must be 'lax', 'strict' or 'none', got a string ('loose')",
       ],
       [
         { secrets: [TEST_SECRET] },
