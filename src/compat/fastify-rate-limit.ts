@@ -1,9 +1,11 @@
 import type { FastifyInstance, FastifyRequest, RouteOptions } from 'fastify'
 import fp from 'fastify-plugin'
 import { addRouteHook } from '../plugins/common/route-hooks.ts'
-import { RateLimitEngine, type RateLimitResult } from '../plugins/rate-limit/engine.ts'
+import { RateLimitEngine } from '../plugins/rate-limit/engine.ts'
 import { createMetrics } from '../plugins/rate-limit/metrics.ts'
-import { normalizePolicy, type Policy, type RateLimitPolicy } from '../plugins/rate-limit/policy.ts'
+import type { RateLimitResult } from '../plugins/rate-limit/outcome.ts'
+import { normalizePolicy } from '../plugins/rate-limit/policy.ts'
+import type { Policy, RateLimitPolicy } from '../plugins/rate-limit/types.ts'
 import { bootPluginRedis } from '../redis/server.ts'
 import {
   check,

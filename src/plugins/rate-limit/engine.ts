@@ -13,7 +13,6 @@ import { acquireStore, type MemoryStore, memoryStoreId, releaseStore } from './m
 import type { RateLimitMetrics } from './metrics.ts'
 import {
   addDecision,
-  type Decision,
   emptyOutcome,
   type Outcome,
   type RateLimitResult,
@@ -21,11 +20,10 @@ import {
   type RequestOperation,
   settleRejection,
 } from './outcome.ts'
-import type { Policy, Resolved } from './policy.ts'
 import { decodeReply, encodeCall, type ScriptCall, type ScriptReply } from './protocol.ts'
+import type { Decision, Policy, Resolved } from './types.ts'
 
 export { memoryStoreOf } from './memory.ts'
-export type { Decision, Outcome, RateLimitResult, Refund, RequestOperation } from './outcome.ts'
 
 const cacheKey = (group: Group) => group.id + group.policies.map((p) => p.name).join(',')
 

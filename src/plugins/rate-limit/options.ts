@@ -1,6 +1,5 @@
 import { type OptionChecker, type OptionHints, optionChecker, optionKeys } from '../common/options.ts'
-import type { RateLimitPluginOptions } from './index.ts'
-import type { BanOptions, RateLimitPolicy } from './policy.ts'
+import type { BanOptions, RateLimitPluginOptions, RateLimitPolicy } from './types.ts'
 
 // Every options object of the plugin is checked key by key: a misspelt `algoritm:` or
 // @fastify/rate-limit's `max:` would otherwise leave a route unlimited in silence. Names from

@@ -1,7 +1,8 @@
 import type { FastifyReply, FastifyRequest } from 'fastify'
 import { HttpProblem, sendProblem } from '../common/problem.ts'
-import type { Decision, Outcome } from './engine.ts'
 import { RateLimitError } from './errors.ts'
+import type { Outcome } from './outcome.ts'
+import type { Decision } from './types.ts'
 
 // What the plugin writes on a response it limited: the RateLimit headers of every decision, and
 // the answer to a request it refused (429, a ban's 403, 503 when it cannot check, 500 when a
