@@ -80,19 +80,17 @@ async function fastifyRateLimit(fastify: FastifyInstance, settings: RateLimitPlu
       })
     : null
   const registration = ++registrations
-  const engine = new RateLimitEngine(
-    redis,
-    {
-      // In memory each registration has counters of its own, as @fastify/rate-limit's LocalStore.
-      keyPrefix: redis ? (settings.nameSpace ?? 'fastify-rate-limit-') : `frl${registration}:`,
-      overLimitCacheKeys: redis ? 10_000 : 0,
-      retryRedisAfterMs: REDIS_RETRY_AFTER_S * 1000,
-      timeoutMs: 500,
-      log: fastify.log,
-      memoryMaxKeys: Number.isSafeInteger(settings.cache) && settings.cache! > 0 ? settings.cache! : 5000,
-    },
-    createMetrics(undefined),
-  )
+  const engine = new RateLimitEngine(redis, {
+    // In memory each registration has counters of its own, as @fastify/rate-limit's LocalStore.
+    keyPrefix: redis ? (settings.nameSpace ?? 'fastify-rate-limit-') : `frl${registration}:`,
+    overLimitCacheKeys: redis ? 10_000 : 0,
+    retryRedisAfterMs: REDIS_RETRY_AFTER_S * 1000,
+    timeoutMs: 500,
+    log: fastify.log.child({ plugin: 'rate-limit compat' }),
+    // Counted in metrics nothing exports: @fastify/rate-limit has none.
+    metrics: createMetrics(),
+    memoryMaxKeys: Number.isSafeInteger(settings.cache) && settings.cache! > 0 ? settings.cache! : 5000,
+  })
   fastify.addHook('onClose', async () => engine.close())
   const ran = Symbol('fastify.request.rateLimitRan')
   fastify.decorateRequest(ran as unknown as string, false)

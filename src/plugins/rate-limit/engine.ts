@@ -32,7 +32,11 @@ export interface EngineOptions {
   overLimitCacheKeys: number
   retryRedisAfterMs: number
   timeoutMs: number
+  /** The plugin's logger (its messages carry `plugin: 'rate-limit'`). */
   log: FastifyBaseLogger
+  metrics: RateLimitMetrics
+  /** Who the caller is, for key functions such as keyBy.customer (default: nobody). */
+  principal?: PrincipalFunction
   /** `store: 'memory'`: every decision in this process, with at most this many keys. */
   memoryMaxKeys?: number
   /** This process's clock in ms since the epoch (the memory stores and the over-limit cache read it). */
@@ -89,14 +93,14 @@ export class RateLimitEngine implements KeyNames {
   private lastUnavailableLog = 0
   /** Policies whose script call Redis refused, logged once each (every later refusal is counted). */
   private readonly scriptErrorsLogged = new Set<string>()
-  /** Replaced once the app is ready: the metrics plugin's registry and the resolved principal. */
-  metrics: RateLimitMetrics
-  principal: PrincipalFunction = () => null
+  private readonly metrics: RateLimitMetrics
+  private readonly principal: PrincipalFunction
 
-  constructor(redis: RedisClient | null, options: EngineOptions, metrics: RateLimitMetrics) {
+  constructor(redis: RedisClient | null, options: EngineOptions) {
     this.redis = redis
     this.options = options
-    this.metrics = metrics
+    this.metrics = options.metrics
+    this.principal = options.principal ?? (() => null)
     this.memoryId = memoryStoreId(options.keyPrefix)
     this.now = options.now ?? Date.now
     this.fallback = new RedisFallback(options.keyPrefix, this.now)
@@ -273,7 +277,7 @@ export class RateLimitEngine implements KeyNames {
     this.lastUnavailableLog = now
     this.options.log.warn(
       { err, reason },
-      'rate limit: Redis unavailable, policies decide by their onRedisError (open, closed or local)',
+      'Redis unavailable, policies decide by their onRedisError (open, closed or local)',
     )
   }
 
@@ -291,7 +295,7 @@ export class RateLimitEngine implements KeyNames {
     const modes = group.policies.map((p) => `'${p.name}': ${p.onRedisError}`).join(', ')
     this.options.log.error(
       { err, policy: names.join(', '), keys },
-      `rate limit: Redis refused the script of policy '${names.join("', '")}' on ${keys.join(', ')} (${err.message}); until fixed it is decided by its onRedisError (${modes}). ` +
+      `Redis refused the script of policy '${names.join("', '")}' on ${keys.join(', ')} (${err.message}); until fixed it is decided by its onRedisError (${modes}). ` +
         `A key of another type under the key prefix '${this.options.keyPrefix}' means something else writes there: give this plugin a keyPrefix of its own, or delete those keys (they expire with their TTL)`,
     )
   }

@@ -9,6 +9,11 @@ export interface RateLimitMetrics {
   scriptSeconds(algorithm: string): HistogramSeries
   /** Counts one group of policies decided without Redis. */
   unavailable(): void
+  /**
+   * Counts in the app's registry from now on (the metrics plugin is ready); a second rate-limit
+   * instance in the same app shares the first one's metrics.
+   */
+  adopt(registry: Registry): void
 }
 
 type Tallies = Map<string, Map<string, { labels: { policy: string; outcome: string }; n: number }>>
@@ -40,10 +45,24 @@ function decisionsCounter(): Counter<'policy' | 'outcome'> {
 }
 
 /**
- * Adopted by the app's registry when the metrics plugin is there (a second rate-limit instance in
- * the same app shares the first one's); otherwise counted in metrics that nothing exports.
+ * The plugin's metrics, counted in metrics that nothing exports until `adopt` hands them to the
+ * app's registry (the metrics plugin is registered, before or after this plugin): the object stays
+ * the same, what it counts in changes once.
  */
-export function createMetrics(registry: Registry | undefined): RateLimitMetrics {
+export function createMetrics(): RateLimitMetrics {
+  let counted = metricsIn(undefined)
+  return {
+    decision: (policy, outcome) => counted.decision(policy, outcome),
+    scriptSeconds: (algorithm) => counted.scriptSeconds(algorithm),
+    unavailable: () => counted.unavailable(),
+    adopt(registry) {
+      counted = metricsIn(registry)
+    },
+  }
+}
+
+/** The metrics in `registry` (the ones already there, if another instance registered them). */
+function metricsIn(registry: Registry | undefined): Omit<RateLimitMetrics, 'adopt'> {
   const adopt = <T>(metric: T): T => (registry ? adoptMetric(registry, metric) : metric)
   const byPolicy = tallies.get(adopt(decisionsCounter()))!
   const scriptHistogram = adopt(

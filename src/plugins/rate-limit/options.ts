@@ -1,4 +1,7 @@
+import { describeValue } from '../../redis/client.ts'
 import { type OptionChecker, type OptionHints, optionChecker, optionKeys } from '../common/options.ts'
+import { checkPrincipalOption } from '../common/principal.ts'
+import { durationOption } from './duration.ts'
 import type { BanOptions, RateLimitPluginOptions, RateLimitPolicy } from './types.ts'
 
 // Every options object of the plugin is checked key by key: a misspelt `algoritm:` or
@@ -145,3 +148,52 @@ export const routeConfigCheck: OptionChecker = optionChecker('rate-limit plugin'
     'route config is `config.rateLimits` (plural) here: a policy, the name of one of `namedPolicies`, a list of them, or false',
   ),
 })
+
+const nonNegativeInt = (v: unknown) => Number.isSafeInteger(v) && (v as number) >= 0
+
+/** Checks the plugin's options once, at registration; each policy is checked where it is defined. */
+export function checkPluginOptions(o: RateLimitPluginOptions): void {
+  const { fail } = pluginCheck
+  if (typeof o !== 'object' || o === null) fail(`options must be an object, got ${describeValue(o)}`)
+  pluginCheck.known(o, PLUGIN_KEYS)
+  if (o.store !== undefined && o.store !== 'redis' && o.store !== 'memory')
+    fail(
+      `\`store\` must be 'redis' or 'memory'${typeof o.store === 'string' ? '' : ' (@fastify/rate-limit\'s custom store classes have no equivalent here; see "Migrating from @fastify/rate-limit" in docs/rate-limit.md)'}`,
+    )
+  if (o.memoryMaxKeys !== undefined && !(Number.isSafeInteger(o.memoryMaxKeys) && o.memoryMaxKeys >= 100))
+    fail('`memoryMaxKeys` must be an integer of at least 100')
+  if (
+    o.ipv6Subnet !== undefined &&
+    !(Number.isSafeInteger(o.ipv6Subnet) && o.ipv6Subnet >= 32 && o.ipv6Subnet <= 128)
+  )
+    fail('`ipv6Subnet` must be an integer from 32 to 128')
+  for (const name of ['onExceeded', 'errorResponse'] as const) {
+    if (o[name] !== undefined && typeof o[name] !== 'function')
+      fail(`\`${name}\` must be a function of (request, decision)`)
+  }
+  if (o.keyPrefix !== undefined && typeof o.keyPrefix !== 'string') fail('`keyPrefix` must be a string')
+  if (o.now !== undefined && typeof o.now !== 'function')
+    fail('`now` must be a function returning ms since the epoch')
+  checkPrincipalOption('rate-limit', o.principal)
+  for (const list of ['policies', 'namedPolicies'] as const) {
+    if (o[list] !== undefined && !Array.isArray(o[list])) fail(`\`${list}\` must be an array of policies`)
+  }
+  checkDefaults(o.defaults)
+  if (o.connectTimeoutMs !== undefined && !nonNegativeInt(o.connectTimeoutMs))
+    fail('`connectTimeoutMs` must be a non-negative whole number of milliseconds (0: do not wait)')
+  if (o.legacyHeaders !== undefined && typeof o.legacyHeaders !== 'boolean')
+    fail('`legacyHeaders` must be a boolean')
+  if (o.overLimitCacheKeys !== undefined && !nonNegativeInt(o.overLimitCacheKeys))
+    fail('`overLimitCacheKeys` must be a non-negative integer')
+  for (const name of ['retryRedisAfterMs', 'timeoutMs'] as const) {
+    if (o[name] !== undefined) durationOption(name, o[name], 1, fail)
+  }
+}
+
+/** Checks the plugin's `defaults` (a policy's options but its name) once, at registration. */
+export function checkDefaults(defaults: unknown): void {
+  if (defaults === undefined) return
+  if (typeof defaults !== 'object' || defaults === null || Array.isArray(defaults))
+    policyCheck.fail(`\`defaults\` must be an object of policy options, got ${describeValue(defaults)}`)
+  policyCheck.known(defaults, DEFAULTS_KEYS, 'defaults')
+}

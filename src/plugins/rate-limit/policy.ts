@@ -2,7 +2,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify'
 import { describeValue } from '../../redis/client.ts'
 import { durationOption, parseDuration } from './duration.ts'
 import { DEFAULT_IPV6_SUBNET, ipKey, type KeyFunction, keyBy, needsPreHandler } from './keys.ts'
-import { BAN_KEYS, DEFAULTS_KEYS, POLICY_KEYS, policyCheck } from './options.ts'
+import { BAN_KEYS, POLICY_KEYS, policyCheck } from './options.ts'
 import { type Quota, SCRIPT_OF_ALGORITHM } from './protocol.ts'
 import type {
   AllowList,
@@ -43,14 +43,6 @@ export function allowListPredicate(
     fail('`allowList` must be an array of IP strings or a function')
   const ips = new Set(list)
   return (request) => ips.has(request.ip)
-}
-
-/** Checks the plugin's `defaults` (a policy's options but its name) once, at registration. */
-export function checkDefaults(defaults: unknown): void {
-  if (defaults === undefined) return
-  if (typeof defaults !== 'object' || defaults === null || Array.isArray(defaults))
-    policyCheck.fail(`\`defaults\` must be an object of policy options, got ${describeValue(defaults)}`)
-  policyCheck.known(defaults, DEFAULTS_KEYS, 'defaults')
 }
 
 /**

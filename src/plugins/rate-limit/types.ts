@@ -11,9 +11,10 @@ import type { Algorithm, Quota, RateLimitScript } from './protocol.ts'
 // imports no other part of the plugin but the script protocol below it.
 //
 // The parts import one way only, each from those listed before it: protocol, types, options,
-// policy, asked, groups, memory-keyspace, memory-windows and memory-buckets, memory, outcome,
-// fallback, engine, responses, index (and the leaves errors, duration, keys and metrics, which
-// import no other part). test/boundaries.test.ts fails on any circle of imports in a folder.
+// policy, policies, asked, groups, memory-keyspace, memory-windows and memory-buckets, memory,
+// outcome, fallback, engine, responses, context, api, hooks, index (and the leaves errors,
+// duration, keys and metrics, which import no other part). test/boundaries.test.ts fails on any
+// circle of imports inside a folder.
 
 /** What a policy does while Redis cannot answer: allow, answer 503, or limit in this process. */
 export type FailureMode = 'open' | 'closed' | 'local'
