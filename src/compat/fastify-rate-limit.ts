@@ -2,7 +2,7 @@ import type { FastifyInstance, FastifyRequest, RouteOptions } from 'fastify'
 import fp from 'fastify-plugin'
 import { addRouteHook } from '../plugins/common/route-hooks.ts'
 import { RateLimitEngine } from '../plugins/rate-limit/engine.ts'
-import { createMetrics } from '../plugins/rate-limit/metrics.ts'
+import { createRateLimitMetrics } from '../plugins/rate-limit/metrics.ts'
 import type { RateLimitResult } from '../plugins/rate-limit/outcome.ts'
 import { normalizePolicy } from '../plugins/rate-limit/policy.ts'
 import type { Policy, RateLimitPolicy } from '../plugins/rate-limit/types.ts'
@@ -88,7 +88,7 @@ async function fastifyRateLimit(fastify: FastifyInstance, settings: RateLimitPlu
     timeoutMs: 500,
     log: fastify.log.child({ plugin: 'rate-limit compat' }),
     // Counted in metrics nothing exports: @fastify/rate-limit has none.
-    metrics: createMetrics(),
+    metrics: createRateLimitMetrics(),
     memoryMaxKeys: Number.isSafeInteger(settings.cache) && settings.cache! > 0 ? settings.cache! : 5000,
   })
   fastify.addHook('onClose', async () => engine.close())

@@ -1,29 +1,20 @@
-import type { FastifyBaseLogger, FastifyInstance, FastifyRequest } from 'fastify'
+import type { FastifyInstance, FastifyRequest } from 'fastify'
 import type { RedisClient } from '../../redis/client.ts'
-import { bootPluginRedis } from '../../redis/server.ts'
-import { type PrincipalFunction, resolvePrincipal } from '../common/principal.ts'
-import { parseDuration } from './duration.ts'
+import { type PluginContext, pluginContext, redisPluginContext } from '../common/context.ts'
 import { RateLimitEngine } from './engine.ts'
-import { DEFAULT_IPV6_SUBNET } from './keys.ts'
-import { createMetrics, type RateLimitMetrics } from './metrics.ts'
-import { pluginCheck } from './options.ts'
+import { createRateLimitMetrics, type RateLimitMetrics } from './metrics.ts'
+import type { RateLimitSettings } from './options.ts'
 import { PolicyBook } from './policies.ts'
-import { allowListPredicate } from './policy.ts'
-import type { RateLimitPluginOptions } from './types.ts'
 
 /**
  * What one instance of the plugin works with: built at registration, before its first hook, and
  * never replaced. Its hooks, its decorator and its ready check all read this one object.
  */
-export interface RateLimitContext {
+export interface RateLimitContext extends PluginContext<RateLimitMetrics> {
   /** Null with `store: 'memory'`. */
   readonly redis: RedisClient | null
   readonly engine: RateLimitEngine
   readonly policies: PolicyBook
-  /** Counted from the start; handed to the metrics plugin's registry once the app is ready. */
-  readonly metrics: RateLimitMetrics
-  /** The app's logger with `plugin: 'rate-limit'`. */
-  readonly log: FastifyBaseLogger
   /** The plugin's `allowList`: requests no policy applies to. */
   readonly allow: ((request: FastifyRequest) => boolean) | null
   readonly legacyHeaders: boolean
@@ -36,54 +27,42 @@ export interface RateLimitContext {
   }
 }
 
-/** The context of a plugin instance whose options were checked; waits for its Redis to be ready. */
+/** The context of a plugin instance from its settings; waits for its Redis to be ready. */
 export async function createContext(
   app: FastifyInstance,
-  options: RateLimitPluginOptions,
+  settings: RateLimitSettings,
 ): Promise<RateLimitContext> {
-  const memory = options.store === 'memory'
-  const redis = memory
-    ? null
-    : await bootPluginRedis(app, 'rate-limit', {
-        redis: options.redis,
-        connectTimeoutMs: options.connectTimeoutMs,
-        eviction: 'warn',
+  const parts = { metrics: createRateLimitMetrics, principal: settings.principal }
+  const memory = settings.store === 'memory'
+  const base = memory
+    ? { ...pluginContext(app, 'rate-limit', parts), redis: null }
+    : await redisPluginContext(app, 'rate-limit', {
+        ...parts,
+        redis: { redis: settings.redis, connectTimeoutMs: settings.connectTimeoutMs, eviction: 'warn' },
       })
-  const policies = new PolicyBook(options, {
-    ipv6Subnet: options.ipv6Subnet ?? DEFAULT_IPV6_SUBNET,
-    onExceeded: options.onExceeded ?? null,
-    errorResponse: options.errorResponse ?? null,
+  const policies = new PolicyBook(settings, {
+    ipv6Subnet: settings.ipv6Subnet,
+    onExceeded: settings.onExceeded ?? null,
+    errorResponse: settings.errorResponse ?? null,
   })
-  const log = app.log.child({ plugin: 'rate-limit' })
-  const metrics = createMetrics()
-  const engine = new RateLimitEngine(redis, {
-    keyPrefix: options.keyPrefix ?? 'rl:',
+  const engine = new RateLimitEngine(base.redis, {
+    keyPrefix: settings.keyPrefix,
     // In memory every decision is as cheap as the cache would be.
-    overLimitCacheKeys: memory ? 0 : (options.overLimitCacheKeys ?? 10_000),
-    retryRedisAfterMs: parseDuration(options.retryRedisAfterMs ?? 1000)!,
-    timeoutMs: parseDuration(options.timeoutMs ?? 500)!,
-    log,
-    metrics,
-    principal: principalOf(app, options.principal),
-    memoryMaxKeys: options.memoryMaxKeys ?? 100_000,
-    now: options.now ?? Date.now,
+    overLimitCacheKeys: memory ? 0 : settings.overLimitCacheKeys,
+    retryRedisAfterMs: settings.retryRedisAfterMs,
+    timeoutMs: settings.timeoutMs,
+    log: base.log,
+    metrics: base.metrics,
+    principal: base.principal,
+    memoryMaxKeys: settings.memoryMaxKeys,
+    now: settings.now,
   })
-  return {
-    redis,
+  return Object.freeze({
+    ...base,
     engine,
     policies,
-    metrics,
-    log,
-    allow: allowListPredicate(options.allowList, pluginCheck.fail),
-    legacyHeaders: options.legacyHeaders ?? false,
+    allow: settings.allowList,
+    legacyHeaders: settings.legacyHeaders,
     routes: { limited: 0, foreignConfigs: [] },
-  }
-}
-
-/**
- * The `principal` option, else the session plugin's, looked up when a key function asks: the
- * session plugin may be registered after this one, and no request comes before the app is ready.
- */
-function principalOf(app: FastifyInstance, option: PrincipalFunction | undefined): PrincipalFunction {
-  return option ?? ((request) => resolvePrincipal(app, undefined)(request))
+  })
 }

@@ -1,14 +1,13 @@
 import type { FastifyInstance } from 'fastify'
 import fp from 'fastify-plugin'
-import { observePluginRedis, whenMetricsReady } from '../common/metrics.ts'
 import type { PrincipalFunction } from '../common/principal.ts'
 import { pluginRegistered } from '../common/route-coverage.ts'
 import { type RateLimitDecorator, rateLimiterApi } from './api.ts'
 import { createContext } from './context.ts'
 import { checkReady, limitNotFound, limitRoute } from './hooks.ts'
-import { checkPluginOptions } from './options.ts'
+import { RATE_LIMIT_OPTIONS, type RateLimitPluginOptions } from './options.ts'
 import type { Refund } from './outcome.ts'
-import type { RateLimitPluginOptions, RouteRateLimit } from './types.ts'
+import type { RouteRateLimit } from './types.ts'
 
 export type { RateLimitDecorator } from './api.ts'
 export type { Duration } from './duration.ts'
@@ -20,6 +19,7 @@ export {
   RateLimitUnknownPolicyError,
 } from './errors.ts'
 export { clientAddress, type KeyFunction, keyBy } from './keys.ts'
+export type { RateLimitPluginOptions } from './options.ts'
 export type { RateLimitResult } from './outcome.ts'
 export type { Algorithm } from './protocol.ts'
 export type {
@@ -32,7 +32,6 @@ export type {
   ExceededHandler,
   FailureMode,
   LimitFunction,
-  RateLimitPluginOptions,
   RateLimitPolicy,
   RouteRateLimit,
 } from './types.ts'
@@ -52,23 +51,19 @@ declare module 'fastify' {
 }
 
 /**
- * Options checked, then one context (Redis ready, policies checked, engine, metrics, logger) built
+ * Options read, then one context (Redis ready, policies checked, engine, metrics, logger) built
  * before any hook; every hook, the decorator and the ready check read that context.
  */
 async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOptions) {
-  checkPluginOptions(options)
+  const settings = RATE_LIMIT_OPTIONS.read(options)
   pluginRegistered(app, 'rateLimits')
-  const context = await createContext(app, options)
+  const context = await createContext(app, settings)
   app.decorateRequest('rateLimitRefunds', null)
   app.decorate<RateLimitDecorator>('rateLimiter', rateLimiterApi(context))
   app.addHook('onRoute', limitRoute(app, context))
   limitNotFound(app, context)
   app.addHook('onReady', async () => checkReady(app, context))
   app.addHook('onClose', async () => context.engine.close())
-  whenMetricsReady(app, (metrics) => {
-    context.metrics.adopt(metrics.registry)
-    if (context.redis) observePluginRedis(app, metrics, context.redis, 'rate-limit')
-  })
 }
 
 export default fp(rateLimitPlugin, { name: 'fastify-redis-gateway/rate-limit', fastify: '5.x' })

@@ -2,9 +2,9 @@ import type { RouteOptions } from 'fastify'
 import { describeValue } from '../../redis/client.ts'
 import { routeName } from '../common/route-hooks.ts'
 import { RateLimitPolicyConflictError, RateLimitUnknownPolicyError } from './errors.ts'
-import { pluginCheck } from './options.ts'
+import { pluginCheck, type RateLimitSettings } from './options.ts'
 import { normalizePolicy, type PolicyContext, signature } from './policy.ts'
-import type { Policy, RateLimitPluginOptions, RateLimitPolicy, RouteRateLimit } from './types.ts'
+import type { Policy, RateLimitPolicy, RouteRateLimit } from './types.ts'
 
 /**
  * The policies of one plugin instance, by name: its `policies` (every route registered after it),
@@ -21,7 +21,7 @@ export class PolicyBook {
   private readonly context: PolicyContext
 
   constructor(
-    { policies = [], namedPolicies = [], defaults = {} }: RateLimitPluginOptions,
+    { policies, namedPolicies, defaults }: Pick<RateLimitSettings, 'policies' | 'namedPolicies' | 'defaults'>,
     context: PolicyContext,
   ) {
     this.defaults = defaults

@@ -2,10 +2,9 @@ import type { FastifyReply, FastifyRequest } from 'fastify'
 import { describeValue } from '../../redis/client.ts'
 import { durationOption, parseDuration } from './duration.ts'
 import { DEFAULT_IPV6_SUBNET, ipKey, type KeyFunction, keyBy, needsPreHandler } from './keys.ts'
-import { BAN_KEYS, POLICY_KEYS, policyCheck } from './options.ts'
+import { allowListPredicate, BAN_KEYS, POLICY_KEYS, policyCheck } from './options.ts'
 import { type Quota, SCRIPT_OF_ALGORITHM } from './protocol.ts'
 import type {
-  AllowList,
   BanHandler,
   BanOptions,
   ErrorResponseBuilder,
@@ -32,18 +31,6 @@ const NO_QUOTA: Quota = { limit: 0, windowMs: 0, refillPerSecond: 0 }
 
 const NAME = /^[A-Za-z0-9_.-]{1,64}$/
 const positiveInt = (v: unknown): v is number => Number.isSafeInteger(v) && (v as number) > 0
-
-export function allowListPredicate(
-  list: AllowList | undefined,
-  fail: (message: string) => never,
-): ((r: FastifyRequest) => boolean) | null {
-  if (list === undefined) return null
-  if (typeof list === 'function') return list
-  if (!Array.isArray(list) || list.some((ip) => typeof ip !== 'string'))
-    fail('`allowList` must be an array of IP strings or a function')
-  const ips = new Set(list)
-  return (request) => ips.has(request.ip)
-}
 
 /**
  * Checks one policy; throws an InvalidOptionError naming the policy and the option, or an

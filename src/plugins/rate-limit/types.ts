@@ -1,5 +1,4 @@
 import type { FastifyReply, FastifyRequest } from 'fastify'
-import type { AnyRedisClient } from '../../redis/client.ts'
 import type { PrincipalFunction } from '../common/principal.ts'
 import type { Duration } from './duration.ts'
 import type { KeyFunction } from './keys.ts'
@@ -175,48 +174,3 @@ export interface Decision {
 
 /** A route's `config.rateLimits`: policies (or names of `namedPolicies`), or false for none at all. */
 export type RouteRateLimit = false | string | RateLimitPolicy | Array<string | RateLimitPolicy>
-
-export interface RateLimitPluginOptions {
-  /**
-   * Where counters live: 'redis' (default; shared by every instance) or 'memory' (this process
-   * only, no Redis needed: single-instance apps and tests). Same algorithms, semantics and headers.
-   */
-  store?: 'redis' | 'memory'
-  /** `store: 'memory'`: keys kept at most; past it the least recently used key is dropped. Default 100000. */
-  memoryMaxKeys?: number
-  /** Any ioredis Redis or Cluster; defaults to the redis plugin's `app.redis`. Never closed by this plugin. */
-  redis?: AnyRedisClient
-  /** How long registration waits for the client to be ready (shared by every plugin on it); 0: do not wait. Default 5000. */
-  connectTimeoutMs?: number
-  /** Who the caller is, for `keyBy.customer`; default: this suite's session plugin if registered, else nobody. */
-  principal?: PrincipalFunction
-  /** Prepended to every key (default `rl:`); keys are `<prefix>{<identity hash>}:<policy name>:<algorithm>`. */
-  keyPrefix?: string
-  /** Applied to every route registered after the plugin (unless the route says `rateLimits: false`). */
-  policies?: RateLimitPolicy[]
-  /** Defined once, applied where a route names them: `config: { rateLimits: 'login' }`. */
-  namedPolicies?: RateLimitPolicy[]
-  /** Option values every policy starts from (an explicit policy option wins). */
-  defaults?: Partial<Omit<RateLimitPolicy, 'name'>>
-  /** Requests no policy applies to: client IPs, or a predicate. */
-  allowList?: AllowList
-  /** Also send X-RateLimit-Limit / -Remaining / -Reset for the tightest policy. Default false. */
-  legacyHeaders?: boolean
-  /** Keys kept in memory while over their limit, answered without Redis; 0 turns it off. Default 10000. */
-  overLimitCacheKeys?: number
-  /** After a Redis failure, decide by each policy's onRedisError for this long before trying again. Default 1000. */
-  retryRedisAfterMs?: Duration
-  /** Bound on a script call when the client has no commandTimeout of its own. Default 500. */
-  timeoutMs?: Duration
-  /** IPv6 clients are keyed by this prefix length (32-128; 128: per address). Default 64. */
-  ipv6Subnet?: number
-  /** Called when a request is rejected (429 or a ban's 403), unless its policy has its own; what it throws is logged. */
-  onExceeded?: ExceededHandler
-  /** Builds the body of every 429 (and a ban's 403: `decision.isBanned`), unless the violated policy has its own. */
-  errorResponse?: ErrorResponseBuilder
-  /**
-   * This process's clock, in ms since the epoch (default `Date.now`): `store: 'memory'`, the local
-   * fallback and the over-limit cache read it. Scripts on Redis read Redis's clock (TIME).
-   */
-  now?: () => number
-}
