@@ -8,13 +8,11 @@ import { normalizePolicy } from '../plugins/rate-limit/policy.ts'
 import type { Policy, RateLimitPolicy } from '../plugins/rate-limit/types.ts'
 import { bootPluginRedis } from '../redis/server.ts'
 import {
-  check,
-  connectTimeoutOf,
+  COMPAT_OPTIONS,
   counterName,
   globalParams,
   mergeParams,
   type Params,
-  PLUGIN_OPTIONS,
   penaltyOptions,
 } from './fastify-rate-limit/params.ts'
 import {
@@ -64,18 +62,16 @@ interface Limiter {
 
 let registrations = 0
 
-async function fastifyRateLimit(fastify: FastifyInstance, settings: RateLimitPluginOptions) {
-  settings ??= {}
-  check.known(settings, PLUGIN_OPTIONS)
+async function fastifyRateLimit(fastify: FastifyInstance, options: RateLimitPluginOptions) {
+  const settings = COMPAT_OPTIONS.read(options ?? {})
   const base = globalParams(settings)
   // A custom store counts by itself: the options it needs are its own business, not the engine's.
   const store = typeof settings.store === 'function' ? new settings.store({ ...base }) : null
   if (!store) penaltyOptions(base)
-  const connectTimeoutMs = connectTimeoutOf(settings.connectTimeoutMs)
   const redis = settings.redis
     ? await bootPluginRedis(fastify, 'rate-limit compat', {
         redis: settings.redis,
-        connectTimeoutMs,
+        connectTimeoutMs: settings.connectTimeoutMs,
         eviction: 'warn',
       })
     : null
@@ -89,7 +85,7 @@ async function fastifyRateLimit(fastify: FastifyInstance, settings: RateLimitPlu
     log: fastify.log.child({ plugin: 'rate-limit compat' }),
     // Counted in metrics nothing exports: @fastify/rate-limit has none.
     metrics: createRateLimitMetrics(),
-    memoryMaxKeys: Number.isSafeInteger(settings.cache) && settings.cache! > 0 ? settings.cache! : 5000,
+    memoryMaxKeys: settings.cache,
   })
   fastify.addHook('onClose', async () => engine.close())
   const ran = Symbol('fastify.request.rateLimitRan')
