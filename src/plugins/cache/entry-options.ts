@@ -1,5 +1,5 @@
 import { describeValue } from '../../redis/client.ts'
-import { optionChecker, optionKeys } from '../common/options.ts'
+import { optionChecker, optionKeys, shown } from '../common/options.ts'
 import { checkKey, checkTags } from './key.ts'
 import type { CacheLoadErrorMode, CacheSetOptions, CacheSettings, GetOrLoadOptions } from './types.ts'
 
@@ -29,9 +29,6 @@ const SET_OPTIONS = optionKeys<CacheSetOptions>({ ttlMs: true, tags: true })
 
 /** The options of a call that passed none: nothing to check. */
 export const NO_OPTIONS: GetOrLoadOptions = Object.freeze({})
-
-/** A value for a message: a number as written, anything else described. */
-export const shown = (value: unknown) => (typeof value === 'number' ? String(value) : describeValue(value))
 
 function checkInt(name: string, value: number | undefined, min: number): void {
   if (value !== undefined && !(Number.isSafeInteger(value) && value >= min))
