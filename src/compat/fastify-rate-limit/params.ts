@@ -243,14 +243,14 @@ export const COMPAT_OPTIONS = declareOptions('@fastify/rate-limit compat', {
   ipv6Subnet: upstream({
     type: 'integer from 0 to 128',
     default: DEFAULT_IPV6_SUBNET,
-    doc: 'IPv6 clients are keyed by this prefix',
+    doc: 'IPv6 clients are keyed by this prefix length, 0 to 128',
     accept: subnetOf,
   }),
   ban: upstream({
     type: 'integer',
     default: -1,
     defaultText: 'none',
-    doc: '403 after this many rejections in a window',
+    doc: 'a whole number: 403 once this many requests were rejected in a window',
     accept: banOf,
   }),
   onBanReach: listener('`(request, key)`, called on every banned request'),
@@ -277,7 +277,7 @@ export const COMPAT_OPTIONS = declareOptions('@fastify/rate-limit compat', {
   cache: upstream({
     type: 'integer',
     default: 5000,
-    doc: 'keys the in-process store keeps (least recently used dropped first)',
+    doc: 'keys the in-process store keeps, a positive whole number (least recently used dropped first)',
     accept: (value) => (Number.isSafeInteger(value) && (value as number) > 0 ? (value as number) : undefined),
   }),
   store: given<CustomStoreClass>('class', 'a custom store class (`incr`, `read`, `child`)'),

@@ -169,7 +169,7 @@ const PLUGIN_DECLARATIONS = {
   memoryMaxKeys: option.integer({
     min: 100,
     default: 100_000,
-    doc: "`store: 'memory'`: keys kept at most; the least recently used is dropped past it",
+    doc: "`store: 'memory'`: keys kept at most (at least 100); the least recently used is dropped past it",
   }),
   redis: option.redisClient({
     doc: "an ioredis `Redis` or `Cluster`; never closed by this plugin. Without either, or with something else (a URL string, an options object), the boot fails with `FRG_REDIS_CLIENT_INVALID`. Not used with `store: 'memory'`",
@@ -184,7 +184,8 @@ const PLUGIN_DECLARATIONS = {
   principal: option.function<PrincipalFunction>({
     type: 'a function of the request returning who the caller is',
     defaultText: "the session plugin's principal, if registered",
-    doc: '`(request) => string | null | undefined`; what `keyBy.customer` keys by',
+    // In a docs table's cell: its pipes escaped.
+    doc: '`(request) => string \\| null \\| undefined`; what `keyBy.customer` keys by',
   }),
   policies: option.custom<readonly RateLimitPolicy[], RateLimitPolicy[]>({
     type: 'policy[]',
@@ -238,7 +239,7 @@ const PLUGIN_DECLARATIONS = {
     min: 32,
     max: 128,
     default: DEFAULT_IPV6_SUBNET,
-    doc: 'IPv6 clients are keyed by this prefix length ([client addresses](#client-addresses-and-ipv6))',
+    doc: 'IPv6 clients are keyed by this prefix length, 32 to 128 ([client addresses](#client-addresses-and-ipv6))',
   }),
   onExceeded: option.function<ExceededHandler>({
     type: 'a function of (request, decision)',
