@@ -310,6 +310,88 @@ test('the layer check catches an import up the layers, a file in no layer and a 
   )
 })
 
+/**
+ * The circles of imports inside a folder of src/: the strongly connected components (Tarjan's
+ * algorithm) of the graph of imports between files of one folder, each as its files, sorted. A
+ * file that imports itself is a circle of one. A folder's parts import one way, so that each can
+ * be read, tested and changed from the bottom up; imports across folders are the rules above's.
+ */
+export function importCircles(imports: ReadonlyArray<readonly [file: string, target: string]>): string[][] {
+  const edges = new Map<string, string[]>()
+  for (const [file, target] of imports) {
+    if (dirname(file) !== dirname(target)) continue
+    edges.set(file, [...(edges.get(file) ?? []), target])
+    if (!edges.has(target)) edges.set(target, [])
+  }
+  const index = new Map<string, number>()
+  const lowest = new Map<string, number>()
+  const stack: string[] = []
+  const onStack = new Set<string>()
+  const circles: string[][] = []
+  const visit = (file: string) => {
+    index.set(file, index.size)
+    lowest.set(file, index.get(file)!)
+    stack.push(file)
+    onStack.add(file)
+    for (const target of edges.get(file)!) {
+      if (!index.has(target)) {
+        visit(target)
+        lowest.set(file, Math.min(lowest.get(file)!, lowest.get(target)!))
+      } else if (onStack.has(target)) lowest.set(file, Math.min(lowest.get(file)!, index.get(target)!))
+    }
+    if (lowest.get(file) !== index.get(file)) return
+    const component: string[] = []
+    let member: string
+    do {
+      member = stack.pop()!
+      onStack.delete(member)
+      component.push(member)
+    } while (member !== file)
+    if (component.length > 1 || edges.get(file)!.includes(file)) circles.push(component.sort())
+  }
+  for (const file of [...edges.keys()].sort()) if (!index.has(file)) visit(file)
+  return circles.sort((a, b) => a[0]!.localeCompare(b[0]!))
+}
+
+test('no folder of src/ has a circle of imports', () => {
+  const circles = importCircles(sourceImports()).map((files) => files.join(', '))
+  assert.deepEqual(circles, [], `circles of imports (each file reaches the others):\n${circles.join('\n')}`)
+})
+
+test('the circle check finds each circle inside a folder with its files, and nothing else', () => {
+  const imports = (file: string, line: string) =>
+    relativeImports(join(src, file), line).map((target) => [file, target] as const)
+  assert.deepEqual(
+    importCircles([
+      // A circle of three, with a file outside it that only imports into it.
+      ...imports('plugins/rate-limit/policy.ts', "import type { Decision } from './outcome.ts'"),
+      ...imports('plugins/rate-limit/outcome.ts', "import { x } from './engine.ts'"),
+      ...imports('plugins/rate-limit/engine.ts', "import { normalizePolicy } from './policy.ts'"),
+      ...imports('plugins/rate-limit/index.ts', "import { RateLimitEngine } from './engine.ts'"),
+      // A circle of two in another folder, and one file importing itself.
+      ...imports('ledger/ledger.ts', "import { x } from './transfers.ts'"),
+      ...imports('ledger/transfers.ts', "export type { Y } from './ledger.ts'"),
+      ...imports('scheduler/store.ts', "import { x } from './store.ts'"),
+    ]),
+    [
+      ['ledger/ledger.ts', 'ledger/transfers.ts'],
+      ['plugins/rate-limit/engine.ts', 'plugins/rate-limit/outcome.ts', 'plugins/rate-limit/policy.ts'],
+      ['scheduler/store.ts'],
+    ],
+  )
+  // Imports that go one way, and a circle only through another folder (the layer rules' concern).
+  assert.deepEqual(
+    importCircles([
+      ...imports('plugins/rate-limit/index.ts', "import { x } from './engine.ts'"),
+      ...imports('plugins/rate-limit/engine.ts', "import type { Policy } from './types.ts'"),
+      ...imports('plugins/rate-limit/index.ts', "import type { Policy } from './types.ts'"),
+      ...imports('compat/fastify-rate-limit.ts', "import { check } from './fastify-rate-limit/params.ts'"),
+      ...imports('compat/fastify-rate-limit/params.ts', "import { x } from '../fastify-rate-limit.ts'"),
+    ]),
+    [],
+  )
+})
+
 /** Past this a file holds more than one responsibility: split it by what each part does. */
 const MAX_SOURCE_LINES = 450
 

@@ -1,18 +1,18 @@
 import type { FastifyInstance, FastifyRequest, RouteOptions } from 'fastify'
 import fp from 'fastify-plugin'
 import { addRouteHook } from '../plugins/common/route-hooks.ts'
-import { RateLimitEngine, type RateLimitResult } from '../plugins/rate-limit/engine.ts'
-import { createMetrics } from '../plugins/rate-limit/metrics.ts'
-import { normalizePolicy, type Policy, type RateLimitPolicy } from '../plugins/rate-limit/policy.ts'
+import { RateLimitEngine } from '../plugins/rate-limit/engine.ts'
+import { createRateLimitMetrics } from '../plugins/rate-limit/metrics.ts'
+import type { RateLimitResult } from '../plugins/rate-limit/outcome.ts'
+import { normalizePolicy } from '../plugins/rate-limit/policy.ts'
+import type { Policy, RateLimitPolicy } from '../plugins/rate-limit/types.ts'
 import { bootPluginRedis } from '../redis/server.ts'
 import {
-  check,
-  connectTimeoutOf,
+  COMPAT_OPTIONS,
   counterName,
   globalParams,
   mergeParams,
   type Params,
-  PLUGIN_OPTIONS,
   penaltyOptions,
 } from './fastify-rate-limit/params.ts'
 import {
@@ -62,35 +62,31 @@ interface Limiter {
 
 let registrations = 0
 
-async function fastifyRateLimit(fastify: FastifyInstance, settings: RateLimitPluginOptions) {
-  settings ??= {}
-  check.known(settings, PLUGIN_OPTIONS)
+async function fastifyRateLimit(fastify: FastifyInstance, options: RateLimitPluginOptions) {
+  const settings = COMPAT_OPTIONS.read(options ?? {})
   const base = globalParams(settings)
   // A custom store counts by itself: the options it needs are its own business, not the engine's.
   const store = typeof settings.store === 'function' ? new settings.store({ ...base }) : null
   if (!store) penaltyOptions(base)
-  const connectTimeoutMs = connectTimeoutOf(settings.connectTimeoutMs)
   const redis = settings.redis
     ? await bootPluginRedis(fastify, 'rate-limit compat', {
         redis: settings.redis,
-        connectTimeoutMs,
+        connectTimeoutMs: settings.connectTimeoutMs,
         eviction: 'warn',
       })
     : null
   const registration = ++registrations
-  const engine = new RateLimitEngine(
-    redis,
-    {
-      // In memory each registration has counters of its own, as @fastify/rate-limit's LocalStore.
-      keyPrefix: redis ? (settings.nameSpace ?? 'fastify-rate-limit-') : `frl${registration}:`,
-      overLimitCacheKeys: redis ? 10_000 : 0,
-      retryRedisAfterMs: REDIS_RETRY_AFTER_S * 1000,
-      timeoutMs: 500,
-      log: fastify.log,
-      memoryMaxKeys: Number.isSafeInteger(settings.cache) && settings.cache! > 0 ? settings.cache! : 5000,
-    },
-    createMetrics(undefined),
-  )
+  const engine = new RateLimitEngine(redis, {
+    // In memory each registration has counters of its own, as @fastify/rate-limit's LocalStore.
+    keyPrefix: redis ? (settings.nameSpace ?? 'fastify-rate-limit-') : `frl${registration}:`,
+    overLimitCacheKeys: redis ? 10_000 : 0,
+    retryRedisAfterMs: REDIS_RETRY_AFTER_S * 1000,
+    timeoutMs: 500,
+    log: fastify.log.child({ plugin: 'rate-limit compat' }),
+    // Counted in metrics nothing exports: @fastify/rate-limit has none.
+    metrics: createRateLimitMetrics(),
+    memoryMaxKeys: settings.cache,
+  })
   fastify.addHook('onClose', async () => engine.close())
   const ran = Symbol('fastify.request.rateLimitRan')
   fastify.decorateRequest(ran as unknown as string, false)

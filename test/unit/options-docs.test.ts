@@ -1,9 +1,11 @@
 import assert from 'node:assert/strict'
 import { readFileSync } from 'node:fs'
 import { test } from 'node:test'
+import { COMPAT_OPTIONS } from '../../src/compat/fastify-rate-limit/params.ts'
 import { CACHE_OPTIONS } from '../../src/plugins/cache/options.ts'
 import type { Declarations, DeclaredOptions, OptionDocsRow } from '../../src/plugins/common/options.ts'
 import { METRICS_OPTIONS } from '../../src/plugins/metrics/options.ts'
+import { RATE_LIMIT_OPTIONS } from '../../src/plugins/rate-limit/options.ts'
 import { REDIS_OPTIONS } from '../../src/plugins/redis/options.ts'
 import { SESSION_OPTIONS, SESSION_STORE_OPTIONS } from '../../src/plugins/session/options.ts'
 
@@ -17,6 +19,12 @@ const PAGES: Array<[DeclaredOptions<Declarations>, string, string?]> = [
   [REDIS_OPTIONS, 'docs/redis.md', '## Options'],
   [SESSION_OPTIONS, 'docs/session.md', '## Options'],
   [SESSION_STORE_OPTIONS, 'docs/session.md', '### A store of its own'],
+  [RATE_LIMIT_OPTIONS, 'docs/rate-limit.md', 'Plugin options (`RateLimitPluginOptions`):'],
+  [
+    COMPAT_OPTIONS,
+    'docs/migrating-from-fastify-rate-limit.md',
+    'Every option of the compat entry, as it reads it:',
+  ],
 ]
 
 const root = new URL('../../', import.meta.url)

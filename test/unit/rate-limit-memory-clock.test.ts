@@ -1,8 +1,8 @@
 import assert from 'node:assert/strict'
 import { test } from 'node:test'
 import { MemoryStore } from '../../src/plugins/rate-limit/memory.ts'
-import type { Algorithm } from '../../src/plugins/rate-limit/policy.ts'
 import type {
+  Algorithm,
   BlockCall,
   Operation,
   PenaltyCall,

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict'
 import { describe, test } from 'node:test'
-import type { Algorithm } from '../../src/plugins/rate-limit/policy.ts'
 import {
+  type Algorithm,
   decodeCall,
   decodeReply,
   encodeCall,

@@ -1,9 +1,17 @@
 import { createHash } from 'node:crypto'
 import type { FastifyRequest } from 'fastify'
-import { optionChecker, optionKeys } from '../../plugins/common/options.ts'
+import {
+  type AnyOption,
+  declareOptions,
+  type OptionChecker,
+  option,
+  optionKeys,
+  type SettingsOf,
+} from '../../plugins/common/options.ts'
 import { DEFAULT_IPV6_SUBNET, defaultErrorResponse } from './responses.ts'
 import type {
   Awaitable,
+  CustomStoreClass,
   ErrorResponseBuilderContext,
   MaxFunction,
   RateLimitOptions,
@@ -12,7 +20,7 @@ import type {
 } from './types.ts'
 
 // Options as @fastify/rate-limit reads them (defaults, lenient coercions) into one settings object
-// per limiter, checked for unknown names.
+// per limiter, checked for unknown names. The plugin's are declared once (COMPAT_OPTIONS).
 
 const DEFAULT_MAX = 1000
 const DEFAULT_WINDOW = 60_000
@@ -106,16 +114,196 @@ function windowOf(value: unknown): number | WindowFunction {
   return Math.min(Math.trunc(ms!), Number.MAX_SAFE_INTEGER)
 }
 
+const maxOf = (value: unknown): number | MaxFunction =>
+  finiteNonNegative(value)
+    ? Math.trunc(value)
+    : typeof value === 'function'
+      ? (value as MaxFunction)
+      : DEFAULT_MAX
+
+const banOf = (value: unknown): number => (finiteNonNegative(value) ? Math.trunc(value) : -1)
+
 function subnetOf(value: unknown): number {
   return Number.isFinite(value) && (value as number) >= 0 && (value as number) <= 128
     ? Math.trunc(value as number)
     : DEFAULT_IPV6_SUBNET
 }
 
-export function globalParams(settings: RateLimitPluginOptions): Params {
-  const labels = settings.enableDraftSpec === true ? DRAFT_HEADERS : HEADERS
+type Listener = (request: FastifyRequest, key: string) => void
+
+/**
+ * An option as upstream reads it: `accept` gives the value to use, or undefined for one upstream
+ * ignores, which reads as the default there and here.
+ */
+function upstream<T, In = T>(spec: {
+  type: string
+  default: T
+  defaultText?: string
+  doc: string
+  accept: (value: unknown) => T | undefined
+}) {
+  const { accept, ...rest } = spec
+  return option.custom<T, In>({ ...rest, read: (value) => accept(value) ?? spec.default })
+}
+
+/** An option taken as given: what uses it (the engine, the Redis boot, a store) checks it. */
+const given = <T>(type: string, doc: string, defaultText = 'none') =>
+  option.custom<T | undefined, T>({ type, doc, defaultText, default: undefined, read: (value) => value as T })
+
+const whenFunction = <F>(value: unknown) => (typeof value === 'function' ? (value as F) : undefined)
+const whenTrue = (value: unknown) => (value === true ? true : undefined)
+const listener = (doc: string) =>
+  upstream<Listener>({ type: 'function', default: noop, defaultText: 'none', doc, accept: whenFunction })
+
+/**
+ * How long registration waits for a Redis that is not ready. Upstream does not wait at all; a
+ * second lets a client that is still connecting decide the first requests, without holding the
+ * boot of an app whose Redis is down.
+ */
+export const DEFAULT_CONNECT_TIMEOUT_MS = 1000
+
+/**
+ * @fastify/rate-limit's plugin options, each read as upstream reads it (a value of another type
+ * falls back to the default). What differs: upstream ignores an option it does not know, where a
+ * typo (`timeWindo`) would silently leave the default window in place, so an unknown name fails
+ * the boot with a did-you-mean; so do a `timeWindow` string upstream cannot read and a wrong
+ * `connectTimeoutMs`, which upstream does not have.
+ */
+export const COMPAT_OPTIONS = declareOptions('@fastify/rate-limit compat', {
+  global: upstream({
+    type: 'boolean',
+    default: true,
+    doc: 'every route is limited; `false`: only routes with `config.rateLimit`',
+    accept: (value) => (typeof value === 'boolean' ? value : undefined),
+  }),
+  max: upstream<number | MaxFunction>({
+    type: 'number | function',
+    default: DEFAULT_MAX,
+    doc: 'requests per window, or `(request, key) => number` (async too)',
+    accept: maxOf,
+  }),
+  timeWindow: upstream<number | WindowFunction, number | string | WindowFunction>({
+    type: 'ms | string | function',
+    default: DEFAULT_WINDOW,
+    defaultText: '60000 (1 minute)',
+    doc: "the window: milliseconds, a string upstream reads ('1 minute', '2w'), or a function",
+    accept: windowOf,
+  }),
+  keyGenerator: upstream<RateLimitOptions['keyGenerator'] | null>({
+    type: 'function',
+    default: null,
+    defaultText: 'the client IP',
+    doc: '`(request) => key`',
+    accept: whenFunction,
+  }),
+  allowList: upstream<RateLimitOptions['allowList'] | null>({
+    type: 'string[] | function',
+    default: null,
+    defaultText: 'none',
+    doc: 'IPs, or `(request, key) => boolean`: requests never limited',
+    accept: (value) => (value ? (value as RateLimitOptions['allowList']) : undefined),
+  }),
+  groupId: given<string>('string', 'a route option: routes with one groupId share a counter'),
+  hook: upstream<string>({
+    type: 'string',
+    default: 'onRequest',
+    defaultText: "`'onRequest'`",
+    doc: "the hook the limit runs in: `'onRequest'`, `'preParsing'`, `'preValidation'` or `'preHandler'`",
+    accept: (value) => (value ? (value as string) : undefined),
+  }),
+  skipOnError: upstream({
+    type: 'boolean',
+    default: false,
+    doc: 'let requests through while Redis fails',
+    accept: whenTrue,
+  }),
+  errorResponseBuilder: upstream<Params['errorResponseBuilder']>({
+    type: 'function',
+    default: defaultErrorResponse,
+    defaultText: "upstream's body",
+    doc: '`(request, context) => error`, thrown to the error handler',
+    accept: whenFunction,
+  }),
+  addHeaders: given<Record<string, boolean | undefined>>(
+    'object',
+    "headers by name, `false` to leave one out (`{ 'retry-after': false }`), on a rejection",
+    'all sent',
+  ),
+  addHeadersOnExceeding: given<Record<string, boolean | undefined>>(
+    'object',
+    'the same, on a response within the limit',
+    'all sent',
+  ),
+  enableDraftSpec: upstream({
+    type: 'boolean',
+    default: false,
+    doc: 'the `ratelimit-*` header names',
+    accept: whenTrue,
+  }),
+  ipv6Subnet: upstream({
+    type: 'integer from 0 to 128',
+    default: DEFAULT_IPV6_SUBNET,
+    doc: 'IPv6 clients are keyed by this prefix length, 0 to 128',
+    accept: subnetOf,
+  }),
+  ban: upstream({
+    type: 'integer',
+    default: -1,
+    defaultText: 'none',
+    doc: 'a whole number: 403 once this many requests were rejected in a window',
+    accept: banOf,
+  }),
+  onBanReach: listener('`(request, key)`, called on every banned request'),
+  onExceeding: listener('`(request, key)`, called on every request within the limit'),
+  onExceeded: listener('`(request, key)`, called on every rejected request'),
+  continueExceeding: upstream({
+    type: 'boolean',
+    default: false,
+    doc: 'every rejection restarts the window',
+    accept: whenTrue,
+  }),
+  exponentialBackoff: upstream({
+    type: 'boolean',
+    default: false,
+    doc: 'each rejection doubles the window',
+    accept: whenTrue,
+  }),
+  redis: given<RateLimitPluginOptions['redis']>(
+    'ioredis client',
+    'counters in Redis, shared by every instance',
+    'none: counters in this process',
+  ),
+  nameSpace: given<string>('string', 'Redis key prefix', '`fastify-rate-limit-`'),
+  cache: upstream({
+    type: 'integer',
+    default: 5000,
+    doc: 'keys the in-process store keeps, a positive whole number (least recently used dropped first)',
+    accept: (value) => (Number.isSafeInteger(value) && (value as number) > 0 ? (value as number) : undefined),
+  }),
+  store: given<CustomStoreClass>('class', 'a custom store class (`incr`, `read`, `child`)'),
+  connectTimeoutMs: option.custom<number>({
+    type: 'integer of at least 0',
+    default: DEFAULT_CONNECT_TIMEOUT_MS,
+    doc: 'how long registration waits for `redis` to be ready; 0: do not wait',
+    read(value, fail) {
+      if (!Number.isSafeInteger(value) || (value as number) < 0)
+        fail(
+          `\`connectTimeoutMs\` must be a whole number of milliseconds, 0 or more (0: do not wait), got ${String(value)}`,
+        )
+      return value as number
+    },
+  }),
+} satisfies Record<keyof RateLimitPluginOptions, AnyOption>)
+
+export type CompatSettings = SettingsOf<typeof COMPAT_OPTIONS>
+
+export const check: OptionChecker = COMPAT_OPTIONS.checker
+
+/** The global limiter's settings, from the plugin's. */
+export function globalParams(settings: CompatSettings): Params {
+  const labels = settings.enableDraftSpec ? DRAFT_HEADERS : HEADERS
   return {
-    global: typeof settings.global === 'boolean' ? settings.global : true,
+    global: settings.global,
     labels,
     addHeaders: {
       [labels.rateLimit]: true,
@@ -130,35 +318,24 @@ export function globalParams(settings: RateLimitPluginOptions): Params {
       [labels.rateReset]: true,
       ...settings.addHeadersOnExceeding,
     },
-    max: finiteNonNegative(settings.max)
-      ? Math.trunc(settings.max)
-      : typeof settings.max === 'function'
-        ? settings.max
-        : DEFAULT_MAX,
-    timeWindow: windowOf(settings.timeWindow),
-    hook: settings.hook || 'onRequest',
-    allowList: settings.allowList || null,
-    ban: finiteNonNegative(settings.ban) ? Math.trunc(settings.ban) : -1,
-    onBanReach: typeof settings.onBanReach === 'function' ? settings.onBanReach : noop,
-    onExceeding: typeof settings.onExceeding === 'function' ? settings.onExceeding : noop,
-    onExceeded: typeof settings.onExceeded === 'function' ? settings.onExceeded : noop,
-    continueExceeding: settings.continueExceeding === true,
-    exponentialBackoff: settings.exponentialBackoff === true,
-    ipv6Subnet: subnetOf(settings.ipv6Subnet),
-    keyGenerator: typeof settings.keyGenerator === 'function' ? settings.keyGenerator : null,
-    errorResponseBuilder:
-      typeof settings.errorResponseBuilder === 'function'
-        ? settings.errorResponseBuilder
-        : defaultErrorResponse,
-    skipOnError: settings.skipOnError === true,
+    max: settings.max,
+    timeWindow: settings.timeWindow,
+    hook: settings.hook,
+    allowList: settings.allowList,
+    ban: settings.ban,
+    onBanReach: settings.onBanReach,
+    onExceeding: settings.onExceeding,
+    onExceeded: settings.onExceeded,
+    continueExceeding: settings.continueExceeding,
+    exponentialBackoff: settings.exponentialBackoff,
+    ipv6Subnet: settings.ipv6Subnet,
+    keyGenerator: settings.keyGenerator ?? null,
+    errorResponseBuilder: settings.errorResponseBuilder,
+    skipOnError: settings.skipOnError,
   }
 }
 
-/**
- * Upstream ignores an option it does not know; here a typo (`timeWindo`) would silently leave the
- * default window in place, so unknown options fail the boot with a did-you-mean.
- */
-export const check = optionChecker('@fastify/rate-limit compat')
+/** What a route's `config.rateLimit` may hold. */
 const ROUTE_OPTIONS = optionKeys<RateLimitOptions>({
   max: true,
   timeWindow: true,
@@ -179,42 +356,13 @@ const ROUTE_OPTIONS = optionKeys<RateLimitOptions>({
   continueExceeding: true,
   exponentialBackoff: true,
 })
-export const PLUGIN_OPTIONS = [
-  ...ROUTE_OPTIONS,
-  'global',
-  'redis',
-  'nameSpace',
-  'cache',
-  'store',
-  'connectTimeoutMs',
-]
-
-/**
- * How long registration waits for a Redis that is not ready. Upstream does not wait at all; a
- * second lets a client that is still connecting decide the first requests, without holding the
- * boot of an app whose Redis is down.
- */
-export const DEFAULT_CONNECT_TIMEOUT_MS = 1000
-
-export function connectTimeoutOf(value: unknown): number {
-  if (value === undefined) return DEFAULT_CONNECT_TIMEOUT_MS
-  if (!Number.isSafeInteger(value) || (value as number) < 0)
-    check.fail(
-      `\`connectTimeoutMs\` must be a whole number of milliseconds, 0 or more (0: do not wait), got ${String(value)}`,
-    )
-  return value as number
-}
 
 export function mergeParams(base: Params, options: RateLimitOptions): Params {
   check.known(options, ROUTE_OPTIONS, 'route options')
   const result = { ...base, ...options } as Params & Record<string, unknown>
   result.timeWindow = windowOf(result.timeWindow)
-  result.max = finiteNonNegative(result.max)
-    ? Math.trunc(result.max)
-    : typeof result.max === 'function'
-      ? result.max
-      : DEFAULT_MAX
-  result.ban = finiteNonNegative(result.ban) ? Math.trunc(result.ban) : -1
+  result.max = maxOf(result.max)
+  result.ban = banOf(result.ban)
   result.ipv6Subnet = subnetOf(result.ipv6Subnet)
   if (typeof options.keyGenerator !== 'function') result.keyGenerator = base.keyGenerator
   if (result.groupId !== undefined && typeof result.groupId !== 'string')

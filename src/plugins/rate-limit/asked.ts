@@ -1,7 +1,8 @@
 import type { FastifyRequest } from 'fastify'
 import type { PrincipalFunction } from '../common/principal.ts'
 import { RateLimitArgumentError, RateLimitError } from './errors.ts'
-import { checkDynamic, type Policy, type Resolved, shown } from './policy.ts'
+import { checkDynamic, shown } from './policy.ts'
+import type { Policy, Resolved } from './types.ts'
 
 /**
  * What a request asks of each policy that applies to it: whose quota (the identity), how many

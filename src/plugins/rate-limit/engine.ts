@@ -13,7 +13,6 @@ import { acquireStore, type MemoryStore, memoryStoreId, releaseStore } from './m
 import type { RateLimitMetrics } from './metrics.ts'
 import {
   addDecision,
-  type Decision,
   emptyOutcome,
   type Outcome,
   type RateLimitResult,
@@ -21,11 +20,10 @@ import {
   type RequestOperation,
   settleRejection,
 } from './outcome.ts'
-import type { Policy, Resolved } from './policy.ts'
 import { decodeReply, encodeCall, type ScriptCall, type ScriptReply } from './protocol.ts'
+import type { Decision, Policy, Resolved } from './types.ts'
 
 export { memoryStoreOf } from './memory.ts'
-export type { Decision, Outcome, RateLimitResult, Refund, RequestOperation } from './outcome.ts'
 
 const cacheKey = (group: Group) => group.id + group.policies.map((p) => p.name).join(',')
 
@@ -34,7 +32,11 @@ export interface EngineOptions {
   overLimitCacheKeys: number
   retryRedisAfterMs: number
   timeoutMs: number
+  /** The plugin's logger (its messages carry `plugin: 'rate-limit'`). */
   log: FastifyBaseLogger
+  metrics: RateLimitMetrics
+  /** Who the caller is, for key functions such as keyBy.customer (default: nobody). */
+  principal?: PrincipalFunction
   /** `store: 'memory'`: every decision in this process, with at most this many keys. */
   memoryMaxKeys?: number
   /** This process's clock in ms since the epoch (the memory stores and the over-limit cache read it). */
@@ -91,14 +93,14 @@ export class RateLimitEngine implements KeyNames {
   private lastUnavailableLog = 0
   /** Policies whose script call Redis refused, logged once each (every later refusal is counted). */
   private readonly scriptErrorsLogged = new Set<string>()
-  /** Replaced once the app is ready: the metrics plugin's registry and the resolved principal. */
-  metrics: RateLimitMetrics
-  principal: PrincipalFunction = () => null
+  private readonly metrics: RateLimitMetrics
+  private readonly principal: PrincipalFunction
 
-  constructor(redis: RedisClient | null, options: EngineOptions, metrics: RateLimitMetrics) {
+  constructor(redis: RedisClient | null, options: EngineOptions) {
     this.redis = redis
     this.options = options
-    this.metrics = metrics
+    this.metrics = options.metrics
+    this.principal = options.principal ?? (() => null)
     this.memoryId = memoryStoreId(options.keyPrefix)
     this.now = options.now ?? Date.now
     this.fallback = new RedisFallback(options.keyPrefix, this.now)
@@ -275,7 +277,7 @@ export class RateLimitEngine implements KeyNames {
     this.lastUnavailableLog = now
     this.options.log.warn(
       { err, reason },
-      'rate limit: Redis unavailable, policies decide by their onRedisError (open, closed or local)',
+      'Redis unavailable, policies decide by their onRedisError (open, closed or local)',
     )
   }
 
@@ -293,7 +295,7 @@ export class RateLimitEngine implements KeyNames {
     const modes = group.policies.map((p) => `'${p.name}': ${p.onRedisError}`).join(', ')
     this.options.log.error(
       { err, policy: names.join(', '), keys },
-      `rate limit: Redis refused the script of policy '${names.join("', '")}' on ${keys.join(', ')} (${err.message}); until fixed it is decided by its onRedisError (${modes}). ` +
+      `Redis refused the script of policy '${names.join("', '")}' on ${keys.join(', ')} (${err.message}); until fixed it is decided by its onRedisError (${modes}). ` +
         `A key of another type under the key prefix '${this.options.keyPrefix}' means something else writes there: give this plugin a keyPrefix of its own, or delete those keys (they expire with their TTL)`,
     )
   }

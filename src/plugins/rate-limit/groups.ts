@@ -1,7 +1,8 @@
 import { randomBytes } from 'node:crypto'
 import type { Asked } from './asked.ts'
-import { type Policy, type Resolved, resolve } from './policy.ts'
+import { resolve } from './policy.ts'
 import type { Operation, PolicyCall, Quota, ScriptCall } from './protocol.ts'
+import type { Policy, Resolved } from './types.ts'
 
 /**
  * The policies of one request that share a script and a key identity: one script call decides

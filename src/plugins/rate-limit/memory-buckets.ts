@@ -1,4 +1,4 @@
-import type { Keyspace } from './memory.ts'
+import type { Keyspace } from './memory-keyspace.ts'
 import type { ScriptCall, ScriptReply } from './protocol.ts'
 
 /**

@@ -1,4 +1,4 @@
-import type { Entry, Keyspace } from './memory.ts'
+import type { Entry, Keyspace } from './memory-keyspace.ts'
 import type { BanState, PenaltyCall, PolicyReply, ScriptCall, ScriptReply } from './protocol.ts'
 
 /**

@@ -1,7 +1,14 @@
 import { gcra, tokenBucket } from './memory-buckets.ts'
+import type { Entry, Keyspace } from './memory-keyspace.ts'
 import { fixedWindow, slidingCounter, slidingLog } from './memory-windows.ts'
-import type { Algorithm } from './policy.ts'
-import { decodeCall, encodeReply, type ScriptCall, type ScriptReply, type WireArgument } from './protocol.ts'
+import {
+  type Algorithm,
+  decodeCall,
+  encodeReply,
+  type ScriptCall,
+  type ScriptReply,
+  type WireArgument,
+} from './protocol.ts'
 
 /**
  * The rate-limit scripts run in this process: the same calls, the same replies and the same
@@ -13,37 +20,6 @@ import { decodeCall, encodeReply, type ScriptCall, type ScriptReply, type WireAr
  * the blocks every script shares. Keys are bounded: past `maxKeys` the least recently used key is
  * dropped (its client starts afresh), and expired keys are swept as Redis expires them.
  */
-
-/** What a key holds; each algorithm uses its own fields, the others stay at their start values. */
-export interface Entry {
-  /** Which script's data the key holds; another script on it fails as WRONGTYPE would. */
-  kind: Algorithm | 'block'
-  /** Expiry time in ms since the epoch (Infinity: no TTL, as a key Redis holds without one). */
-  expiresAt: number
-  /** Fixed window: requests counted in the window (a rejections key: rejections counted). */
-  count: number
-  /** Token bucket: tokens at `refilledAt`. */
-  tokens: number
-  refilledAt: number
-  /** Sliding counter: the current window's index (NaN: none), its count and the previous one's. */
-  windowIndex: number
-  currentCount: number
-  previousCount: number
-  /** GCRA: the theoretical arrival time. */
-  arrivalTime: number
-  /** Sliding log: unit times ascending, and the nonce each unit was added under. */
-  times: number[] | null
-  nonces: string[] | null
-}
-
-/** The keys as an algorithm reads and writes them. */
-export interface Keyspace {
-  /** A live entry (most recently used from now on), or undefined; `kind` is checked like a Redis type. */
-  read(key: string, kind: Entry['kind'], now: number): Entry | undefined
-  /** A new entry without a TTL. */
-  create(key: string, kind: Entry['kind'], now: number): Entry
-  delete(keys: readonly string[]): void
-}
 
 /**
  * A key as tests read it, the way they read Redis: the number it holds (a fixed window's count,

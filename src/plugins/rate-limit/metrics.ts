@@ -1,11 +1,17 @@
-import { Counter, type Registry } from 'prom-client'
-import { adoptMetric } from '../common/metrics.ts'
+import { Counter } from 'prom-client'
 import { type HistogramSeries, TalliedHistogram } from '../common/tallied-histogram.ts'
 
+/**
+ * The plugin's instruments (created unregistered; the metrics plugin adopts them when the app is
+ * ready, see `pluginMetrics`) and the calls the engine counts through.
+ */
 export interface RateLimitMetrics {
-  /** Counts one decision; cheap enough for every request (see `tallies`). */
+  readonly decisions: Counter<'policy' | 'outcome'>
+  readonly scriptDuration: TalliedHistogram
+  readonly redisUnavailable: Counter
+  /** Counts one decision; cheap enough for every request (see `decisionsCounter`). */
   decision(policy: string, outcome: string): void
-  /** The script round-trip histogram of one algorithm (keep it; observe per call). */
+  /** The script round-trip histogram of one algorithm. */
   scriptSeconds(algorithm: string): HistogramSeries
   /** Counts one group of policies decided without Redis. */
   unavailable(): void
@@ -16,18 +22,16 @@ type Tallies = Map<string, Map<string, { labels: { policy: string; outcome: stri
 /**
  * Decisions are tallied in plain numbers and handed to prom-client when it collects (a scrape):
  * `inc({ labels })` hashes its labels on every call, which was a measurable share of a request's
- * CPU. One tally per counter object, so two plugin instances sharing the counter share it too.
+ * CPU.
  */
-const tallies = new WeakMap<Counter<'policy' | 'outcome'>, Tallies>()
-
-function decisionsCounter(): Counter<'policy' | 'outcome'> {
+function decisionsCounter(tallies: Tallies): Counter<'policy' | 'outcome'> {
   const counter: Counter<'policy' | 'outcome'> = new Counter({
     name: 'rate_limit_decisions_total',
     help: 'Rate limit decisions by policy and outcome (allowed, delayed, rejected, rejected_cached, degraded_*, error)',
     labelNames: ['policy', 'outcome'] as const,
     registers: [],
     collect() {
-      for (const outcomes of tallies.get(counter)!.values()) {
+      for (const outcomes of tallies.values()) {
         for (const cell of outcomes.values()) {
           if (cell.n > 0) counter.inc(cell.labels, cell.n)
           cell.n = 0
@@ -35,34 +39,28 @@ function decisionsCounter(): Counter<'policy' | 'outcome'> {
       }
     },
   })
-  tallies.set(counter, new Map())
   return counter
 }
 
-/**
- * Adopted by the app's registry when the metrics plugin is there (a second rate-limit instance in
- * the same app shares the first one's); otherwise counted in metrics that nothing exports.
- */
-export function createMetrics(registry: Registry | undefined): RateLimitMetrics {
-  const adopt = <T>(metric: T): T => (registry ? adoptMetric(registry, metric) : metric)
-  const byPolicy = tallies.get(adopt(decisionsCounter()))!
-  const scriptHistogram = adopt(
-    new TalliedHistogram(
-      'rate_limit_script_duration_seconds',
-      'Round trip of one rate limit script call, by algorithm',
-      [0.0002, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5],
-    ),
+/** The instruments of the plugin in one app (its instances share them through `pluginMetrics`). */
+export function createRateLimitMetrics(): RateLimitMetrics {
+  const byPolicy: Tallies = new Map()
+  const scriptDuration = new TalliedHistogram(
+    'rate_limit_script_duration_seconds',
+    'Round trip of one rate limit script call, by algorithm',
+    [0.0002, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5],
   )
-  const unavailable = adopt(
-    new Counter({
-      name: 'rate_limit_redis_unavailable_total',
-      help: 'Rate limit checks decided without Redis (not connected, failed or timed out), by each policy onRedisError',
-      registers: [],
-    }),
-  )
+  const redisUnavailable = new Counter({
+    name: 'rate_limit_redis_unavailable_total',
+    help: 'Rate limit checks decided without Redis (not connected, failed or timed out), by each policy onRedisError',
+    registers: [],
+  })
   const scriptSeries = new Map<string, HistogramSeries>()
   return {
-    unavailable: () => unavailable.inc(),
+    decisions: decisionsCounter(byPolicy),
+    scriptDuration,
+    redisUnavailable,
+    unavailable: () => redisUnavailable.inc(),
     decision(policy, outcome) {
       let outcomes = byPolicy.get(policy)
       if (!outcomes) {
@@ -76,7 +74,7 @@ export function createMetrics(registry: Registry | undefined): RateLimitMetrics 
     scriptSeconds(algorithm) {
       let series = scriptSeries.get(algorithm)
       if (!series) {
-        series = scriptHistogram.series({ algorithm })
+        series = scriptDuration.series({ algorithm })
         scriptSeries.set(algorithm, series)
       }
       return series

@@ -1,22 +1,7 @@
-import type { Policy } from './policy.ts'
 import type { BanState, Operation, PolicyCall } from './protocol.ts'
+import type { Decision, Policy } from './types.ts'
 
 /** What the engine answers about a request: one decision per policy, and what follows from them. */
-
-export interface Decision {
-  policy: Policy
-  allowed: boolean
-  /** Null when nothing true can be said (Redis down, policy open). */
-  remaining: number | null
-  resetMs: number
-  retryMs: number
-  /** The limit applied to this request (per-request limits; the local share when decided locally). */
-  limit: number
-  /** The RateLimit-Policy item actually enforced (a local limiter advertises its share). */
-  header: string
-  /** The policy's `ban` applies: the key is rejected with 403 until its window ends. */
-  isBanned: boolean
-}
 
 /** What undoes a consume for a count-only-failures policy when the response is a success. */
 export interface Refund {

@@ -1,101 +1,21 @@
 import type { FastifyReply, FastifyRequest } from 'fastify'
 import { describeValue } from '../../redis/client.ts'
-import type { PrincipalFunction } from '../common/principal.ts'
-import { type Duration, durationOption, parseDuration } from './duration.ts'
+import { durationOption, parseDuration } from './duration.ts'
 import { DEFAULT_IPV6_SUBNET, ipKey, type KeyFunction, keyBy, needsPreHandler } from './keys.ts'
-import { BAN_KEYS, DEFAULTS_KEYS, POLICY_KEYS, policyCheck } from './options.ts'
-import type { Decision } from './outcome.ts'
-import { type Quota, type RateLimitScript, SCRIPT_OF_ALGORITHM } from './protocol.ts'
-
-export type Algorithm = 'fixed-window' | 'sliding-log' | 'sliding-counter' | 'token-bucket' | 'gcra'
-/** What a policy does while Redis cannot answer: allow, answer 503, or limit in this process. */
-export type FailureMode = 'open' | 'closed' | 'local'
-
-export interface RateLimitPolicy {
-  /** Names the policy in headers, problems, metrics and its Redis key: 1-64 of A-Z a-z 0-9 _ . - */
-  name: string
-  algorithm: Algorithm
-  /**
-   * Cost units allowed per window; for the token bucket, its capacity (the burst). A function of the
-   * request sets it per request (per-plan quotas), sync or async (resolved once per request, with
-   * every other policy's, before the one store call); its result is checked on every request.
-   */
-  limit: number | LimitFunction
-  /**
-   * Window (GCRA: period); every algorithm except the token bucket. Milliseconds or a duration
-   * string ('10s', '1 minute'), or a function of the request returning milliseconds.
-   */
-  windowMs?: Duration | ((request: FastifyRequest) => number)
-  /** Token bucket only: tokens added per second. */
-  refillPerSecond?: number
-  /**
-   * Whose quota a request uses: 'ip' (default) or a function, sync or async (resolved once per
-   * request, before the store call); null or undefined skips the policy.
-   */
-  key?: 'ip' | KeyFunction | AsyncKeyFunction
-  /** Units a request consumes (default 1). */
-  cost?: number | ((request: FastifyRequest) => number)
-  /** 'preHandler' for keys read from the parsed, validated body. Default 'onRequest'. */
-  hook?: 'onRequest' | 'preHandler'
-  /** Count a request only if its response is a failure (default predicate: status >= 400). */
-  countOnlyFailures?: boolean | ((reply: FastifyReply) => boolean)
-  /** Default 'open'. */
-  onRedisError?: FailureMode
-  /** With onRedisError 'local': this process's share of the limit, in (0, 1]. Default 1. */
-  localShare?: number
-  /** Token bucket and GCRA: wait up to this long for the next slot instead of rejecting. */
-  maxDelayMs?: Duration
-  /** Requests for which this policy is skipped: client IPs, or a predicate. */
-  allowList?: AllowList
-  /** Once a key goes over its limit, reject it for this long (kept in the store: every instance honours it). */
-  blockMs?: Duration
-  /**
-   * Fixed window only: once `after` requests were rejected (429) in a window, every request of
-   * the key is rejected with 403 until the window ends; `onBanReach` is called once per ban.
-   */
-  ban?: BanOptions
-  /**
-   * Fixed window only: the k-th rejected request of a window sets the window to end
-   * `windowMs * 2^(k-1)` from now (at most about 24.8 days, or windowMs if longer).
-   */
-  exponentialBackoff?: boolean
-  /** Fixed window only: every rejected request restarts the window (a full `windowMs` from now). */
-  continueExceeding?: boolean
-  /** Called when this policy rejects a request (429); for logging or alerting. Overrides the plugin's. */
-  onExceeded?: ExceededHandler
-  /** Builds the body of this policy's 429 (status and headers stay). Overrides the plugin's. */
-  errorResponse?: ErrorResponseBuilder
-}
-
-/** A per-request limit: a positive whole number, or a promise of one. */
-export type LimitFunction = (request: FastifyRequest) => number | Promise<number>
-
-/** A key function that looks the identity up (a database, a cache): null or undefined skips the policy. */
-export type AsyncKeyFunction = (
-  request: FastifyRequest,
-  principal: PrincipalFunction,
-) => Promise<string | null | undefined>
-
-/** Called once per ban with the banned request and its key (the identity); what it throws is logged. */
-export type BanHandler = (request: FastifyRequest, key: string) => void | Promise<void>
-
-export interface BanOptions {
-  /** Rejections (429) in a window after which the key gets 403 until the window ends; 0: the first rejection is a 403. */
-  after: number
-  onBanReach?: BanHandler
-}
+import { allowListPredicate, BAN_KEYS, POLICY_KEYS, policyCheck } from './options.ts'
+import { type Quota, SCRIPT_OF_ALGORITHM } from './protocol.ts'
+import type {
+  BanHandler,
+  BanOptions,
+  ErrorResponseBuilder,
+  ExceededHandler,
+  Policy,
+  RateLimitPolicy,
+  Resolved,
+} from './types.ts'
 
 /** Most rejections `ban.after` may wait for. */
 const MAX_BAN_AFTER = 1_000_000
-
-/** Called with the rejected request and the violated policy's decision; what it throws is logged. */
-export type ExceededHandler = (request: FastifyRequest, decision: Decision) => void | Promise<void>
-
-/**
- * Returns the body of a 429: a string is sent as text/plain, anything else as JSON
- * (application/json). It may be async; if it throws, the default problem body is sent.
- */
-export type ErrorResponseBuilder = (request: FastifyRequest, decision: Decision) => unknown
 
 /** Plugin-wide settings a policy takes when it does not set its own. */
 export interface PolicyContext {
@@ -106,86 +26,11 @@ export interface PolicyContext {
 
 const NO_CONTEXT: PolicyContext = { ipv6Subnet: DEFAULT_IPV6_SUBNET, onExceeded: null, errorResponse: null }
 
-export type AllowList = readonly string[] | ((request: FastifyRequest) => boolean)
-
-/** A validated policy with everything precomputed that the hot path needs. */
-export interface Policy {
-  name: string
-  algorithm: Algorithm
-  script: RateLimitScript
-  /** The limit; for a per-request limit, 0 (see `limitFn`). */
-  limit: number
-  limitFn: LimitFunction | null
-  /** The window ms; for a per-request window, 0 (see `windowFn`). */
-  windowMs: number
-  windowFn: ((request: FastifyRequest) => number) | null
-  /** A per-request limit or window: arguments, header and key are made per request. */
-  dynamic: boolean
-  refillPerSecond: number
-  key: KeyFunction | AsyncKeyFunction
-  cost: number | ((request: FastifyRequest) => number)
-  hook: 'onRequest' | 'preHandler'
-  isFailure: ((reply: FastifyReply) => boolean) | null
-  onRedisError: FailureMode
-  localShare: number
-  maxDelayMs: number
-  allow: ((request: FastifyRequest) => boolean) | null
-  /** 0: no blocks. */
-  blockMs: number
-  /** Rejections before a ban; -1: no ban. */
-  banAfter: number
-  onBanReach: BanHandler | null
-  exponentialBackoff: boolean
-  continueExceeding: boolean
-  /** Fixed window: ban, exponentialBackoff or continueExceeding (its rejections are counted). */
-  penalised: boolean
-  onExceeded: ExceededHandler | null
-  errorResponse: ErrorResponseBuilder | null
-  /** The RateLimit-Policy item, e.g. `"ip";q=100;w=2` (static policies). */
-  header: string
-  /** Window in whole seconds as advertised in headers and problems (static policies). */
-  windowSec: number
-  /** The quota its script is called with (static policies). */
-  quota: Quota
-  /** The same for the `onRedisError: 'local'` fallback, with `localShare` of the limit. */
-  localHeader: string
-  localQuota: Quota
-}
-
-/**
- * The quota of one request under a policy, with its header item. A per-request window is part of
- * the key: `quota.windowMs` is the window asked for (the token bucket: 0).
- */
-export interface Resolved {
-  header: string
-  quota: Quota
-}
-
 /** A dynamic policy's quota until a request resolves it. */
 const NO_QUOTA: Quota = { limit: 0, windowMs: 0, refillPerSecond: 0 }
 
 const NAME = /^[A-Za-z0-9_.-]{1,64}$/
 const positiveInt = (v: unknown): v is number => Number.isSafeInteger(v) && (v as number) > 0
-
-export function allowListPredicate(
-  list: AllowList | undefined,
-  fail: (message: string) => never,
-): ((r: FastifyRequest) => boolean) | null {
-  if (list === undefined) return null
-  if (typeof list === 'function') return list
-  if (!Array.isArray(list) || list.some((ip) => typeof ip !== 'string'))
-    fail('`allowList` must be an array of IP strings or a function')
-  const ips = new Set(list)
-  return (request) => ips.has(request.ip)
-}
-
-/** Checks the plugin's `defaults` (a policy's options but its name) once, at registration. */
-export function checkDefaults(defaults: unknown): void {
-  if (defaults === undefined) return
-  if (typeof defaults !== 'object' || defaults === null || Array.isArray(defaults))
-    policyCheck.fail(`\`defaults\` must be an object of policy options, got ${describeValue(defaults)}`)
-  policyCheck.known(defaults, DEFAULTS_KEYS, 'defaults')
-}
 
 /**
  * Checks one policy; throws an InvalidOptionError naming the policy and the option, or an

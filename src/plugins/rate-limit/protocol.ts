@@ -1,5 +1,3 @@
-import type { Algorithm } from './policy.ts'
-
 /**
  * The calling convention of the rate-limit scripts (src/lua/rate-limit-*.lua), in one place: what a
  * call and a reply hold, by name, and the one encoder and decoder of each between those names and
@@ -19,6 +17,9 @@ import type { Algorithm } from './policy.ts'
  *       rejected, nothing counted, and its policy replies remaining 0 with the block's TTL as its
  *       reset and retry; a consume its policy rejects starts the block.
  */
+
+/** How a policy counts; each algorithm is one script. */
+export type Algorithm = 'fixed-window' | 'sliding-log' | 'sliding-counter' | 'token-bucket' | 'gcra'
 
 /** The rate-limit script of each algorithm. */
 export const SCRIPT_OF_ALGORITHM = {

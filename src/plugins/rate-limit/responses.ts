@@ -1,11 +1,15 @@
 import type { FastifyReply, FastifyRequest } from 'fastify'
 import { HttpProblem, sendProblem } from '../common/problem.ts'
-import type { Decision, Outcome } from './engine.ts'
 import { RateLimitError } from './errors.ts'
+import type { Outcome } from './outcome.ts'
+import type { Decision } from './types.ts'
 
 // What the plugin writes on a response it limited: the RateLimit headers of every decision, and
 // the answer to a request it refused (429, a ban's 403, 503 when it cannot check, 500 when a
 // policy of the route cannot be applied).
+
+/** The request's logger, its messages marked `plugin: 'rate-limit'` as the plugin's own are. */
+export const requestLog = (request: FastifyRequest) => request.log.child({ plugin: 'rate-limit' })
 
 function appendHeader(reply: FastifyReply, name: string, value: string): void {
   const previous = reply.getHeader(name)
@@ -74,7 +78,7 @@ function rejection(outcome: Outcome): HttpProblem {
  */
 export function notChecked(request: FastifyRequest, err: unknown): HttpProblem {
   const policies = err instanceof RateLimitError ? err.policies : []
-  request.log.error({ err, policy: policies.join(', ') || undefined }, 'rate limit: request not checked')
+  requestLog(request).error({ err, policy: policies.join(', ') || undefined }, 'request not checked')
   const named = policies.length ? ` '${policies.join("', '")}'` : 's'
   return new HttpProblem(
     500,
@@ -87,7 +91,7 @@ export function notChecked(request: FastifyRequest, err: unknown): HttpProblem {
 
 /** Calls a user's callback without awaiting it: what it throws, at once or later, is logged. */
 function notify(request: FastifyRequest, policy: string, callback: string, call: () => unknown): void {
-  const logError = (err: unknown) => request.log.error({ err, policy }, `rate limit: ${callback} threw`)
+  const logError = (err: unknown) => requestLog(request).error({ err, policy }, `${callback} threw`)
   try {
     const result = call()
     if (result && typeof (result as Promise<void>).then === 'function')
@@ -113,10 +117,7 @@ export async function sendRejection(request: FastifyRequest, reply: FastifyReply
   try {
     body = await policy.errorResponse(request, decision)
   } catch (err) {
-    request.log.error(
-      { err, policy: policy.name },
-      'rate limit: errorResponse threw; the default body is sent',
-    )
+    requestLog(request).error({ err, policy: policy.name }, 'errorResponse threw; the default body is sent')
     return sendProblem(reply, problem)
   }
   reply.code(problem.status).headers(problem.headers)

@@ -537,12 +537,12 @@ describe('options are checked at registration', () => {
     [
       'cache',
       { overLimitCacheKeys: -1 },
-      'rate-limit plugin: `overLimitCacheKeys` must be a non-negative integer',
+      'rate-limit plugin: `overLimitCacheKeys` must be an integer of at least 0, got -1',
     ],
     [
       'legacyHeaders',
       { legacyHeaders: 'yes' as never },
-      'rate-limit plugin: `legacyHeaders` must be a boolean',
+      "rate-limit plugin: `legacyHeaders` must be true or false, got a string ('yes')",
     ],
     [
       'windowMs: not a duration',
@@ -593,23 +593,27 @@ describe('options are checked at registration', () => {
     [
       'memoryMaxKeys',
       { store: 'memory', memoryMaxKeys: 10 },
-      'rate-limit plugin: `memoryMaxKeys` must be an integer of at least 100',
+      'rate-limit plugin: `memoryMaxKeys` must be an integer of at least 100, got 10',
     ],
-    ['ipv6Subnet', { ipv6Subnet: 16 }, 'rate-limit plugin: `ipv6Subnet` must be an integer from 32 to 128'],
+    [
+      'ipv6Subnet',
+      { ipv6Subnet: 16 },
+      'rate-limit plugin: `ipv6Subnet` must be an integer from 32 to 128, got 16',
+    ],
     [
       'ipv6Subnet: not an integer',
       { ipv6Subnet: 64.5 },
-      'rate-limit plugin: `ipv6Subnet` must be an integer from 32 to 128',
+      'rate-limit plugin: `ipv6Subnet` must be an integer from 32 to 128, got 64.5',
     ],
     [
       'onExceeded',
       { onExceeded: 'log it' as never },
-      'rate-limit plugin: `onExceeded` must be a function of (request, decision)',
+      "rate-limit plugin: `onExceeded` must be a function of (request, decision), got a string ('log it')",
     ],
     [
       'errorResponse',
       { errorResponse: { error: 'slow down' } as never },
-      'rate-limit plugin: `errorResponse` must be a function of (request, decision)',
+      'rate-limit plugin: `errorResponse` must be a function of (request, decision), got an object (Object)',
     ],
     [
       'policy onExceeded',

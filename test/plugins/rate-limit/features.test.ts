@@ -549,7 +549,10 @@ for (const store of ['redis', 'memory'] as const) {
         for (const message of ['alerting down', 'alerting slow and down'])
           assert.ok(
             logs.some(
-              (l) => l.msg === 'rate limit: onExceeded threw' && (l.err as Error).message === message,
+              (l) =>
+                l.msg === 'onExceeded threw' &&
+                l.plugin === 'rate-limit' &&
+                (l.err as Error).message === message,
             ),
           )
       })

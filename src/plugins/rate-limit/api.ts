@@ -1,0 +1,65 @@
+import type { FastifyRequest } from 'fastify'
+import { describeValue } from '../../redis/client.ts'
+import type { RateLimitContext } from './context.ts'
+import { type Duration, durationOption } from './duration.ts'
+import { RateLimitArgumentError } from './errors.ts'
+import type { RateLimitResult } from './outcome.ts'
+import type { Decision } from './types.ts'
+
+/** `app.rateLimiter`: the plugin's policies, by name, for code outside a route's hooks. */
+export interface RateLimitDecorator {
+  /** Checks policies by name for this request without consuming anything. */
+  peek(request: FastifyRequest, names: string | string[]): Promise<Decision[]>
+  /**
+   * Consumes `cost` (default 1; 0 only checks) of `key`'s quota under a policy, without a route:
+   * `key` is the identity a key function would return (`ip:192.0.2.1`, `username:alice`), so a
+   * route and this call share one quota. `request` is needed only for a per-request limit or window.
+   */
+  consume(policy: string, key: string, cost?: number, request?: FastifyRequest): Promise<RateLimitResult>
+  /** Clears `key`'s counter and block under a policy (after a successful login, say). */
+  reset(policy: string, key: string, request?: FastifyRequest): Promise<void>
+  /** Rejects `key` under a policy (one with `blockMs`) for `ms` from now, on every instance. */
+  block(policy: string, key: string, ms: Duration): Promise<void>
+}
+
+export function rateLimiterApi({ engine, policies }: RateLimitContext): RateLimitDecorator {
+  return {
+    async peek(request, names) {
+      const named = [names].flat().map((name) => policies.byName(name, 'peek()'))
+      return (await engine.evaluate(request, named, 'peek'))?.decisions ?? []
+    },
+    async consume(name, key, cost = 1, request) {
+      const policy = policies.byName(name, 'consume()')
+      checkKey(key, 'consume()')
+      if (!Number.isSafeInteger(cost) || cost < 0)
+        throw new RateLimitArgumentError(
+          'rate-limit plugin: consume(): `cost` must be a whole number of units (0 or more)',
+        )
+      return engine.consume(policy, key, cost, request)
+    },
+    async reset(name, key, request) {
+      const policy = policies.byName(name, 'reset()')
+      await engine.reset(policy, checkKey(key, 'reset()'), request)
+    },
+    async block(name, key, ms) {
+      const policy = policies.byName(name, 'block()')
+      checkKey(key, 'block()')
+      if (policy.blockMs === 0)
+        throw new RateLimitArgumentError(
+          `rate-limit plugin: block(): policy '${policy.name}' has no \`blockMs\` (blocks are checked only for policies that set it)`,
+        )
+      const duration = durationOption('ms', ms, 1, (message) => {
+        throw new RateLimitArgumentError(`rate-limit plugin: block(): ${message}`)
+      })
+      await engine.block(policy, key, duration)
+    },
+  }
+}
+
+function checkKey(key: unknown, caller: string): string {
+  if (typeof key !== 'string' || key.length === 0)
+    throw new RateLimitArgumentError(
+      `rate-limit plugin: ${caller}: \`key\` must be a non-empty string (the identity a key function returns), got ${describeValue(key)}`,
+    )
+  return key
+}

@@ -1,0 +1,130 @@
+import { setTimeout as sleep } from 'node:timers/promises'
+import type {
+  FastifyInstance,
+  FastifyReply,
+  FastifyRequest,
+  onRequestHookHandler,
+  RouteOptions,
+} from 'fastify'
+import { sendProblem } from '../common/problem.ts'
+import { routeCovered } from '../common/route-coverage.ts'
+import { addRouteHook, routeName } from '../common/route-hooks.ts'
+import type { RateLimitContext } from './context.ts'
+import { RateLimitError, RateLimitNoPolicyError } from './errors.ts'
+import { routeConfigCheck } from './options.ts'
+import type { Outcome } from './outcome.ts'
+import { notChecked, requestLog, sendRejection, writeHeaders } from './responses.ts'
+import type { Policy } from './types.ts'
+
+// The plugin's hooks, each a function of the plugin instance's context: the check of a route's
+// policies (onRequest or preHandler), the refund of what a success consumed (onSend), the policies
+// each route gets (onRoute), the not-found handler's, and the check once the app is ready.
+
+/** Decides a request under `policies`: headers on the way, the rejection, or the wait it was given. */
+function limitHook({ engine, metrics, allow, legacyHeaders }: RateLimitContext, policies: Policy[]) {
+  return async function rateLimitHook(request: FastifyRequest, reply: FastifyReply) {
+    let outcome: Outcome | null
+    try {
+      if (allow?.(request)) return
+      outcome = await engine.evaluate(request, policies, 'consume')
+    } catch (err) {
+      if (err instanceof RateLimitError) for (const name of err.policies) metrics.decision(name, 'error')
+      return sendProblem(reply, notChecked(request, err))
+    }
+    if (!outcome) return
+    writeHeaders(reply, outcome.decisions, legacyHeaders)
+    if (outcome.refunds.length)
+      request.rateLimitRefunds = (request.rateLimitRefunds ?? []).concat(outcome.refunds)
+    if (outcome.rejected || outcome.unavailable) return sendRejection(request, reply, outcome)
+    if (outcome.delayMs > 0) await sleep(outcome.delayMs)
+  }
+}
+
+/**
+ * Gives back what a successful request consumed under its count-only-failures policies: in onSend,
+ * before the client sees the answer, so its next attempt already finds the quota back.
+ */
+function refundSuccesses({ engine }: RateLimitContext) {
+  return async function rateLimitRefund(request: FastifyRequest, reply: FastifyReply, payload: unknown) {
+    for (const refund of request.rateLimitRefunds ?? []) {
+      let failure = true
+      try {
+        failure = refund.policy.isFailure!(reply)
+      } catch (err) {
+        // A predicate that throws must not break the response: the attempt stays counted (the safe side).
+        requestLog(request).error({ err, policy: refund.policy.name }, 'countOnlyFailures predicate threw')
+      }
+      if (failure) continue
+      await engine.refund(refund).catch((err) => requestLog(request).warn({ err }, 'refund failed'))
+    }
+    return payload
+  }
+}
+
+/** onRoute: the route's policies (the plugin's and its `config.rateLimits`) in the hooks they run in. */
+export function limitRoute(app: FastifyInstance, context: RateLimitContext) {
+  const refund = refundSuccesses(context)
+  return function rateLimitRoute(route: RouteOptions) {
+    const routeConfig = route.config as Record<string, unknown> | undefined
+    if (routeConfig?.rateLimit !== undefined)
+      context.routes.foreignConfigs.push({
+        where: `route ${routeName(route)}: config`,
+        value: routeConfig.rateLimit,
+      })
+    const config = route.config?.rateLimits
+    if (config !== undefined) routeCovered(app, 'rateLimits', route)
+    const policies = context.policies.ofRoute(route, config)
+    if (policies.length === 0) return
+    context.routes.limited++
+    const early = policies.filter((p) => p.hook === 'onRequest')
+    const late = policies.filter((p) => p.hook === 'preHandler')
+    if (early.length) addRouteHook(route, 'onRequest', limitHook(context, early))
+    if (late.length) addRouteHook(route, 'preHandler', limitHook(context, late) as never)
+    if (policies.some((p) => p.isFailure)) addRouteHook(route, 'onSend', refund as never)
+  }
+}
+
+/**
+ * Requests no route matched never pass onRoute: the not-found handler of this instance (set before
+ * or after the plugin) gets the plugin's policies through instance hooks, which return at once for
+ * every matched route.
+ */
+export function limitNotFound(app: FastifyInstance, context: RateLimitContext): void {
+  const { global } = context.policies
+  if (global.length === 0) return
+  const early = global.filter((p) => p.hook === 'onRequest')
+  const late = global.filter((p) => p.hook === 'preHandler')
+  const onlyNotFound = (hook: onRequestHookHandler) =>
+    function rateLimitNotFound(request: FastifyRequest, reply: FastifyReply, done: () => void) {
+      if (!request.is404) return done()
+      return (hook as (request: FastifyRequest, reply: FastifyReply) => Promise<unknown>).call(
+        app,
+        request,
+        reply,
+      )
+    }
+  if (early.length) app.addHook('onRequest', onlyNotFound(limitHook(context, early) as onRequestHookHandler))
+  if (late.length) app.addHook('preHandler', onlyNotFound(limitHook(context, late) as onRequestHookHandler))
+  if (global.some((p) => p.isFailure)) {
+    const refund = refundSuccesses(context)
+    app.addHook('onSend', (request, reply, payload, done) => {
+      if (!request.is404 || !request.rateLimitRefunds) return done(null, payload)
+      refund(request, reply, payload).then(
+        (result) => done(null, result),
+        (err) => done(err),
+      )
+    })
+  }
+}
+
+/** onReady: @fastify/rate-limit's route config without that plugin, or a plugin that limits nothing, fail the boot. */
+export function checkReady(app: FastifyInstance, { policies, routes }: RateLimitContext): void {
+  // Its decorator is `rateLimit`: with it registered too, `config.rateLimit` is its to read.
+  if (!app.hasDecorator('rateLimit'))
+    for (const { where, value } of routes.foreignConfigs)
+      routeConfigCheck.known({ rateLimit: value }, ['rateLimits'], where)
+  if (policies.empty && routes.limited === 0)
+    throw new RateLimitNoPolicyError(
+      "rate-limit plugin: no policy: the plugin is registered without `policies` or `namedPolicies` and no route it sees has `config.rateLimits`, so it limits nothing. Add `policies` (every route after the plugin), `namedPolicies` (routes name them, or app.rateLimiter uses them), or a policy in a route's `config.rateLimits`",
+    )
+}
