@@ -6,6 +6,7 @@ import { Counter } from 'prom-client'
 import { pluginContext } from '../../src/plugins/common/context.ts'
 import { InvalidOptionError, RedisClientError, UnknownOptionError } from '../../src/plugins/common/errors.ts'
 import { declareOptions, type OptionsOf, option } from '../../src/plugins/common/options.ts'
+import { principalOption } from '../../src/plugins/common/principal.ts'
 import metrics from '../../src/plugins/metrics/index.ts'
 
 // The skeleton every plugin is built on, without Redis: options read from one declaration, and
@@ -104,6 +105,15 @@ describe('declareOptions', () => {
     )
     assert.throws(() => DEMO.read({ limit: 0 }, 'route GET /x: config.demo'), {
       message: 'demo plugin: route GET /x: config.demo: `limit` must be an integer of at least 1, got 0',
+    })
+  })
+
+  test('principalOption words a wrong principal as every plugin did', () => {
+    const declared = declareOptions('cache plugin', { principal: principalOption('who the caller is') })
+    assert.equal(declared.read({}).principal, undefined)
+    assert.throws(() => declared.read({ principal: 'alice' }), {
+      message:
+        "cache plugin: `principal` must be a function of the request returning who the caller is, got a string ('alice')",
     })
   })
 
