@@ -12,8 +12,8 @@ const pkg = JSON.parse(readFileSync(new URL('package.json', root), 'utf8')) as {
 }
 
 /** Every exported class whose instances are errors, by name, from every entry of the package. */
-async function exportedErrorClasses(): Promise<Map<string, Function>> {
-  const classes = new Map<string, Function>()
+async function exportedErrorClasses(): Promise<Map<string, { prototype: unknown }>> {
+  const classes = new Map<string, { prototype: unknown }>()
   for (const target of Object.values(pkg.exports)) {
     const file = /^\.\/dist\/(.+)\.js$/.exec(
       typeof target === 'string' ? target : (target.default ?? ''),

@@ -4,7 +4,6 @@ import { checkSet, type EntryOptions, NO_OPTIONS, resolveSetOptions } from './en
 import { CacheKeyInvalidError } from './errors.ts'
 import { checkKey, checkTags, namespaceOf } from './key.ts'
 import { LoaderRunner } from './loader.ts'
-import type { CacheMetrics } from './metrics.ts'
 import { type Prefetch, TwoTierRead } from './read.ts'
 import { InvalidationRetry } from './retry.ts'
 import { EntryStore } from './store.ts'

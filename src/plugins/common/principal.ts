@@ -1,6 +1,6 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify'
 import { describeValue } from '../../redis/client.ts'
-import { optionChecker } from './options.ts'
+import { option, optionChecker } from './options.ts'
 
 /** Who the caller is (a customer id, a user name); null or undefined for an anonymous request. */
 export type PrincipalFunction = (request: FastifyRequest) => string | null | undefined
@@ -26,6 +26,13 @@ export function resolvePrincipal(
   if (option) return option
   return app.hasDecorator('sessionPrincipal') ? app.sessionPrincipal : nobody
 }
+
+/**
+ * A plugin's `principal` option, declared: `principal: principalOption('who the caller is, for ...')`.
+ * Its setting goes to the plugin context (`pluginContext(app, name, { principal })`).
+ */
+export const principalOption = (doc: string) =>
+  option.function<PrincipalFunction>({ type: 'a function of the request returning who the caller is', doc })
 
 /** Throws an InvalidOptionError unless `option` is a function of the request (or not given). */
 export function checkPrincipalOption(plugin: string, option: unknown): void {
