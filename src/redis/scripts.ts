@@ -263,9 +263,3 @@ export const integer: Decoder<number> = (raw) => Number(raw)
 
 /** A reply the caller does not use. */
 export const ignored: Decoder<void> = () => {}
-
-/** The raw reply in the shape the script's header gives it, unchecked: for structured replies a decoder reads. */
-export const shaped =
-  <T>(): Decoder<T> =>
-  (raw) =>
-    raw as T
