@@ -148,8 +148,7 @@ const LOCK_RELEASE = defineScript({
   args: ['owner'],
   reply: codes({ released: 1, notHolder: 0 }),
 })
-/** Exported for the metrics tests, which count its calls. */
-export const LOCK_HOLDER = defineScript({
+const LOCK_HOLDER = defineScript({
   name: 'lockHolder',
   keys: ['lock', 'fence'],
   args: [],

@@ -6,8 +6,7 @@ import postgres from '../../../src/db/plugin.ts'
 import { startRedisServer } from '../../../src/embedded/redis-server.ts'
 import metrics from '../../../src/plugins/metrics/index.ts'
 import redis, { createRedisClient } from '../../../src/plugins/redis/index.ts'
-import { LOCK_HOLDER } from '../../../src/primitives/lock.ts'
-import { callScript } from '../../../src/redis/scripts.ts'
+import { createLock } from '../../../src/primitives/lock.ts'
 import { createTestDatabase, type TestDatabase, uniquePrefix } from '../../helpers/index.ts'
 import { delta, scrape } from '../../helpers/metrics-scrape.ts'
 
@@ -43,10 +42,11 @@ describe('Redis commands', () => {
     await app.redis.set(`${prefix}a`, '1')
     await app.redis.get(`${prefix}a`)
     await app.redis.pipeline().get(`${prefix}a`).get(`${prefix}b`).exec()
-    // On this fresh server the first run's EVALSHA gets NOSCRIPT and callScript sends EVAL; the
+    // On this fresh server the first run's EVALSHA gets NOSCRIPT and the script is sent with EVAL; the
     // second run's EVALSHA is answered: all three named after the file.
-    await callScript(app.redis, LOCK_HOLDER, { lock: `${prefix}{s}`, fence: `${prefix}{s}:fence` }, {})
-    await callScript(app.redis, LOCK_HOLDER, { lock: `${prefix}{s}`, fence: `${prefix}{s}:fence` }, {})
+    const lock = createLock(app.redis, { keyPrefix: prefix })
+    await lock.holder('s')
+    await lock.holder('s')
     const moved = delta(before, await scrape(app))
     assert.equal(moved(REDIS_COUNT, { client: 'main', command: 'set' }), 1)
     assert.equal(moved(REDIS_COUNT, { client: 'main', command: 'get' }), 3)
