@@ -142,7 +142,7 @@ test('the check catches a primitive importing the demo or a plugin, and the demo
     'primitives/lock.ts',
   ])
   assert.deepEqual(
-    probe('primitives/delayed-queue.ts', "import { runScript } from '../redis/scripts.ts'"),
+    probe('primitives/delayed-queue.ts', "import { callScript } from '../redis/scripts.ts'"),
     [],
   )
   assert.deepEqual(probe('primitives/lock.ts', "import type { RedisClient } from '../redis/client.ts'"), [])

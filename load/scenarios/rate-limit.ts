@@ -4,8 +4,8 @@
 // INFO commandstats on a private redis-server) and MEMORY USAGE of each algorithm's key, the
 // sliding log at limit 100.
 import { randomBytes } from 'node:crypto'
+import { runEncoded } from '../../src/plugins/rate-limit/protocol.ts'
 import { connectRedis, createRedisClient } from '../../src/plugins/redis/index.ts'
-import { runScript, type ScriptName } from '../../src/redis/scripts.ts'
 import { roundTrips } from '../lib/roundtrips.ts'
 import {
   type Contender,
@@ -48,11 +48,12 @@ async function keyMemory(redisUrl: string): Promise<Record<string, number>> {
   try {
     for (const algorithm of ALGORITHMS) {
       const key = `mem:{${randomBytes(16).toString('base64url').slice(0, 22)}}:${algorithm}`
-      const script =
-        `rateLimit${algorithm.replace(/(^|-)([a-z])/g, (_, __, c: string) => c.toUpperCase())}` as ScriptName
       const second = algorithm === 'token-bucket' ? 1 : 60_000
       for (let i = 0; i < 100; i++)
-        await runScript(redis, script, [key], ['c', `${nonce}${i.toString(36)}`, 100, second, 1, 0])
+        await runEncoded(redis, algorithm, {
+          keys: [key],
+          argv: ['c', `${nonce}${i.toString(36)}`, 100, second, 1, 0],
+        })
       sizes[algorithm] = Number(await redis.call('MEMORY', 'USAGE', key, 'SAMPLES', '0'))
     }
   } finally {

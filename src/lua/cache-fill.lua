@@ -12,8 +12,7 @@ end
 if ARGV[1] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[1] then
   return 0
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- #include now
 local softAt = string.format('%.0f', now + tonumber(ARGV[3]))
 local head = ''
 if ARGV[8] and ARGV[8] ~= '' then

@@ -17,8 +17,7 @@
 --   'stale'   payload is past its soft TTL, another caller is refreshing it: serve it
 --   'load'    no value; this caller holds the lease: load, then fill with `generation`
 --   'wait'    no value; another caller holds the lease
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- #include now
 local raw = redis.call('GET', KEYS[1])
 local payload = ''
 local soft = false

@@ -8,8 +8,7 @@
 -- Reply: 1
 redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
 redis.call('DEL', KEYS[3])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- #include now
 local softAt = string.format('%.0f', now + tonumber(ARGV[3]))
 local head = ''
 if ARGV[6] ~= '' then

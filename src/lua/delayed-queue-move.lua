@@ -4,8 +4,7 @@
 -- KEYS[2] the ready list (ids, taken from the left)
 -- ARGV[1] at most this many ids
 -- Reply: the number of ids moved, earliest due first
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- #include now
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
 if #due == 0 then
   return 0

@@ -10,8 +10,7 @@ end
 if not redis.call('LPOS', KEYS[1], ARGV[1]) then
   redis.call('ZREM', KEYS[2], ARGV[1])
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- #include now
 redis.call('SADD', KEYS[4], ARGV[3])
 -- LT: an id already scheduled here keeps the earlier of the two due times (never postponed).
 redis.call('ZADD', KEYS[3], 'LT', now + tonumber(ARGV[2]), ARGV[1])

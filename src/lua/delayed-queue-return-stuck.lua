@@ -4,8 +4,7 @@
 -- KEYS[3] the ready list
 -- ARGV[1] visibility timeout in ms, ARGV[2] at most this many ids
 -- Reply: the number of list entries returned to ready
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- #include now
 local stuck = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[1]), 'LIMIT', 0, tonumber(ARGV[2]))
 local returned = 0
 for _, id in ipairs(stuck) do

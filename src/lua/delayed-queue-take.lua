@@ -9,8 +9,8 @@ local id = redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT')
 if not id then
   return nil
 end
-local t = redis.call('TIME')
-redis.call('ZADD', KEYS[3], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), id)
+-- #include now
+redis.call('ZADD', KEYS[3], now, id)
 -- Registered, so the watchdog and adoption of other instances see this processing list.
 redis.call('SADD', KEYS[4], ARGV[1])
 return id

@@ -9,8 +9,7 @@
 --        { 'mismatch' } the key was used with another fingerprint (checked before in-flight)
 --        { 'conflict', lease_remaining_ms } another owner holds a live lease
 --        { 'replay', status, headers_json, body, kept } the stored response
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- #include now
 local lease = tonumber(ARGV[3])
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind == 'none' then

@@ -9,7 +9,6 @@ local record = redis.call('HMGET', KEYS[1], 'state', 'token')
 if record[1] ~= 'processing' or record[2] ~= ARGV[1] then
   return 0
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- #include now
 redis.call('HSET', KEYS[1], 'leaseUntil', now + tonumber(ARGV[2]))
 return 1

@@ -12,8 +12,7 @@ end
 -- The token only grows: INCR, floored at the Redis clock in microseconds, so a counter lost or left
 -- behind by a failover still hands out a larger token than any the old primary gave.
 local fence = redis.call('INCR', KEYS[2])
-local t = redis.call('TIME')
-local now_us = t[1] .. string.format('%06d', tonumber(t[2]))
+-- #include now
 if fence < tonumber(now_us) then
   redis.call('SET', KEYS[2], now_us)
   fence = tonumber(now_us)

@@ -2,6 +2,7 @@
 -- its PEXPIRE runs out, on the Redis clock (no app clock, and clients do not all reset at once).
 -- Every policy in one call shares a key identity and hash tag; the decision is all-or-nothing.
 -- KEYS, ARGV and reply as every rate-limit script takes them: src/plugins/rate-limit/protocol.ts.
+-- ARGV[1] the operation ('c' consume, 'p' peek, 'r' refund), ARGV[2] the nonce
 -- KEYS[i]  counter String of policy i; the nonce is unused here
 -- per policy i, from b = 3 + (i - 1) * 4: ARGV[b] limit, ARGV[b+1] window ms, ARGV[b+2] cost,
 --          ARGV[b+3] the window's remaining ms at the consume being refunded (op 'r' only)

@@ -2,15 +2,15 @@
 -- cost advances the TAT by period / limit; a request passes while the TAT stays within one period
 -- of now, which allows a burst of `limit` and then an even `limit` per period.
 -- KEYS, ARGV and reply as every rate-limit script takes them: src/plugins/rate-limit/protocol.ts.
+-- ARGV[1] the operation ('c' consume, 'p' peek, 'r' refund), ARGV[2] the nonce
 -- KEYS[i]  TAT String of policy i; a refund moves the TAT back by the cost; the nonce is unused here
 -- per policy i, from b = 3 + (i - 1) * 4: ARGV[b] limit, ARGV[b+1] period ms, ARGV[b+2] cost,
 --          ARGV[b+3] max delay ms (0: reject instead of waiting)
 -- Reply per policy: remaining, reset ms (until the TAT is now), retry ms, 0
 -- The common case (one policy, consume, admitted) without tables; anything else falls through to
 -- the general path below, which decides afresh (nothing has been written yet).
+-- #include now
 if #KEYS == 1 and ARGV[1] == 'c' then
-  local t = redis.call('TIME')
-  local now = t[1] * 1000 + math.floor(t[2] / 1000)
   local limit, period, cost = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
   local interval = period / limit
   local tat = tonumber(redis.call('GET', KEYS[1])) or now
@@ -25,8 +25,6 @@ if #KEYS == 1 and ARGV[1] == 'c' then
     return { 1, wait, remaining > 0 and remaining or 0, ahead, 0, 0 }
   end
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- #include rate-limit-blocks-read
 local reply = { 1, 0 }
 local state = {}

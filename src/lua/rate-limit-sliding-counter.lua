@@ -2,15 +2,15 @@
 -- (w = current window index, c = its count, p = previous window's count); the estimate weights the
 -- previous window by how much of it the sliding window still covers. O(1) memory per key.
 -- KEYS, ARGV and reply as every rate-limit script takes them: src/plugins/rate-limit/protocol.ts.
+-- ARGV[1] the operation ('c' consume, 'p' peek, 'r' refund), ARGV[2] the nonce
 -- KEYS[i]  Hash of policy i; the nonce is unused here
 -- per policy i, from b = 3 + (i - 1) * 4: ARGV[b] limit, ARGV[b+1] window ms, ARGV[b+2] cost,
 --          ARGV[b+3] window index of the consume being refunded (op 'r' only)
 -- Reply per policy: remaining, reset ms, retry ms, window index (the refund's window); the delay is always 0
 -- The common case (one policy, consume, admitted) without tables; anything else falls through to
 -- the general path below, which decides afresh (nothing has been written yet).
+-- #include now
 if #KEYS == 1 and ARGV[1] == 'c' then
-  local t = redis.call('TIME')
-  local now = t[1] * 1000 + math.floor(t[2] / 1000)
   local limit, window, cost = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
   local idx = math.floor(now / window)
   local elapsed = now - idx * window
@@ -28,8 +28,6 @@ if #KEYS == 1 and ARGV[1] == 'c' then
     return { 1, 0, math.floor(limit - estimate), window - elapsed, 0, idx }
   end
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- #include rate-limit-blocks-read
 local reply = { 1, 0 }
 local state = {}

@@ -4,6 +4,7 @@
 -- recorded: a client retrying while blocked does not extend its block, and the set never holds
 -- more than `limit` members inside the window.
 -- KEYS, ARGV and reply as every rate-limit script takes them: src/plugins/rate-limit/protocol.ts.
+-- ARGV[1] the operation ('c' consume, 'p' peek, 'r' refund), ARGV[2] the nonce
 -- KEYS[i]  log of policy i; a refund removes the members added under the nonce, ARGV[2]
 -- per policy i, from b = 3 + (i - 1) * 4: ARGV[b] limit, ARGV[b+1] window ms, ARGV[b+2] cost, ARGV[b+3] unused
 --          (cost is a whole number >= 1: ZADD takes at least one member, and the app skips a policy
@@ -11,9 +12,8 @@
 -- Reply per policy: remaining, reset ms, retry ms, 0; the delay is always 0
 -- The common case (one policy, consume, admitted) without tables; anything else falls through to
 -- the general path below, which decides afresh (it only finds expired entries trimmed).
+-- #include now
 if #KEYS == 1 and ARGV[1] == 'c' then
-  local t = redis.call('TIME')
-  local now = t[1] * 1000 + math.floor(t[2] / 1000)
   local key, limit, window, cost = KEYS[1], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
   -- Trimmed first, the set holds only the window: ZCARD counts it in O(1).
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
@@ -40,8 +40,6 @@ if #KEYS == 1 and ARGV[1] == 'c' then
     return { 1, 0, limit - count - cost, reset, 0, 0 }
   end
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- #include rate-limit-blocks-read
 local nonce = ARGV[2]
 local reply = { 1, 0 }

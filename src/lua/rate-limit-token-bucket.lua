@@ -4,15 +4,15 @@
 -- its tokens now (the balance goes below zero by exactly that future refill) and is told to wait.
 -- A missing key is a full bucket, so the TTL is the time until the bucket is full again.
 -- KEYS, ARGV and reply as every rate-limit script takes them: src/plugins/rate-limit/protocol.ts.
+-- ARGV[1] the operation ('c' consume, 'p' peek, 'r' refund), ARGV[2] the nonce
 -- KEYS[i]  Hash of policy i; a refund gives the cost back, capped at capacity; the nonce is unused here
 -- per policy i, from b = 3 + (i - 1) * 4: ARGV[b] capacity, ARGV[b+1] refill tokens per second,
 --          ARGV[b+2] cost, ARGV[b+3] max delay ms (0: reject instead of waiting)
 -- Reply per policy: remaining, reset ms (until full), retry ms, 0
 -- The common case (one policy, consume, admitted) without tables; anything else falls through to
 -- the general path below, which decides afresh (nothing has been written yet).
+-- #include now
 if #KEYS == 1 and ARGV[1] == 'c' then
-  local t = redis.call('TIME')
-  local now = t[1] * 1000 + math.floor(t[2] / 1000)
   local cap, rate, cost = tonumber(ARGV[3]), tonumber(ARGV[4]) / 1000, tonumber(ARGV[5])
   local h = redis.call('HMGET', KEYS[1], 't', 'ts')
   local tokens = cap
@@ -33,8 +33,6 @@ if #KEYS == 1 and ARGV[1] == 'c' then
     return { 1, wait, left > 0 and left or 0, full, 0, 0 }
   end
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- #include rate-limit-blocks-read
 local reply = { 1, 0 }
 local state = {}

@@ -4,8 +4,7 @@
 -- anonymous session),
 -- ARGV[4..] field, value pairs of initial data
 -- Reply: { created_at_ms, expires_at_ms, absolute_expires_at_ms }
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- #include now
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return redis.error_reply('session id collision')
 end

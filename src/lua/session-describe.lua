@@ -8,8 +8,7 @@ local fields = redis.call('HMGET', KEYS[1], '_principal', '_createdAt', '_absolu
 if not fields[3] then
   return false
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- #include now
 local absolute = tonumber(fields[3])
 if now >= absolute then
   redis.call('DEL', KEYS[1])

@@ -17,8 +17,7 @@ if not stamp then
   return -1
 end
 local absolute = tonumber(stamp)
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- #include now
 if now >= absolute then
   redis.call('DEL', KEYS[1])
   return -1

@@ -50,9 +50,9 @@ for k = 1, #KEYS, 2 do
     replies[#replies + 1] = {id, 1}
   end
 end
+-- #include now
 if ttl > 0 and #streams > 0 then
-  local t = redis.call('TIME')
-  local oldest = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - ttl
+  local oldest = now - ttl
   for _, stream in ipairs(streams) do
     redis.call('PEXPIRE', stream, ARGV[3])
     if oldest > 0 then

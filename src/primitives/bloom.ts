@@ -3,7 +3,8 @@ import { GatewayError } from '../plugins/common/errors.ts'
 import { optionChecker, optionKeys } from '../plugins/common/options.ts'
 import { randomToken } from '../plugins/common/random-token.ts'
 import { type AnyRedisClient, checkRedisClient } from '../redis/client.ts'
-import { runScript } from '../redis/scripts.ts'
+import { callScript } from '../redis/scripts.ts'
+import { BLOOM_ADD, BLOOM_BEGIN, BLOOM_CHECK, BLOOM_FINISH, type RebuildFailure } from './bloom-scripts.ts'
 import { checkedOptions, InvalidArgumentError, shown } from './checks.ts'
 
 // A Bloom filter on plain Redis strings (SETBIT/BITFIELD, no module): "is this id possibly in the
@@ -234,9 +235,14 @@ export function createBloomFilter(client: AnyRedisClient, options: BloomFilterOp
     return [...groups]
   }
 
-  /** Per item of a group, '1' when all its bits are set, '0' when not; null when the shard cannot answer. */
+  /** Per item of a group, whether all its bits are set; null when the shard cannot answer. */
   const read = (shard: number, positions: number[]) =>
-    runScript<string | null>(redis, 'bloomCheck', [all[shard]!.bits], [shapeId, hashes, positions.join(' ')])
+    callScript(
+      redis,
+      BLOOM_CHECK,
+      { bits: all[shard]!.bits },
+      { shapeId, hashes, positions: positions.join(' ') },
+    )
 
   async function answers(items: readonly string[]): Promise<BloomAnswer[]> {
     const results = new Array<BloomAnswer>(items.length)
@@ -244,7 +250,7 @@ export function createBloomFilter(client: AnyRedisClient, options: BloomFilterOp
       byShard(items).map(async ([shard, { positions, at }]) => {
         const reply = await read(shard, positions)
         at.forEach((index, i) => {
-          results[index] = reply === null ? 'unknown' : reply[i] === '1' ? 'maybe' : 'absent'
+          results[index] = reply === null ? 'unknown' : reply[i] ? 'maybe' : 'absent'
         })
       }),
     )
@@ -256,15 +262,17 @@ export function createBloomFilter(client: AnyRedisClient, options: BloomFilterOp
     const results = new Array<boolean>(items.length)
     await Promise.all(
       byShard(items).map(async ([shard, { positions, at }]) => {
-        const { bits, building, rebuild } = all[shard]!
-        const reply = await runScript<string | null>(
-          redis,
-          'bloomAdd',
-          [bits, building, rebuild],
-          ['', shapeId, hashes, 0, positions.join(' ')],
-        )
+        const reply = await callScript(redis, BLOOM_ADD, all[shard]!, {
+          generation: '',
+          shapeId,
+          hashes,
+          rebuild: 0,
+          positions: positions.join(' '),
+        })
+        // An application's add is never refused as a rebuild's can be.
+        const added = 'items' in reply ? reply.items : null
         at.forEach((index, i) => {
-          results[index] = reply === null || reply[i] === '1'
+          results[index] = added === null || added[i]!
         })
       }),
     )
@@ -310,20 +318,24 @@ export function createBloomFilter(client: AnyRedisClient, options: BloomFilterOp
     let numbers: number[] = []
     const finish = (mode: 'switch' | 'abort') =>
       Promise.all(
-        all.map(({ bits, building, rebuild }, shard) =>
-          runScript<string | number>(
-            redis,
-            'bloomFinish',
-            [bits, building, rebuild],
-            [generation, mode, calls[shard]!, keyBits / 8, numbers[shard] ?? 0],
-          ),
+        all.map((shardKeys, shard) =>
+          callScript(redis, BLOOM_FINISH, shardKeys, {
+            generation,
+            action: mode,
+            calls: calls[shard]!,
+            bytes: keyBits / 8,
+            rebuild: numbers[shard] ?? 0,
+          }),
         ),
       )
-    /** The error for the shards whose reply says the rebuild cannot go on (-1: overtaken, -2: writes lost). */
-    const failure = (replies: ReadonlyArray<readonly [number, string | number]>, switched: boolean) => {
-      const failed = replies.filter(([, reply]) => typeof reply === 'number' && reply < 0)
+    /** The error for the shards whose reply says the rebuild cannot go on. */
+    const failure = (
+      replies: ReadonlyArray<readonly [number, { failure?: RebuildFailure }]>,
+      switched: boolean,
+    ) => {
+      const failed = replies.filter(([, reply]) => reply.failure)
       if (failed.length === 0) return undefined
-      const superseded = failed.some(([, reply]) => reply === -1)
+      const superseded = failed.some(([, reply]) => reply.failure === 'superseded')
       return new BloomRebuildError(
         superseded ? 'FRG_BLOOM_REBUILD_SUPERSEDED' : 'FRG_BLOOM_REBUILD_LOST',
         `bloom filter '${key}': rebuild ${generation} ${
@@ -337,7 +349,7 @@ export function createBloomFilter(client: AnyRedisClient, options: BloomFilterOp
 
     numbers = await Promise.all(
       all.map(({ building, rebuild }) =>
-        runScript<number>(redis, 'bloomBegin', [building, rebuild], [generation, shapeId, keyBits, shape]),
+        callScript(redis, BLOOM_BEGIN, { building, rebuild }, { generation, shapeId, bits: keyBits, shape }),
       ),
     )
     let count = 0
@@ -349,14 +361,14 @@ export function createBloomFilter(client: AnyRedisClient, options: BloomFilterOp
         const replies = await Promise.all(
           groups.map(async ([shard, { positions }]) => {
             calls[shard]!++
-            const { bits, building, rebuild } = all[shard]!
-            const reply = await runScript<string | number>(
-              redis,
-              'bloomAdd',
-              [bits, building, rebuild],
-              [generation, shapeId, hashes, numbers[shard]!, positions.join(' ')],
-            )
-            return [shard, reply] as const
+            const reply = await callScript(redis, BLOOM_ADD, all[shard]!, {
+              generation,
+              shapeId,
+              hashes,
+              rebuild: numbers[shard]!,
+              positions: positions.join(' '),
+            })
+            return [shard, 'failure' in reply ? reply : {}] as const
           }),
         )
         const failed = failure(replies, false)
@@ -381,7 +393,10 @@ export function createBloomFilter(client: AnyRedisClient, options: BloomFilterOp
     )
     if (failed) throw failed
     // Fewer shards than the bits replaced: the shards past the new count are dropped.
-    const before = Math.max(0, ...replies.map((previous) => Number(String(previous).split(':')[1] ?? 0)))
+    const before = Math.max(
+      0,
+      ...replies.map(({ previousShape }) => Number(previousShape.split(':')[1] ?? 0)),
+    )
     if (before > shards)
       await Promise.all(
         Array.from({ length: before - shards }, (_, i) => {

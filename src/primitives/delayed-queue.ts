@@ -1,5 +1,5 @@
 import { type AnyRedisClient, checkRedisClient } from '../redis/client.ts'
-import { runScript } from '../redis/scripts.ts'
+import { callScript, codes, defineScript, ignored, integer } from '../redis/scripts.ts'
 import { InvalidArgumentError, shown } from './checks.ts'
 import { type Consumer, startConsumer } from './delayed-queue/consume.ts'
 import {
@@ -70,6 +70,72 @@ export interface DelayedQueue {
 
 const MAX_ROUNDS = 100
 
+// The queue's scripts (src/lua/delayed-queue-*.lua).
+const SCHEDULE = defineScript({
+  name: 'delayedQueueSchedule',
+  keys: ['delayed', 'instances'],
+  args: ['id', 'dueAt', 'instance'],
+  reply: codes({ scheduled: 1, alreadyScheduled: 0 }),
+})
+const REMOVE = defineScript({
+  name: 'delayedQueueRemove',
+  keys: ['ready', '...delayedSets'],
+  args: ['id'],
+  reply: integer,
+})
+const MOVE = defineScript({
+  name: 'delayedQueueMove',
+  keys: ['delayed', 'ready'],
+  args: ['batch'],
+  reply: integer,
+})
+const TAKE = defineScript({
+  name: 'delayedQueueTake',
+  keys: ['ready', 'processing', 'taken', 'instances'],
+  args: ['instance'],
+  reply: (raw) => raw as string | null,
+})
+const ACK = defineScript({
+  name: 'delayedQueueAck',
+  keys: ['processing', 'taken'],
+  args: ['id'],
+  reply: codes({ acknowledged: 1, notTaken: 0 }),
+})
+const NACK = defineScript({
+  name: 'delayedQueueNack',
+  keys: ['processing', 'taken', 'delayed', 'instances'],
+  args: ['id', 'delayMs', 'instance'],
+  reply: codes({ rescheduled: 1, notTaken: 0 }),
+})
+const RETURN_STUCK = defineScript({
+  name: 'delayedQueueReturnStuck',
+  keys: ['processing', 'taken', 'ready'],
+  args: ['visibilityTimeoutMs', 'batch'],
+  reply: integer,
+})
+const HEARTBEAT = defineScript({
+  name: 'delayedQueueHeartbeat',
+  keys: ['heartbeat', 'instances'],
+  args: ['ttlMs', 'instance'],
+  reply: ignored,
+})
+const ADOPT_STATUS = codes({ alive: -1, more: 0, done: 1 })
+const ADOPT = defineScript({
+  name: 'delayedQueueAdopt',
+  keys: ['heartbeat', 'delayed', 'processing', 'taken', 'adopterDelayed', 'ready', 'instances'],
+  args: ['orphan', 'batch', 'adopter'],
+  reply: (raw) => {
+    const [status, adopted] = raw as [number, number]
+    return { status: ADOPT_STATUS(status), adopted: integer(adopted) }
+  },
+})
+const HAND_BACK = defineScript({
+  name: 'delayedQueueHandBack',
+  keys: ['processing', 'taken', 'ready', 'heartbeat'],
+  args: [],
+  reply: integer,
+})
+
 export function createDelayedQueue(client: AnyRedisClient, options: DelayedQueueOptions): DelayedQueue {
   const redis = checkRedisClient('delayed queue', client)
   const settings = resolveQueueOptions(options)
@@ -93,44 +159,49 @@ export function createDelayedQueue(client: AnyRedisClient, options: DelayedQueue
       throw new InvalidArgumentError(
         `delayed queue: \`dueAt\` must be epoch ms or a Date, got ${shown(dueAt)}`,
       )
-    const added = await runScript<number>(
+    const reply = await callScript(
       redis,
-      'delayedQueueSchedule',
-      [keys.delayed(instanceId), keys.instances],
-      [id, Math.floor(due), instanceId],
+      SCHEDULE,
+      { delayed: keys.delayed(instanceId), instances: keys.instances },
+      { id, dueAt: Math.floor(due), instance: instanceId },
     )
-    return added === 1
+    return reply === 'scheduled'
   }
 
   async function remove(id: string): Promise<boolean> {
     if (typeof id !== 'string' || id.length === 0)
       throw new InvalidArgumentError(`delayed queue: \`id\` must be a non-empty string, got ${shown(id)}`)
     const delayedSets = (await instances()).map((instance) => keys.delayed(instance))
-    const removed = await runScript<number>(redis, 'delayedQueueRemove', [keys.ready, ...delayedSets], [id])
+    const removed = await callScript(redis, REMOVE, { ready: keys.ready, delayedSets }, { id })
     return removed > 0
   }
 
   function move(): Promise<number> {
-    return runScript<number>(redis, 'delayedQueueMove', [keys.delayed(instanceId), keys.ready], [batch])
+    return callScript(redis, MOVE, { delayed: keys.delayed(instanceId), ready: keys.ready }, { batch })
   }
 
   function take(): Promise<string | null> {
-    return runScript<string | null>(
+    return callScript(
       redis,
-      'delayedQueueTake',
-      [keys.ready, keys.processing(instanceId), keys.taken(instanceId), keys.instances],
-      [instanceId],
+      TAKE,
+      {
+        ready: keys.ready,
+        processing: keys.processing(instanceId),
+        taken: keys.taken(instanceId),
+        instances: keys.instances,
+      },
+      { instance: instanceId },
     )
   }
 
   async function ack(id: string): Promise<boolean> {
-    const done = await runScript<number>(
+    const reply = await callScript(
       redis,
-      'delayedQueueAck',
-      [keys.processing(instanceId), keys.taken(instanceId)],
-      [id],
+      ACK,
+      { processing: keys.processing(instanceId), taken: keys.taken(instanceId) },
+      { id },
     )
-    return done === 1
+    return reply === 'acknowledged'
   }
 
   async function nack(id: string, delayMs = 0): Promise<boolean> {
@@ -138,13 +209,18 @@ export function createDelayedQueue(client: AnyRedisClient, options: DelayedQueue
       throw new InvalidArgumentError(
         `delayed queue: \`delayMs\` must be a non-negative number, got ${shown(delayMs)}`,
       )
-    const done = await runScript<number>(
+    const reply = await callScript(
       redis,
-      'delayedQueueNack',
-      [keys.processing(instanceId), keys.taken(instanceId), keys.delayed(instanceId), keys.instances],
-      [id, Math.floor(delayMs), instanceId],
+      NACK,
+      {
+        processing: keys.processing(instanceId),
+        taken: keys.taken(instanceId),
+        delayed: keys.delayed(instanceId),
+        instances: keys.instances,
+      },
+      { id, delayMs: Math.floor(delayMs), instance: instanceId },
     )
-    return done === 1
+    return reply === 'rescheduled'
   }
 
   async function instances(): Promise<string[]> {
@@ -156,11 +232,11 @@ export function createDelayedQueue(client: AnyRedisClient, options: DelayedQueue
     let returned = 0
     for (const instance of await instances()) {
       for (let round = 0; round < MAX_ROUNDS; round++) {
-        const returnedNow = await runScript<number>(
+        const returnedNow = await callScript(
           redis,
-          'delayedQueueReturnStuck',
-          [keys.processing(instance), keys.taken(instance), keys.ready],
-          [visibilityTimeoutMs, batch],
+          RETURN_STUCK,
+          { processing: keys.processing(instance), taken: keys.taken(instance), ready: keys.ready },
+          { visibilityTimeoutMs, batch },
         )
         returned += returnedNow
         if (returnedNow === 0) break
@@ -170,11 +246,11 @@ export function createDelayedQueue(client: AnyRedisClient, options: DelayedQueue
   }
 
   async function heartbeat(): Promise<void> {
-    await runScript(
+    await callScript(
       redis,
-      'delayedQueueHeartbeat',
-      [keys.heartbeat(instanceId), keys.instances],
-      [heartbeatTtlMs, instanceId],
+      HEARTBEAT,
+      { heartbeat: keys.heartbeat(instanceId), instances: keys.instances },
+      { ttlMs: heartbeatTtlMs, instance: instanceId },
     )
   }
 
@@ -183,22 +259,22 @@ export function createDelayedQueue(client: AnyRedisClient, options: DelayedQueue
     for (const orphan of await instances()) {
       if (orphan === instanceId) continue
       for (let round = 0; round < MAX_ROUNDS; round++) {
-        const [status, adoptedNow] = await runScript<[number, number]>(
+        const reply = await callScript(
           redis,
-          'delayedQueueAdopt',
-          [
-            keys.heartbeat(orphan),
-            keys.delayed(orphan),
-            keys.processing(orphan),
-            keys.taken(orphan),
-            keys.delayed(instanceId),
-            keys.ready,
-            keys.instances,
-          ],
-          [orphan, batch, instanceId],
+          ADOPT,
+          {
+            heartbeat: keys.heartbeat(orphan),
+            delayed: keys.delayed(orphan),
+            processing: keys.processing(orphan),
+            taken: keys.taken(orphan),
+            adopterDelayed: keys.delayed(instanceId),
+            ready: keys.ready,
+            instances: keys.instances,
+          },
+          { orphan, batch, adopter: instanceId },
         )
-        adopted += adoptedNow
-        if (status !== 0) break
+        adopted += reply.adopted
+        if (reply.status !== 'more') break
       }
     }
     return adopted
@@ -259,12 +335,17 @@ export function createDelayedQueue(client: AnyRedisClient, options: DelayedQueue
       }
       await Promise.all([...consumers].map((consumer) => consumer.stop()))
       await Promise.all(stopped.map((task) => task.running))
-      return runScript<number>(redis, 'delayedQueueHandBack', [
-        keys.processing(instanceId),
-        keys.taken(instanceId),
-        keys.ready,
-        keys.heartbeat(instanceId),
-      ])
+      return callScript(
+        redis,
+        HAND_BACK,
+        {
+          processing: keys.processing(instanceId),
+          taken: keys.taken(instanceId),
+          ready: keys.ready,
+          heartbeat: keys.heartbeat(instanceId),
+        },
+        {},
+      )
     })()
     // Shared only while it runs: a later stop() hands back again (ids taken since, or a hand-back
     // that failed because Redis was unreachable).

@@ -1,6 +1,6 @@
 import { optionChecker, optionKeys } from '../plugins/common/options.ts'
 import { type AnyRedisClient, checkRedisClient } from '../redis/client.ts'
-import { runScript } from '../redis/scripts.ts'
+import { callScript, defineScript, integer } from '../redis/scripts.ts'
 import { checkedOptions, InvalidArgumentError, shown } from './checks.ts'
 
 // Leaderboards on Redis sorted sets, fed by at-least-once events: each event's amount is added to
@@ -60,6 +60,15 @@ function checkName(name: unknown): asserts name is string {
 /** Scores are stored negated (src/lua/leaderboard-add.lua); `-0` never occurs, amounts are positive. */
 const scoreOf = (stored: string) => -Number(stored)
 
+const BOARD_ADD = defineScript({
+  name: 'leaderboardAdd',
+  keys: ['board', 'ids'],
+  /** items: per item its id, member, amount. */
+  args: ['expireAtMs', '...items'],
+  /** How many items were counted now. */
+  reply: integer,
+})
+
 export function createLeaderboard(client: AnyRedisClient, options: LeaderboardOptions = {}): Leaderboard {
   const redis = checkRedisClient('leaderboard', client)
   const check = optionChecker('leaderboard')
@@ -81,7 +90,7 @@ export function createLeaderboard(client: AnyRedisClient, options: LeaderboardOp
     if (!Array.isArray(items))
       throw new InvalidArgumentError(`leaderboard: \`items\` must be an array, got ${shown(items)}`)
     if (items.length === 0) return 0
-    const args: Array<string | number> = [expireAtMs]
+    const args: Array<string | number> = []
     for (const item of items) {
       checkedOptions(check, item, ITEM_KEYS, 'add: item')
       const { id, member, amount } = item
@@ -94,7 +103,7 @@ export function createLeaderboard(client: AnyRedisClient, options: LeaderboardOp
       args.push(id, member, amount)
     }
     const { board, ids } = keys(name)
-    return runScript<number>(redis, 'leaderboardAdd', [board, ids], args)
+    return callScript(redis, BOARD_ADD, { board, ids }, { expireAtMs, items: args })
   }
 
   async function top(name: string, limit: number): Promise<LeaderboardEntry[]> {

@@ -2,7 +2,7 @@ import { GatewayError } from '../plugins/common/errors.ts'
 import { optionChecker, optionKeys } from '../plugins/common/options.ts'
 import { randomToken } from '../plugins/common/random-token.ts'
 import { type AnyRedisClient, checkRedisClient } from '../redis/client.ts'
-import { runScript } from '../redis/scripts.ts'
+import { callScript, codes, defineScript, integer } from '../redis/scripts.ts'
 import { withTimeout } from '../redis/timeout.ts'
 import { checkedOptions, InvalidArgumentError, shown } from './checks.ts'
 
@@ -124,6 +124,41 @@ function withLockOptions(options: WithLockOptions) {
   return { ttlMs, renewEveryMs, waitMs }
 }
 
+const HELD = codes({ acquired: 1, held: 0 })
+
+const LOCK_ACQUIRE = defineScript({
+  name: 'lockAcquire',
+  keys: ['lock', 'fence'],
+  args: ['owner', 'ttlMs'],
+  /** The fence when acquired, else how long the holder still has (PTTL). */
+  reply: (raw) => {
+    const [state, value] = raw as [number, number]
+    return { state: HELD(state), value: integer(value) }
+  },
+})
+const LOCK_EXTEND = defineScript({
+  name: 'lockExtend',
+  keys: ['lock'],
+  args: ['owner', 'ttlMs'],
+  reply: codes({ extended: 1, notHolder: 0 }),
+})
+const LOCK_RELEASE = defineScript({
+  name: 'lockRelease',
+  keys: ['lock'],
+  args: ['owner'],
+  reply: codes({ released: 1, notHolder: 0 }),
+})
+const LOCK_HOLDER = defineScript({
+  name: 'lockHolder',
+  keys: ['lock', 'fence'],
+  args: [],
+  reply: (raw): LockHolder | null => {
+    if (!raw) return null
+    const [owner, fence, pttl] = raw as [string, string | null, number]
+    return { owner, fence: Number(fence), expiresInMs: pttl }
+  },
+})
+
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms))
 
 export function createLock(client: AnyRedisClient, options: LockOptions = {}): Lock {
@@ -132,15 +167,15 @@ export function createLock(client: AnyRedisClient, options: LockOptions = {}): L
   const { keyPrefix = 'lock:' } = checkedOptions(check, options, LOCK_OPTIONS)
   if (typeof keyPrefix !== 'string') check.fail(`\`keyPrefix\` must be a string, got ${shown(keyPrefix)}`)
   // One hash tag for both keys of a name, so the script runs on one Cluster slot.
-  const keys = (name: string) => [`${keyPrefix}{${name}}`, `${keyPrefix}{${name}}:fence`]
+  const keys = (name: string) => ({ lock: `${keyPrefix}{${name}}`, fence: `${keyPrefix}{${name}}:fence` })
 
   /** One attempt: the handle, or how long the current holder still has. */
   async function attempt(name: string, ttlMs: number): Promise<LockHandle | number> {
     const owner = randomToken(16, 'hex')
     const sent = Date.now()
-    const [ok, value] = await runScript<[number, number]>(redis, 'lockAcquire', keys(name), [owner, ttlMs])
-    if (ok !== 1) return value
-    return { name, owner, fence: Number(value), expiresAt: sent + ttlMs }
+    const { state, value } = await callScript(redis, LOCK_ACQUIRE, keys(name), { owner, ttlMs })
+    if (state === 'held') return value
+    return { name, owner, fence: value, expiresAt: sent + ttlMs }
   }
 
   async function acquire(name: string, ttlMs: number): Promise<LockHandle | null> {
@@ -153,24 +188,20 @@ export function createLock(client: AnyRedisClient, options: LockOptions = {}): L
   async function extend(handle: LockHandle, ttlMs: number): Promise<boolean> {
     checkTtl(ttlMs)
     const sent = Date.now()
-    const ok = await runScript<number>(redis, 'lockExtend', keys(handle.name).slice(0, 1), [
-      handle.owner,
-      ttlMs,
-    ])
-    if (ok === 1) handle.expiresAt = sent + ttlMs
-    return ok === 1
+    const { lock } = keys(handle.name)
+    const reply = await callScript(redis, LOCK_EXTEND, { lock }, { owner: handle.owner, ttlMs })
+    if (reply === 'extended') handle.expiresAt = sent + ttlMs
+    return reply === 'extended'
   }
 
   async function release(handle: LockHandle): Promise<boolean> {
-    const ok = await runScript<number>(redis, 'lockRelease', keys(handle.name).slice(0, 1), [handle.owner])
-    return ok === 1
+    const { lock } = keys(handle.name)
+    return (await callScript(redis, LOCK_RELEASE, { lock }, { owner: handle.owner })) === 'released'
   }
 
   async function holder(name: string): Promise<LockHolder | null> {
     checkName(name)
-    const reply = await runScript<[string, string | null, number] | null>(redis, 'lockHolder', keys(name))
-    if (!reply) return null
-    return { owner: reply[0], fence: Number(reply[1]), expiresInMs: reply[2] }
+    return callScript(redis, LOCK_HOLDER, keys(name), {})
   }
 
   async function acquireWithin(name: string, ttlMs: number, waitMs: number): Promise<LockHandle> {

@@ -1,6 +1,6 @@
 import { type OptionChecker, optionChecker, optionKeys } from '../plugins/common/options.ts'
 import { type AnyRedisClient, checkRedisClient, isCluster } from '../redis/client.ts'
-import { runScript } from '../redis/scripts.ts'
+import { callScript, defineScript, integer } from '../redis/scripts.ts'
 import { checkedOptions, InvalidArgumentError, shown } from './checks.ts'
 
 // A counter split over N keys, so that no single key takes every write: one key lives on one Redis
@@ -87,6 +87,15 @@ function checkItem(check: OptionChecker, item: ShardedCounterItem): void {
     throw new InvalidArgumentError('sharded counter: `member` and `id` must be non-empty when given')
 }
 
+const SHARD_ADD = defineScript({
+  name: 'shardedCounterAdd',
+  keys: ['counts', 'distinct', 'ids'],
+  /** items: per item its id, member, n, and n field/amount pairs. */
+  args: ['ttlMs', '...items'],
+  /** How many items were counted now. */
+  reply: integer,
+})
+
 export function createShardedCounter(client: AnyRedisClient, options: ShardedCounterOptions): ShardedCounter {
   const redis = checkRedisClient('sharded counter', client)
   const check = optionChecker('sharded counter')
@@ -110,16 +119,13 @@ export function createShardedCounter(client: AnyRedisClient, options: ShardedCou
       checkItem(check, item)
       const by = item.member ?? item.id
       const shard = by === undefined ? Math.floor(Math.random() * shards) : shardOf(by)
-      const args = byShard.get(shard) ?? [ttlMs]
+      const args = byShard.get(shard) ?? []
       const counts = Object.entries(item.counts ?? {})
       args.push(item.id ?? '', item.member ?? '', counts.length, ...counts.flat())
       byShard.set(shard, args)
     }
     const counted = await Promise.all(
-      [...byShard].map(([shard, args]) => {
-        const k = keys(shard)
-        return runScript<number>(redis, 'shardedCounterAdd', [k.counts, k.distinct, k.ids], args)
-      }),
+      [...byShard].map(([shard, items]) => callScript(redis, SHARD_ADD, keys(shard), { ttlMs, items })),
     )
     return counted.reduce((sum, n) => sum + n, 0)
   }

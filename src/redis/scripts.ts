@@ -110,7 +110,7 @@ const scripts = loadScripts()
 /** Every script by name, with its SHA1 (the metrics plugin names EVALSHA calls by it). */
 export const scriptSources: ReadonlyMap<string, Script> = scripts
 
-type Arg = string | number | Buffer
+export type Arg = string | number | Buffer
 
 /** What the runner needs of a client: ioredis's `call` and `callBuffer` (a Redis or a Cluster, ioredis or iovalkey). */
 export interface ScriptClient {
@@ -122,22 +122,144 @@ export interface ScriptClient {
  * Runs a script of src/lua on any client, nothing defined on it beforehand: EVALSHA, and when the
  * server does not know the script (first use, a restart, SCRIPT FLUSH, a failover to a node that
  * never saw it) EVAL, which also caches it there. `buffers` returns bulk strings as Buffers, byte-exact.
- * The reply type is the caller's, checked by its tests.
  */
-export function runScript<T>(
+function runScript(
   client: ScriptClient,
   name: ScriptName,
   keys: readonly string[],
-  args: readonly Arg[] = [],
-  { buffers = false } = {},
-): Promise<T> {
+  args: readonly Arg[],
+  buffers: boolean,
+): Promise<unknown> {
   const script = scripts.get(name)
   if (!script) throw new Error(`Unknown Lua script '${name}'`)
   const tail = [...keys, ...args]
   corkForTurn(client)
-  const send = (buffers ? client.callBuffer : client.call) as (...args: Arg[]) => Promise<T>
+  const send = (buffers ? client.callBuffer : client.call) as (...args: Arg[]) => Promise<unknown>
   return send.call(client, 'evalsha', script.sha, keys.length, ...tail).catch((err: Error) => {
     if (!err?.message?.startsWith('NOSCRIPT')) throw err
     return send.call(client, 'eval', script.lua, keys.length, ...tail)
   })
 }
+
+// A script's definition names its KEYS and ARGV in order: 'name' is one entry, '...name' the rest
+// as a list (last only). A call passes them by name and gets the reply decoded, so no caller
+// indexes a flat array or compares a bare reply number.
+
+type Slots = readonly string[]
+
+/** The values a call passes for `slots`: one per name, a list for the '...name' one. */
+export type Named<S extends Slots, V> = {
+  readonly [P in S[number] as P extends `...${infer Rest}` ? Rest : P]: P extends `...${string}`
+    ? readonly V[]
+    : V
+}
+
+/** Turns a script's raw reply (as ioredis hands it) into what the caller works with. */
+export type Decoder<R> = (raw: unknown) => R
+
+export interface ScriptDefinition<K extends Slots = Slots, A extends Slots = Slots, R = unknown> {
+  readonly name: ScriptName
+  readonly keys: K
+  readonly args: A
+  /** A script doing several things takes which one as ARGV[1], before the named arguments. */
+  readonly mode?: string
+  readonly reply: Decoder<R>
+  /** Bulk strings come back as Buffers, byte-exact. */
+  readonly buffers?: boolean
+}
+
+/** A script's KEYS and ARGV names, per mode for one doing several things (checked against its Lua header). */
+export interface ScriptShape {
+  keys: Slots
+  /** By mode; '' for a script of one mode. */
+  args: Readonly<Record<string, Slots>>
+}
+
+const definitions = new Map<ScriptName, ScriptShape>()
+
+/** Every script's definition by name, each given once. */
+export const scriptDefinitions: ReadonlyMap<ScriptName, ScriptShape> = definitions
+
+function register(name: ScriptName, shape: ScriptShape): void {
+  if (definitions.has(name)) throw new Error(`Lua script '${name}' is defined twice`)
+  for (const slots of [shape.keys, ...Object.values(shape.args)])
+    if (slots.slice(0, -1).some((slot) => slot.startsWith('...')))
+      throw new Error(`Lua script '${name}': only the last name may take the rest ('...name')`)
+  definitions.set(name, shape)
+}
+
+export function defineScript<const K extends Slots, const A extends Slots, R>(definition: {
+  name: ScriptName
+  keys: K
+  args: A
+  reply: Decoder<R>
+  buffers?: boolean
+}): ScriptDefinition<K, A, R> {
+  register(definition.name, { keys: definition.keys, args: { '': definition.args } })
+  return definition
+}
+
+type ModeDefinitions = Record<string, { args: Slots; reply: Decoder<unknown> }>
+
+/** A script that does several things, ARGV[1] saying which: one definition per mode, each called alone. */
+export function defineModes<const K extends Slots, const M extends ModeDefinitions>(definition: {
+  name: ScriptName
+  keys: K
+  modes: M
+}): { [Mode in keyof M & string]: ScriptDefinition<K, M[Mode]['args'], ReturnType<M[Mode]['reply']>> } {
+  const { name, keys, modes } = definition
+  register(name, {
+    keys,
+    args: Object.fromEntries(Object.entries(modes).map(([mode, { args }]) => [mode, args])),
+  })
+  return Object.fromEntries(
+    Object.entries(modes).map(([mode, { args, reply }]) => [mode, { name, keys, args, mode, reply }]),
+  ) as never
+}
+
+function flatten<V>(slots: Slots, values: Record<string, V | readonly V[]>): V[] {
+  return slots.flatMap((slot) =>
+    slot.startsWith('...') ? (values[slot.slice(3)] as readonly V[]) : [values[slot] as V],
+  )
+}
+
+/** Runs the script of `definition` with its keys and arguments by name, and decodes its reply. */
+export async function callScript<K extends Slots, A extends Slots, R>(
+  client: ScriptClient,
+  definition: ScriptDefinition<K, A, R>,
+  keys: Named<K, string>,
+  args: Named<A, Arg>,
+): Promise<R> {
+  const argv = flatten<Arg>(definition.args, args)
+  if (definition.mode !== undefined) argv.unshift(definition.mode)
+  const raw = await runScript(
+    client,
+    definition.name,
+    flatten<string>(definition.keys, keys),
+    argv,
+    definition.buffers ?? false,
+  )
+  return definition.reply(raw)
+}
+
+// Decoders of the replies scripts give.
+
+/**
+ * A reply that is one of a few codes, by name: `codes({ released: 1, notHolder: 0 })` decodes 1 as
+ * 'released'. Any other reply is a script and its definition disagreeing, and throws.
+ */
+export function codes<const C extends Record<string, number | string>>(table: C): Decoder<keyof C & string> {
+  const names = new Map(Object.entries(table).map(([name, code]) => [String(code), name]))
+  return (raw) => {
+    const name = names.get(String(raw))
+    if (name === undefined)
+      throw new Error(`unexpected script reply ${String(raw)}, not one of ${[...names.keys()]}`)
+    return name as keyof C & string
+  }
+}
+
+/** A count or another integer. */
+export const integer: Decoder<number> = (raw) => Number(raw)
+
+/** A reply the caller does not use. */
+export const ignored: Decoder<void> = () => {}

@@ -1,8 +1,9 @@
 import { isCluster, type RedisClient } from '../../redis/client.ts'
-import { runScript } from '../../redis/scripts.ts'
+import { callScript } from '../../redis/scripts.ts'
 import { randomToken } from '../common/random-token.ts'
 import type { GetReply } from './entry.ts'
 import { CacheUnavailableError } from './errors.ts'
+import { CACHE_FILL, CACHE_GET, CACHE_INVALIDATE, CACHE_RELEASE, CACHE_SET } from './scripts.ts'
 import type { CacheSettings } from './types.ts'
 
 /** A lease owner or a generation: random, so that no later one can equal it. */
@@ -63,9 +64,9 @@ export class EntryStore {
     readonly generationTtlMs: number,
   ) {}
 
-  private keys(key: string): string[] {
+  private keys(key: string): { value: string; generation: string; lease: string } {
     const base = `${this.settings.keyPrefix}{${key}}`
-    return [`${base}:v`, `${base}:g`, `${base}:l`]
+    return { value: `${base}:v`, generation: `${base}:g`, lease: `${base}:l` }
   }
 
   /** Commands fail at once while disconnected (no offline queue); skipping them saves the error. */
@@ -80,7 +81,7 @@ export class EntryStore {
 
   /** The entry as stored (see `peekEntry`), with a plain GET. */
   raw(key: string): Promise<string | null> {
-    return this.redis.get(this.keys(key)[0]!)
+    return this.redis.get(this.keys(key).value)
   }
 
   /**
@@ -89,36 +90,35 @@ export class EntryStore {
    */
   get(key: string, attempt: GetAttempt, currentTags?: string): Promise<GetReply> {
     const { settings } = this
-    const args = [
-      attempt.owner,
-      settings.leaseTtlMs,
-      settings.earlyRefreshBeta,
-      attempt.draw,
-      this.generationTtlMs,
-      attempt.newGeneration,
-    ]
-    if (currentTags !== undefined) args.push(currentTags)
-    return runScript<GetReply>(this.redis, 'cacheGet', this.keys(key), args)
+    return callScript(this.redis, CACHE_GET, this.keys(key), {
+      owner: attempt.owner,
+      leaseTtlMs: settings.leaseTtlMs,
+      beta: settings.earlyRefreshBeta,
+      draw: attempt.draw,
+      generationTtlMs: this.generationTtlMs,
+      newGeneration: attempt.newGeneration,
+      currentTags: currentTags === undefined ? [] : [currentTags],
+    })
   }
 
   /** cache-fill.lua: true when stored, false when an invalidation since the read fenced it off. */
   async fill(key: string, fill: EntryFill): Promise<boolean> {
-    const args = [
-      this.settings.fence ? fill.generation : '',
-      fill.owner,
-      fill.softMs,
-      fill.hardMs,
-      fill.loadMs,
-      fill.payload,
-      this.generationTtlMs,
-    ]
-    if (fill.recorded) args.push(fill.recorded)
-    return (await runScript<number>(this.redis, 'cacheFill', this.keys(key), args)) === 1
+    const reply = await callScript(this.redis, CACHE_FILL, this.keys(key), {
+      generation: this.settings.fence ? fill.generation : '',
+      owner: fill.owner,
+      softMs: fill.softMs,
+      hardMs: fill.hardMs,
+      loadMs: fill.loadMs,
+      payload: fill.payload,
+      generationTtlMs: this.generationTtlMs,
+      recorded: fill.recorded ? [fill.recorded] : [],
+    })
+    return reply === 'stored'
   }
 
   /** Gives up this caller's lease, if it still holds it; never rejects (an expired lease is gone anyway). */
   release(key: string, owner: string): Promise<void> {
-    return runScript(this.redis, 'cacheRelease', [this.keys(key)[2]!], [owner]).then(
+    return callScript(this.redis, CACHE_RELEASE, this.keys(key), { owner }).then(
       () => {},
       () => {},
     )
@@ -126,14 +126,14 @@ export class EntryStore {
 
   /** cache-set.lua: a new generation (fencing off older fills), then the value. */
   async set(key: string, write: EntryWrite): Promise<void> {
-    await runScript(this.redis, 'cacheSet', this.keys(key), [
-      token(),
-      this.generationTtlMs,
-      write.softMs,
-      write.hardMs,
-      write.payload,
-      write.recorded,
-    ])
+    await callScript(this.redis, CACHE_SET, this.keys(key), {
+      generation: token(),
+      generationTtlMs: this.generationTtlMs,
+      softMs: write.softMs,
+      hardMs: write.hardMs,
+      payload: write.payload,
+      recorded: write.recorded,
+    })
   }
 
   /** cache-invalidate.lua: drops the entries and gives each a new generation. */
@@ -143,11 +143,16 @@ export class EntryStore {
     const generation = token()
     await Promise.all(
       calls.map((entries) =>
-        runScript(
+        callScript(
           this.redis,
-          'cacheInvalidate',
-          entries.flatMap((key) => this.keys(key)),
-          [generation, this.generationTtlMs],
+          CACHE_INVALIDATE,
+          {
+            entries: entries.flatMap((key) => {
+              const entry = this.keys(key)
+              return [entry.value, entry.generation, entry.lease]
+            }),
+          },
+          { generation, generationTtlMs: this.generationTtlMs },
         ),
       ),
     )

@@ -1,5 +1,6 @@
-import { runScript } from '../../redis/scripts.ts'
+import { callScript } from '../../redis/scripts.ts'
 import type { GetReply } from './entry.ts'
+import { CACHE_TAGS } from './scripts.ts'
 import { type EntryStore, type GetAttempt, token } from './store.ts'
 import type { CacheSettings } from './types.ts'
 
@@ -31,11 +32,11 @@ export class CacheTags {
     const ttl = extendToMs || this.store.generationTtlMs
     const generations = await Promise.all(
       tags.map((tag) =>
-        runScript<string>(
+        callScript(
           this.store.redis,
-          'cacheTags',
-          [this.key(tag)],
-          [fresh, ttl, extendToMs ? '1' : '0'],
+          CACHE_TAGS,
+          { tag: this.key(tag) },
+          { newGeneration: fresh, ttlMs: ttl, extend: extendToMs ? '1' : '0' },
         ),
       ),
     )

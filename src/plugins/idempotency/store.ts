@@ -1,7 +1,8 @@
 import { createHash } from 'node:crypto'
 import type { RedisClient } from '../../redis/client.ts'
-import { runScript } from '../../redis/scripts.ts'
+import { callScript } from '../../redis/scripts.ts'
 import { randomToken } from '../common/random-token.ts'
+import { IDEMPOTENCY_CLAIM, IDEMPOTENCY_COMPLETE, IDEMPOTENCY_RELEASE, IDEMPOTENCY_RENEW } from './scripts.ts'
 
 export interface StoredResponse {
   status: number
@@ -95,17 +96,15 @@ export class IdempotencyStore {
     const { leaseMs, retentionMs } = this.options
     if (!FINGERPRINT.test(fingerprint))
       throw new TypeError('an idempotency fingerprint is a SHA-256 digest in base64url (43 characters)')
-    const reply = await runScript<Buffer[]>(
+    const { kind, rest } = await callScript(
       this.redis,
-      'idempotencyClaim',
-      [recordKey],
-      [fingerprint, token, leaseMs, retentionMs],
-      { buffers: true },
+      IDEMPOTENCY_CLAIM,
+      { record: recordKey },
+      { fingerprint, token, leaseMs, retentionMs },
     )
-    const kind = reply[0]!.toString()
-    if (kind === 'conflict') return { kind, retryAfterMs: Number(reply[1]) }
+    if (kind === 'conflict') return { kind, retryAfterMs: Number(rest[0]) }
     if (kind === 'replay') {
-      const [, status, headers, body, kept] = reply
+      const [status, headers, body, kept] = rest
       return {
         kind,
         response: {
@@ -115,18 +114,17 @@ export class IdempotencyStore {
         },
       }
     }
-    return { kind: kind as 'new' | 'takeover' | 'mismatch' }
+    return { kind }
   }
 
   async renew(recordKey: string, token: string): Promise<boolean> {
-    return (
-      (await runScript<number>(
-        this.redis,
-        'idempotencyRenew',
-        [recordKey],
-        [token, this.options.leaseMs],
-      )) === 1
+    const reply = await callScript(
+      this.redis,
+      IDEMPOTENCY_RENEW,
+      { record: recordKey },
+      { token, leaseMs: this.options.leaseMs },
     )
+    return reply === 'renewed'
   }
 
   /**
@@ -157,18 +155,24 @@ export class IdempotencyStore {
     // The record keeps the status as three digits at a fixed place.
     if (!Number.isInteger(response.status) || response.status < 100 || response.status > 999)
       throw new TypeError('an idempotency record keeps a three-digit status')
-    const args = [
-      token,
-      response.status,
-      encodeHeaders(response.headers),
-      response.body ?? '',
-      response.body ? '1' : '0',
-      this.options.retentionMs,
-    ]
-    return (await runScript<number>(this.redis, 'idempotencyComplete', [recordKey], args)) === 1
+    const reply = await callScript(
+      this.redis,
+      IDEMPOTENCY_COMPLETE,
+      { record: recordKey },
+      {
+        token,
+        status: response.status,
+        headers: encodeHeaders(response.headers),
+        body: response.body ?? '',
+        kept: response.body ? '1' : '0',
+        retentionMs: this.options.retentionMs,
+      },
+    )
+    return reply === 'stored'
   }
 
   async release(recordKey: string, token: string): Promise<boolean> {
-    return (await runScript<number>(this.redis, 'idempotencyRelease', [recordKey], [token])) === 1
+    const reply = await callScript(this.redis, IDEMPOTENCY_RELEASE, { record: recordKey }, { token })
+    return reply === 'deleted'
   }
 }

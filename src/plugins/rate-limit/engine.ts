@@ -1,7 +1,6 @@
 import type { FastifyBaseLogger, FastifyRequest } from 'fastify'
 import type { RedisClient } from '../../redis/client.ts'
 import { commandTimeoutOf } from '../../redis/command-bounds.ts'
-import { runScript } from '../../redis/scripts.ts'
 import { withTimeout } from '../../redis/timeout.ts'
 import type { PrincipalFunction } from '../common/principal.ts'
 import { askPolicies, capCost, resolveFor } from './asked.ts'
@@ -20,7 +19,7 @@ import {
   type RequestOperation,
   settleRejection,
 } from './outcome.ts'
-import { decodeReply, encodeCall, type ScriptCall, type ScriptReply } from './protocol.ts'
+import { decodeReply, encodeCall, runEncoded, type ScriptCall, type ScriptReply } from './protocol.ts'
 import type { Decision, Policy, Resolved } from './types.ts'
 
 export { memoryStoreOf } from './memory.ts'
@@ -189,11 +188,12 @@ export class RateLimitEngine implements KeyNames {
       this.noteUnavailable('Redis failed within retryRedisAfterMs')
       return this.fallback.decide(group, operation, outcome, this.metrics, this)
     }
-    const { keys, argv } = encodeCall(algorithm, call)
+    const encoded = encodeCall(algorithm, call)
+    const { keys } = encoded
     let reply: number[]
     const started = performance.now()
     try {
-      const sent = runScript<number[]>(redis, group.policies[0]!.script, keys, argv)
+      const sent = runEncoded(redis, algorithm, encoded)
       reply = await (this.ownTimeout ? answeredWithin(sent, this.options.timeoutMs) : sent)
     } catch (err) {
       if (!redisUnavailable(err)) {
@@ -336,8 +336,7 @@ export class RateLimitEngine implements KeyNames {
       this.memory.answer(policy.algorithm, call)
       return
     }
-    const { keys, argv } = encodeCall(policy.algorithm, call)
-    await runScript(this.redis!, policy.script, keys, argv)
+    await runEncoded(this.redis!, policy.algorithm, encodeCall(policy.algorithm, call))
   }
 
   /** `app.rateLimiter.consume`: one policy, one identity, the same keys a route uses. */

@@ -1,3 +1,5 @@
+import { callScript, defineScript, type ScriptClient } from '../../redis/scripts.ts'
+
 /**
  * The calling convention of the rate-limit scripts (src/lua/rate-limit-*.lua), in one place: what a
  * call and a reply hold, by name, and the one encoder and decoder of each between those names and
@@ -31,6 +33,23 @@ export const SCRIPT_OF_ALGORITHM = {
 } as const satisfies Record<Algorithm, string>
 
 export type RateLimitScript = (typeof SCRIPT_OF_ALGORITHM)[Algorithm]
+
+/** Each script's definition: its KEYS and ARGV as encodeCall lays them out, its reply as decodeReply reads it. */
+const rateLimitScript = (name: RateLimitScript) =>
+  defineScript({
+    name,
+    keys: ['...keys'],
+    args: ['operation', 'nonce', '...quotas'],
+    reply: (raw) => raw as number[],
+  })
+
+const DEFINITION_OF_ALGORITHM = {
+  'fixed-window': rateLimitScript(SCRIPT_OF_ALGORITHM['fixed-window']),
+  'sliding-log': rateLimitScript(SCRIPT_OF_ALGORITHM['sliding-log']),
+  'sliding-counter': rateLimitScript(SCRIPT_OF_ALGORITHM['sliding-counter']),
+  'token-bucket': rateLimitScript(SCRIPT_OF_ALGORITHM['token-bucket']),
+  gcra: rateLimitScript(SCRIPT_OF_ALGORITHM.gcra),
+} satisfies Record<Algorithm, unknown>
 
 /** Consume the cost, only check it (change nothing), or give back what an earlier consume took. */
 export type Operation = 'consume' | 'peek' | 'refund'
@@ -157,6 +176,16 @@ export function encodeCall(algorithm: Algorithm, call: ScriptCall): { keys: stri
     }
   }
   return { keys, argv }
+}
+
+/** Runs an encoded call on the script of `algorithm`: the reply as decodeReply reads it. */
+export function runEncoded(
+  client: ScriptClient,
+  algorithm: Algorithm,
+  { keys, argv }: { keys: readonly string[]; argv: readonly WireArgument[] },
+): Promise<number[]> {
+  const [operation = '', nonce = '', ...quotas] = argv
+  return callScript(client, DEFINITION_OF_ALGORITHM[algorithm], { keys }, { operation, nonce, quotas })
 }
 
 export function decodeCall(

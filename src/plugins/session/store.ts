@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto'
 import type { RedisClient } from '../../redis/client.ts'
-import { runScript } from '../../redis/scripts.ts'
+import { callScript } from '../../redis/scripts.ts'
 import {
   checkHandle,
   checkPrincipal,
@@ -13,6 +13,7 @@ import {
 import type { LoadResult } from './decision.ts'
 import { SessionTooLargeError } from './errors.ts'
 import { SESSION_STORE_OPTIONS, type SessionStoreOptions, type SessionStoreSettings } from './options.ts'
+import { SESSION_CREATE, SESSION_DESCRIBE, SESSION_INDEX_ADD, SESSION_SET } from './scripts.ts'
 import {
   type AnonymousSessionHooks,
   checkFieldName,
@@ -254,24 +255,19 @@ export class SessionStore implements SessionSaver {
     // in the index then always names a session that exists or existed, so neither pruneIndex nor
     // destroyAll can drop an id whose session is still to appear and would be unreachable.
     const sentAt = this.#now()
-    const times = await guarded(async () => {
-      const created = await runScript<[number, number, number]>(
+    const { createdAt, expiresAt, absoluteExpiresAt } = await guarded(async () => {
+      const created = await callScript(
         this.redis,
-        'sessionCreate',
-        [this.sessionKey(id)],
-        [idleTimeoutMs, absoluteTimeoutMs, principal, ...fields.flat()],
+        SESSION_CREATE,
+        { session: this.sessionKey(id) },
+        { idleTimeoutMs, absoluteTimeoutMs, principal, fields: fields.flat() },
       )
       if (principal !== '') {
-        await runScript<number>(
-          this.redis,
-          'sessionIndexAdd',
-          [this.indexKey(principal)],
-          [id, absoluteTimeoutMs],
-        )
+        const index = { index: this.indexKey(principal) }
+        await callScript(this.redis, SESSION_INDEX_ADD, index, { id, absoluteTimeoutMs })
       }
       return created
     })
-    const [createdAt, expiresAt, absoluteExpiresAt] = times.map(Number) as [number, number, number]
     // Created with the idle expiry: a touch as of its sending.
     this.#touched(id, sentAt, idleTimeoutMs)
     const appFields = fields.filter(([name]) => name !== IDLE_FIELD)
@@ -306,19 +302,18 @@ export class SessionStore implements SessionSaver {
     touch: boolean,
   ): Promise<number | null> {
     if (!isWellFormedId(id)) return null
-    const args: Array<string | number> = [
-      touch ? this.options.idleTimeoutMs : 0,
-      MAX_SESSION_BYTES,
-      deleted.length,
-    ]
-    for (const name of deleted) args.push(name)
-    for (const [name, value] of set) args.push(name, value)
-    const reply = Number(
-      await guarded(() => runScript<number>(this.redis, 'sessionSet', [this.sessionKey(id)], args)),
+    const args = {
+      idleTimeoutMs: touch ? this.options.idleTimeoutMs : 0,
+      maxBytes: MAX_SESSION_BYTES,
+      deleteCount: deleted.length,
+      changes: [...deleted, ...set.flat()],
+    }
+    const reply = await guarded(() =>
+      callScript(this.redis, SESSION_SET, { session: this.sessionKey(id) }, args),
     )
-    if (reply === -1) return null
-    if (reply === -2) throw new SessionTooLargeError(`Session fields would exceed ${MAX_SESSION_BYTES} bytes`)
-    return reply
+    if (reply.saved) return reply.expiresAt
+    if (reply.failure === 'gone') return null
+    throw new SessionTooLargeError(`Session fields would exceed ${MAX_SESSION_BYTES} bytes`)
   }
 
   async destroy(id: string, principal?: string): Promise<void> {
@@ -372,11 +367,7 @@ export class SessionStore implements SessionSaver {
     return guarded(async () => {
       const ids = await this.#indexIds(index)
       const replies = await Promise.all(
-        ids.map((id) =>
-          runScript<[string, string, string, string, number] | null>(this.redis, 'sessionDescribe', [
-            this.sessionKey(id),
-          ]),
-        ),
+        ids.map((id) => callScript(this.redis, SESSION_DESCRIBE, { session: this.sessionKey(id) }, {})),
       )
       const sessions: SessionInfo[] = []
       const dead: string[] = []
@@ -387,13 +378,13 @@ export class SessionStore implements SessionSaver {
           return
         }
         // Only ids this principal's logins added are in its index; checked all the same.
-        if (reply[0] !== principal) return
+        if (reply.principal !== principal) return
         sessions.push({
           handle: sessionHandle(id),
-          createdAt: Number(reply[1]),
-          expiresAt: Number(reply[4]),
-          absoluteExpiresAt: Number(reply[2]),
-          idleTimeoutMs: Number(reply[3]) || this.options.idleTimeoutMs,
+          createdAt: reply.createdAt,
+          expiresAt: reply.expiresAt,
+          absoluteExpiresAt: reply.absoluteExpiresAt,
+          idleTimeoutMs: reply.idleTimeoutMs || this.options.idleTimeoutMs,
         })
       })
       if (dead.length) await this.redis.srem(index, ...dead)

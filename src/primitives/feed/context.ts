@@ -21,8 +21,6 @@ export interface FeedContext {
   producerTag(producer: string): string
   readerKeys(reader: string): ReaderKeys
   producerKeys(producer: string): ProducerKeys
-  /** A reader's keys in the order the reader scripts take them. */
-  readerKeyList(reader: string): string[]
   /** The fan-out stream. */
   fanoutStream: string
   /** The loss token every built feed records; a new one makes each feed rebuild at its next read. */
@@ -36,7 +34,7 @@ export interface FeedContext {
   /** Producers' keys were found lost: every feed is rebuilt at its next read. */
   noteLost(): Promise<void>
   /** Mode arguments of the producer scripts: the threshold, the grace after going pulled, the stickiness after going pushed. */
-  modeArgs: number[]
+  modeArgs: { pushMaxFollowers: number; graceMs: number; stickyMs: number }
   /**
    * `values` in the groups one script call may take: one per hash slot on a Cluster (a script's keys
    * share a slot), at most `perCall` each on one Redis.
@@ -76,11 +74,6 @@ export function createFeedContext(redis: RedisClient, settings: FeedSettings): F
       deleted: `${base}:deleted`,
     }
   }
-  const readerKeyList = (reader: string) => {
-    const keys = readerKeys(reader)
-    return [keys.feed, keys.following, keys.pulled, keys.meta]
-  }
-
   function scriptGroups<T>(values: readonly T[], tagOf: (value: T) => string, perCall: number): T[][] {
     const bySlot = new Map<number, T[]>()
     for (const value of values) {
@@ -115,9 +108,8 @@ export function createFeedContext(redis: RedisClient, settings: FeedSettings): F
     producerTag,
     readerKeys,
     producerKeys,
-    readerKeyList,
     fanoutStream: `${keyPrefix}{fanout}`,
-    modeArgs: [pushMaxFollowers, markActiveEveryMs, activeWindowMs],
+    modeArgs: { pushMaxFollowers, graceMs: markActiveEveryMs, stickyMs: activeWindowMs },
     scriptGroups,
     source: checkedSource(settings),
   }

@@ -1,9 +1,10 @@
-import { runScript } from '../../redis/scripts.ts'
+import { callScript } from '../../redis/scripts.ts'
 import { InvalidArgumentError } from '../checks.ts'
 import { createStreamConsumer, type StreamEntry } from '../stream-consumer.ts'
 import { type FeedContext, KEYS_PER_CALL } from './context.ts'
 import { feedMember } from './items.ts'
 import { isId, resolveWorkerOptions } from './options.ts'
+import { FEED_FANOUT, FEED_FANOUT_START } from './scripts.ts'
 import type { FanoutLag, FanoutStats, FanoutWorker, FanoutWorkerOptions, FeedItem } from './types.ts'
 
 // Fan-out: workers that write a pushed producer's item into the feeds of its recently active
@@ -27,11 +28,11 @@ export function createFanoutWorker(context: FeedContext, workerOptions: FanoutWo
     if (!isId(item.id) || !isId(item.producer) || !Number.isSafeInteger(item.at))
       throw new InvalidArgumentError(`feed: fan-out entry ${entry.id} is not an item`)
     const snapshot = `${keyPrefix}{${producerTag(item.producer)}}:fanout:${entry.id}`
-    const followers = await runScript<number>(
+    const followers = await callScript(
       redis,
-      'feedFanoutStart',
-      [producerKeys(item.producer).followers, snapshot],
-      [settings.now() - activeWindowMs, SNAPSHOT_TTL_MS],
+      FEED_FANOUT_START,
+      { followers: producerKeys(item.producer).followers, snapshot },
+      { oldestActiveMark: settings.now() - activeWindowMs, snapshotTtlMs: SNAPSHOT_TTL_MS },
     )
     let writes = 0
     let skipped = 0
@@ -39,17 +40,17 @@ export function createFanoutWorker(context: FeedContext, workerOptions: FanoutWo
       const readers = await redis.zrange(snapshot, String(offset), String(offset + pageSize - 1))
       const replies = await Promise.all(
         scriptGroups(readers, readerTag, KEYS_PER_CALL).map((group) =>
-          runScript<[number, number]>(
+          callScript(
             redis,
-            'feedFanout',
-            group.map((reader) => readerKeys(reader).feed),
-            [feedMaxItems, item.at, feedMember(item)],
+            FEED_FANOUT,
+            { feeds: group.map((reader) => readerKeys(reader).feed) },
+            { feedMaxItems, at: item.at, member: feedMember(item) },
           ),
         ),
       )
-      for (const [added, missing] of replies) {
-        writes += Number(added)
-        skipped += Number(missing)
+      for (const { added, missing } of replies) {
+        writes += added
+        skipped += missing
       }
     }
     if (followers > 0) await redis.del(snapshot)

@@ -1,7 +1,8 @@
-import { runScript } from '../../redis/scripts.ts'
+import { callScript } from '../../redis/scripts.ts'
 import type { FeedContext } from './context.ts'
 import { FeedRebuildError } from './errors.ts'
 import { checkItem } from './options.ts'
+import { FEED_PUBLISH, FEED_REMOVE } from './scripts.ts'
 import type { Timelines } from './timelines.ts'
 import type { FeedItem } from './types.ts'
 
@@ -24,29 +25,23 @@ export function createPublisher(context: FeedContext, timelines: Timelines): Pub
     const keys = producerKeys(item.producer)
     let count = ''
     for (let attempt = 0; attempt < 4; attempt++) {
-      const reply = await runScript<number>(
-        redis,
-        'feedPublish',
-        [keys.timeline, keys.meta, keys.followers],
-        [
-          item.id,
-          item.at,
-          timelineMaxItems,
-          timelineTtlMs,
-          settings.now(),
-          ...context.modeArgs,
-          count,
-          COUNT_REFRESH_MS,
-        ],
-      )
-      if (reply === -1) {
+      const { outcome, created } = await callScript(redis, FEED_PUBLISH, keys, {
+        id: item.id,
+        at: item.at,
+        timelineMaxItems,
+        timelineTtlMs,
+        now: settings.now(),
+        ...context.modeArgs,
+        count,
+        countRefreshMs: COUNT_REFRESH_MS,
+      })
+      if (outcome === 'countDue') {
         count = String((await source.counts([item.producer]))[0])
         continue
       }
-      // 4 added: the meta was created by this call.
-      if (reply >= 2) await context.noteCreated([item.producer])
-      const fanout = reply === 1 || reply === 5
-      if (reply === -2 || reply === 2) await timelines.build(item.producer)
+      if (created) await context.noteCreated([item.producer])
+      const fanout = outcome === 'fanOut'
+      if (outcome === 'buildTimeline') await timelines.build(item.producer)
       else {
         if (fanout) {
           await redis.xadd(
@@ -72,12 +67,12 @@ export function createPublisher(context: FeedContext, timelines: Timelines): Pub
   async function remove(item: FeedItem): Promise<void> {
     checkItem('remove', item)
     const keys = producerKeys(item.producer)
-    await runScript(
-      redis,
-      'feedRemove',
-      [keys.timeline, keys.deleted],
-      [item.id, item.at, feedMaxItems, feedTtlMs],
-    )
+    await callScript(redis, FEED_REMOVE, keys, {
+      id: item.id,
+      at: item.at,
+      keep: feedMaxItems,
+      ttlMs: feedTtlMs,
+    })
   }
 
   return { publish, remove }

@@ -1,8 +1,8 @@
 import { randomBytes } from 'node:crypto'
-import { runScript } from '../../redis/scripts.ts'
+import { callScript } from '../../redis/scripts.ts'
 import { type FeedContext, KEYS_PER_CALL, singleFlight } from './context.ts'
 import { FeedRebuildError } from './errors.ts'
-import { byPull, type FollowGraph, fansOut } from './follow-graph.ts'
+import type { FollowGraph } from './follow-graph.ts'
 import {
   type Cursor,
   decodeCursor,
@@ -15,6 +15,7 @@ import {
   toItems,
 } from './items.ts'
 import { checkId, resolveReadOptions } from './options.ts'
+import { FEED_BUILD, FEED_READ, FEED_REMOVED } from './scripts.ts'
 import type { Timelines } from './timelines.ts'
 import type { FeedItem, FeedPage, FeedReadOptions } from './types.ts'
 
@@ -37,41 +38,38 @@ export function createFeedReader(
   graph: FollowGraph,
   timelines: Timelines,
 ): (reader: string, readOptions?: FeedReadOptions) => Promise<FeedPage> {
-  const { redis, settings, producerKeys, producerTag, readerKeys, readerKeyList, scriptGroups, source } =
-    context
+  const { redis, settings, producerKeys, producerTag, readerKeys, scriptGroups, source } = context
   const { feedTtlMs, feedMaxItems, markActiveEveryMs, ownItems } = settings
 
   const rebuild = singleFlight(async (reader: string) => {
-    const keys = readerKeyList(reader)
+    const keys = readerKeys(reader)
     for (let attempt = 0; attempt < 5; attempt++) {
       const now = settings.now()
       const expireAt = now + feedTtlMs
       // Read before 'start': a loss noted from now on is newer than this build, which builds again.
       const losses = await context.lossToken()
       const token = randomBytes(8).toString('hex')
-      await runScript(redis, 'feedBuild', keys, ['start', expireAt, token])
+      await callScript(redis, FEED_BUILD.start, keys, { expireAt, token })
       const following = await source.following(reader)
       // Before the items are asked for: a fan-out that misses the reader from now on can only be of
       // an item stored before, which the application's answer holds.
       const modes = await graph.producerModes(reader, following, 0, String(now))
-      const pulled = following.filter((_, i) => byPull(modes[i]!))
+      const pulled = following.filter((_, i) => modes[i]!.byPull)
       // Every producer still fanned out, pulled ones in their grace and pushed-again ones still read
       // by pull among them: when that ends, the feed must hold what they published before.
-      const copied = following.filter((_, i) => fansOut(modes[i]!))
+      const copied = following.filter((_, i) => modes[i]!.fansOut)
       const items = copied.length > 0 ? await source.items(copied, feedMaxItems) : []
-      const args: Array<string | number> = [
-        'finish',
+      const rest: Array<string | number> = [following.length, ...following, pulled.length, ...pulled]
+      for (const item of items) rest.push(item.at, feedMember(item))
+      const reply = await callScript(redis, FEED_BUILD.finish, keys, {
         expireAt,
-        now,
+        mark: now,
         feedMaxItems,
         token,
-        losses,
-        following.length,
-        ...following,
-      ]
-      args.push(pulled.length, ...pulled)
-      for (const item of items) args.push(item.at, feedMember(item))
-      if ((await runScript<number>(redis, 'feedBuild', keys, args)) > 0) return
+        lossToken: losses,
+        rest,
+      })
+      if (reply !== 'buildAgain') return
     }
     throw new FeedRebuildError(`the feed of '${reader}'`)
   })
@@ -83,23 +81,22 @@ export function createFeedReader(
     limit: number,
     withPulled: boolean,
   ): Promise<FeedSourcePage> {
-    const keys = readerKeyList(reader)
+    const keys = readerKeys(reader)
     for (let attempt = 0; attempt < 4; attempt++) {
-      const reply = await runScript<[number, ...unknown[]]>(redis, 'feedRead', keys, [
-        settings.now(),
-        markActiveEveryMs,
-        after?.at ?? '',
-        after?.id ?? '',
+      const reply = await callScript(redis, FEED_READ, keys, {
+        now: settings.now(),
+        markEveryMs: markActiveEveryMs,
+        afterAt: after?.at ?? '',
+        afterId: after?.id ?? '',
         limit,
-        withPulled ? 1 : 0,
-        await context.lossToken(),
-      ])
-      if (reply[0] === 2) {
-        const [, exhausted, pulled, flat] = reply as [number, number, string[], string[]]
-        const items = toItems(flat, parseFeedMember)
-        return { items, exhausted: exhausted === 1, last: items.at(-1), pulled }
+        withPulled: withPulled ? 1 : 0,
+        lossToken: await context.lossToken(),
+      })
+      if (reply.state === 'page') {
+        const items = toItems(reply.flat, parseFeedMember)
+        return { items, exhausted: reply.exhausted, last: items.at(-1), pulled: reply.pulled }
       }
-      if (reply[0] === 1) await graph.markActive(reader)
+      if (reply.state === 'mark') await graph.markActive(reader)
       else await rebuild(reader)
     }
     throw new FeedRebuildError(`the feed of '${reader}'`)
@@ -122,16 +119,19 @@ export function createFeedReader(
     await Promise.all(
       scriptGroups([...byProducer], ([producer]) => producerTag(producer), KEYS_PER_CALL).map(
         async (group) => {
-          const args: Array<string | number> = []
-          for (const [, ids] of group) args.push(ids.length, ...ids)
-          const [found, missing] = await runScript<[string[], number]>(
+          const reply = await callScript(
             redis,
-            'feedRemoved',
-            group.flatMap(([producer]) => [producerKeys(producer).deleted, producerKeys(producer).meta]),
-            args,
+            FEED_REMOVED,
+            {
+              deletedAndMetas: group.flatMap(([producer]) => [
+                producerKeys(producer).deleted,
+                producerKeys(producer).meta,
+              ]),
+            },
+            { ids: group.flatMap(([, ids]) => [ids.length, ...ids]) },
           )
-          for (const id of found) removed.add(String(id))
-          if (Number(missing) > 0) lost = true
+          for (const id of reply.removed) removed.add(id)
+          if (reply.producersLost) lost = true
         },
       ),
     )

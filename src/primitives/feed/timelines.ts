@@ -1,7 +1,8 @@
-import { runScript } from '../../redis/scripts.ts'
+import { callScript } from '../../redis/scripts.ts'
 import { type FeedContext, singleFlight } from './context.ts'
 import { FeedRebuildError } from './errors.ts'
 import { type Cursor, type SourcePage, toItems } from './items.ts'
+import { FEED_TIMELINE } from './scripts.ts'
 
 // Producers' timelines: read a page of many at once, and rebuilt from the application's source
 // when missing.
@@ -25,12 +26,16 @@ export function createTimelines(context: FeedContext): Timelines {
   const { timelineTtlMs, timelineMaxItems } = settings
 
   const build = singleFlight(async (producer: string) => {
-    const key = producerKeys(producer).timeline
-    await runScript(redis, 'feedTimeline', [key], ['start', timelineTtlMs])
-    const items = await source.items([producer], timelineMaxItems)
-    const args: Array<string | number> = ['finish', timelineTtlMs, timelineMaxItems]
-    for (const item of items) args.push(item.at, item.id)
-    await runScript(redis, 'feedTimeline', [key], args)
+    const timelines = [producerKeys(producer).timeline]
+    await callScript(redis, FEED_TIMELINE.start, { timelines }, { ttlMs: timelineTtlMs })
+    const items = (await source.items([producer], timelineMaxItems)).flatMap((item) => [item.at, item.id])
+    // A timeline that vanished since 'start' is built again at the next read.
+    await callScript(
+      redis,
+      FEED_TIMELINE.finish,
+      { timelines },
+      { ttlMs: timelineTtlMs, timelineMaxItems, items },
+    )
   })
 
   async function pages(
@@ -44,18 +49,18 @@ export function createTimelines(context: FeedContext): Timelines {
       if (attempt === 3) throw new FeedRebuildError(`the timeline of '${producers[wanted[0]!]}'`)
       await Promise.all(
         scriptGroups(wanted, (i) => producerTag(producers[i]!), TIMELINES_PER_CALL).map(async (group) => {
-          const replies = await runScript<Array<[number, number, string[]]>>(
+          const replies = await callScript(
             redis,
-            'feedTimeline',
-            group.map((i) => producerKeys(producers[i]!).timeline),
-            ['range', after?.at ?? '', after?.id ?? '', limit],
+            FEED_TIMELINE.range,
+            { timelines: group.map((i) => producerKeys(producers[i]!).timeline) },
+            { afterAt: after?.at ?? '', afterId: after?.id ?? '', limit },
           )
           group.forEach((i, position) => {
-            const [state, exhausted, flat] = replies[position]!
-            if (state !== 1) return
+            const page = replies[position]
+            if (!page) return
             const producer = producers[i]!
-            const items = toItems(flat, (id) => ({ id, producer }))
-            found[i] = { items, exhausted: exhausted === 1, last: items.at(-1) }
+            const items = toItems(page.flat, (id) => ({ id, producer }))
+            found[i] = { items, exhausted: page.exhausted, last: items.at(-1) }
           })
         }),
       )

@@ -1,6 +1,6 @@
 import { type OptionChecker, optionChecker, optionKeys } from '../../plugins/common/options.ts'
 import { isCluster, type RedisClient } from '../../redis/client.ts'
-import { runScript } from '../../redis/scripts.ts'
+import { callScript, codes, defineScript } from '../../redis/scripts.ts'
 import { checkedOptions, shown } from '../checks.ts'
 
 // The producing side of a stream: appends in one script call, each entry once per marker
@@ -76,6 +76,27 @@ const APPEND_ENTRIES_PER_CALL = 100
  * entries of different streams may live on different nodes: one call per stream, all in flight
  * together.
  */
+const APPENDED = codes({ appended: 1, existed: 0 })
+const APPEND_ONCE = defineScript({
+  name: 'streamAppendOnce',
+  /** Per entry its stream, then its marker. */
+  keys: ['...streamsAndMarkers'],
+  /** entries: per entry its channel, message, n, and n field/value arguments. */
+  args: ['maxLen', 'markerTtlMs', 'streamTtlMs', '...entries'],
+  reply: (raw) =>
+    (raw as Array<[string, number]>).map(([id, appended]) => ({
+      id: String(id),
+      appended: APPENDED(appended) === 'appended',
+    })),
+})
+const APPEND_JSON = defineScript({
+  name: 'streamAppendJson',
+  keys: ['stream'],
+  args: ['maxLen', 'entries'],
+  // An empty Lua table comes back as an empty array (or nil from older servers).
+  reply: (raw) => ((raw as string[] | null) ?? []).map(String),
+})
+
 export async function appendEachOnce(
   redis: RedisClient,
   options: AppendEachOnceOptions,
@@ -125,21 +146,27 @@ export async function appendEachOnce(
   const results: Array<{ id: string; appended: boolean }> = new Array(entries.length)
   await Promise.all(
     groups.map(async (indexes) => {
-      const keys: string[] = []
-      const args: Array<string | number> = [
-        options.maxLen ?? 0,
-        options.markerTtlMs,
-        options.streamTtlMs ?? 0,
-      ]
+      const streamsAndMarkers: string[] = []
+      const args: Array<string | number> = []
       for (const index of indexes) {
         const entry = entries[index]!
         const fields = Object.entries(entry.fields).flat()
-        keys.push(entry.stream, entry.marker)
+        streamsAndMarkers.push(entry.stream, entry.marker)
         args.push(entry.channel, JSON.stringify(entry.message ?? {}), fields.length, ...fields)
       }
-      const replies = await runScript<Array<[string, number]>>(redis, 'streamAppendOnce', keys, args)
-      replies.forEach(([id, appended], i) => {
-        results[indexes[i]!] = { id: String(id), appended: appended === 1 }
+      const replies = await callScript(
+        redis,
+        APPEND_ONCE,
+        { streamsAndMarkers },
+        {
+          maxLen: options.maxLen ?? 0,
+          markerTtlMs: options.markerTtlMs,
+          streamTtlMs: options.streamTtlMs ?? 0,
+          entries: args,
+        },
+      )
+      replies.forEach((reply, i) => {
+        results[indexes[i]!] = reply
       })
     }),
   )
@@ -182,14 +209,12 @@ export async function appendJsonEntries(
   checkMaxLen(check, options.maxLen)
   if (typeof options.entries !== 'string')
     check.fail(`\`entries\` must be a JSON array as a string, got ${shown(options.entries)}`)
-  const ids = await runScript<string[] | null>(
+  return callScript(
     redis,
-    'streamAppendJson',
-    [options.stream],
-    [options.maxLen ?? 0, options.entries],
+    APPEND_JSON,
+    { stream: options.stream },
+    { maxLen: options.maxLen ?? 0, entries: options.entries },
   )
-  // An empty Lua table comes back as an empty array (or nil from older servers).
-  return (ids ?? []).map(String)
 }
 
 /** `appendEachOnce` for one entry. */

@@ -3,10 +3,11 @@ import { after, before, describe, test } from 'node:test'
 import { setTimeout as sleep } from 'node:timers/promises'
 import Fastify, { type FastifyInstance } from 'fastify'
 import cachePlugin, { type CachePluginOptions } from '../../../src/plugins/cache/index.ts'
+import { CACHE_RELEASE } from '../../../src/plugins/cache/scripts.ts'
 import metrics from '../../../src/plugins/metrics/index.ts'
 import { connectRedis, createRedisClient, type RedisClient } from '../../../src/plugins/redis/index.ts'
 import { isCluster } from '../../../src/redis/client.ts'
-import { runScript } from '../../../src/redis/scripts.ts'
+import { callScript } from '../../../src/redis/scripts.ts'
 import { scanKeys, testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
 import { parse } from '../../helpers/metrics-scrape.ts'
 
@@ -163,9 +164,9 @@ describe('cache-aside', () => {
   test('a lease is released only by its owner (compare-and-delete)', async () => {
     const key = `${uniquePrefix('l')}{account:1}:l`
     await redis.set(key, 'owner-a', 'PX', 10_000)
-    assert.equal(await runScript(redis, 'cacheRelease', [key], ['owner-b']), 0)
+    assert.equal(await callScript(redis, CACHE_RELEASE, { lease: key }, { owner: 'owner-b' }), 'notOwner')
     assert.equal(await redis.get(key), 'owner-a')
-    assert.equal(await runScript(redis, 'cacheRelease', [key], ['owner-a']), 1)
+    assert.equal(await callScript(redis, CACHE_RELEASE, { lease: key }, { owner: 'owner-a' }), 'released')
     assert.equal(await redis.exists(key), 0)
   })
 })

@@ -6,7 +6,7 @@ import postgres from '../../../src/db/plugin.ts'
 import { startRedisServer } from '../../../src/embedded/redis-server.ts'
 import metrics from '../../../src/plugins/metrics/index.ts'
 import redis, { createRedisClient } from '../../../src/plugins/redis/index.ts'
-import { runScript } from '../../../src/redis/scripts.ts'
+import { createLock } from '../../../src/primitives/lock.ts'
 import { createTestDatabase, type TestDatabase, uniquePrefix } from '../../helpers/index.ts'
 import { delta, scrape } from '../../helpers/metrics-scrape.ts'
 
@@ -42,10 +42,11 @@ describe('Redis commands', () => {
     await app.redis.set(`${prefix}a`, '1')
     await app.redis.get(`${prefix}a`)
     await app.redis.pipeline().get(`${prefix}a`).get(`${prefix}b`).exec()
-    // On this fresh server the first run's EVALSHA gets NOSCRIPT and runScript sends EVAL; the
+    // On this fresh server the first run's EVALSHA gets NOSCRIPT and the script is sent with EVAL; the
     // second run's EVALSHA is answered: all three named after the file.
-    await runScript(app.redis, 'lockHolder', [`${prefix}{s}`, `${prefix}{s}:fence`])
-    await runScript(app.redis, 'lockHolder', [`${prefix}{s}`, `${prefix}{s}:fence`])
+    const lock = createLock(app.redis, { keyPrefix: prefix })
+    await lock.holder('s')
+    await lock.holder('s')
     const moved = delta(before, await scrape(app))
     assert.equal(moved(REDIS_COUNT, { client: 'main', command: 'set' }), 1)
     assert.equal(moved(REDIS_COUNT, { client: 'main', command: 'get' }), 3)

@@ -8,8 +8,9 @@ import rateLimit, {
   type RateLimitPluginOptions,
   type RouteRateLimit,
 } from '../../../src/plugins/rate-limit/index.ts'
+import { runEncoded } from '../../../src/plugins/rate-limit/protocol.ts'
 import { connectRedis, createRedisClient, type RedisClient } from '../../../src/plugins/redis/index.ts'
-import { runScript, scriptSources } from '../../../src/redis/scripts.ts'
+import { scriptSources } from '../../../src/redis/scripts.ts'
 import { keysWithoutTtl, listen, scanKeys, TEST_REDIS_URL, uniquePrefix } from '../../helpers/index.ts'
 
 // REDIS_CLUSTER_NODES (set by `npm run test:cluster`) runs the same tests on a Redis Cluster.
@@ -659,19 +660,10 @@ test('runs on a Redis Cluster when REDIS_CLUSTER_NODES is set', { skip: !cluster
 
 test('sliding counter estimate and the script layout hold for a direct call', async () => {
   const key = `${prefix}{direct}:counter`
-  const reply = await runScript<number[]>(
-    redis,
-    'rateLimitSlidingCounter',
-    [key],
-    ['c', 'n', 3, 60_000, 2, 0],
-  )
+  const call = { keys: [key], argv: ['c', 'n', 3, 60_000, 2, 0] }
+  const reply = await runEncoded(redis, 'sliding-counter', call)
   assert.deepEqual(reply.slice(0, 3), [1, 0, 1])
-  const again = await runScript<number[]>(
-    redis,
-    'rateLimitSlidingCounter',
-    [key],
-    ['c', 'n', 3, 60_000, 2, 0],
-  )
+  const again = await runEncoded(redis, 'sliding-counter', call)
   assert.equal(again[0], 0)
   assert.equal(await redis.hget(key, 'c'), '2')
 })

@@ -2,8 +2,8 @@ import assert from 'node:assert/strict'
 import { after, before, test } from 'node:test'
 import Fastify from 'fastify'
 import rateLimit from '../../../src/plugins/rate-limit/index.ts'
+import { runEncoded } from '../../../src/plugins/rate-limit/protocol.ts'
 import { connectRedis, createRedisClient } from '../../../src/plugins/redis/index.ts'
-import { runScript } from '../../../src/redis/scripts.ts'
 import { testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
 
 const redis = createRedisClient(testRedisConnection())
@@ -17,7 +17,7 @@ test('the GCRA arrival time keeps sub-millisecond steps (a fast policy still adv
   // 100 per ms: each unit moves the theoretical arrival time by 0.01 ms. A first request of half
   // the burst puts it 500 ms ahead, so the key outlives the test and each step adds exactly 0.01.
   const consume = (cost: number) =>
-    runScript<number[]>(redis, 'rateLimitGcra', [key], ['c', '', 100_000, 1000, cost, 0])
+    runEncoded(redis, 'gcra', { keys: [key], argv: ['c', '', 100_000, 1000, cost, 0] })
   await consume(50_000)
   const first = Number(await redis.get(key))
   for (let i = 0; i < 20; i++) await consume(1)

@@ -4,9 +4,9 @@ import Fastify from 'fastify'
 import { memoryStoreOf } from '../../../src/plugins/rate-limit/engine.ts'
 import rateLimit, { type Algorithm, keyBy } from '../../../src/plugins/rate-limit/index.ts'
 import { MemoryStore } from '../../../src/plugins/rate-limit/memory.ts'
+import { runEncoded } from '../../../src/plugins/rate-limit/protocol.ts'
 import { connectRedis, createRedisClient } from '../../../src/plugins/redis/index.ts'
 import type { RedisClient } from '../../../src/redis/client.ts'
-import { runScript, type ScriptName } from '../../../src/redis/scripts.ts'
 import { testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
 
 // The memory store runs the scripts' logic in process. The algorithm suite runs against both stores
@@ -99,12 +99,12 @@ test('fixed-window refunds: one within its window gives back; one after a newer 
     if (advanceMs > 0) await new Promise((r) => setTimeout(r, advanceMs))
     now += advanceMs
     const argv = ['c', '', 10, 60_000, 2, 0]
-    const fromRedis = await runScript<number[]>(redis, 'rateLimitFixedWindow', [key], argv)
+    const fromRedis = await runEncoded(redis, 'fixed-window', { keys: [key], argv })
     // Each store's TTL at the consume is the tag its refund carries.
     return { redis: fromRedis[3]!, memory: memory.run('fixed-window', [key], argv)[3]! }
   }
   const refund = async (tags: { redis: number; memory: number }) => {
-    await runScript(redis, 'rateLimitFixedWindow', [key], ['r', '', 10, 60_000, 2, tags.redis])
+    await runEncoded(redis, 'fixed-window', { keys: [key], argv: ['r', '', 10, 60_000, 2, tags.redis] })
     memory.run('fixed-window', [key], ['r', '', 10, 60_000, 2, tags.memory])
   }
   const counts = async () => ({ redis: Number(await redis.get(key)), memory: memory.inspect(key)?.n })
@@ -199,14 +199,6 @@ function prng(seed: number) {
   }
 }
 
-const SCRIPT: Record<Algorithm, ScriptName> = {
-  'fixed-window': 'rateLimitFixedWindow',
-  'sliding-log': 'rateLimitSlidingLog',
-  'sliding-counter': 'rateLimitSlidingCounter',
-  'token-bucket': 'rateLimitTokenBucket',
-  gcra: 'rateLimitGcra',
-}
-
 async function redisTime(): Promise<number> {
   const [seconds, micros] = await redis.time()
   return Number(seconds) * 1000 + Math.floor(Number(micros) / 1000)
@@ -269,7 +261,7 @@ describe('the memory store answers every script call as the Lua script does', ()
             1,
           )[0]!
           redisNow = await redisTime()
-          const fromRedis = await runScript<number[]>(redis, SCRIPT[algorithm], keys, argv)
+          const fromRedis = await runEncoded(redis, algorithm, { keys, argv })
           assert.deepEqual(memory.run(algorithm, keys, memoryArgv), fromRedis, `refund at step ${step}`)
           seen.add('refunded')
           continue
@@ -293,7 +285,7 @@ describe('the memory store answers every script call as the Lua script does', ()
           })
         // The memory store runs at the Redis time before the script; the script ran by the time after.
         redisNow = await redisTime()
-        const fromRedis = await runScript<number[]>(redis, SCRIPT[algorithm], keys, argv)
+        const fromRedis = await runEncoded(redis, algorithm, { keys, argv })
         // Timestamps written at an earlier step carry that step's difference too.
         maxSlack = Math.max(maxSlack, (await redisTime()) - redisNow + 1)
         const slack = 2 * maxSlack

@@ -8,7 +8,7 @@ import redisPlugin, { createRedisClient } from '../../../src/plugins/redis/index
 import { scriptSources } from '../../../src/redis/scripts.ts'
 import { TEST_REDIS_URL } from '../../helpers/index.ts'
 
-test('every src/lua script loads under the SHA runScript sends, and each opens with a header naming KEYS, ARGV and the reply', async () => {
+test('every src/lua script loads under the SHA callScript sends, and each opens with a header naming KEYS, ARGV and the reply', async () => {
   const app = Fastify()
   await app.register(redisPlugin, { url: TEST_REDIS_URL })
   try {
