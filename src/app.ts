@@ -198,6 +198,21 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
   // After sessions: the default key scope is the session's principal.
   await app.register(idempotency, { keyPrefix: `${prefix}idem:` })
 
+  // Transfer events before the routes: the transfer and session routes tell it of commits and logouts.
+  const eventWorkers =
+    (deps.eventWorkers ?? (config.nodeEnv === 'test' ? 'off' : 'on')) === 'on'
+      ? config.events.workers
+      : NO_EVENT_WORKERS
+  await app.register(events, {
+    prefix,
+    database: { basePrefix, identity },
+    ...config.events,
+    workers: eventWorkers,
+    // The relay's own connection, off the request path's pool (not for an injected database).
+    relayDatabaseUrl: deps.database ? undefined : config.databaseUrl,
+    ...deps.eventConsumer,
+  })
+
   await app.register(healthRoutes)
   await app.register(sessionRoutes, { sessionCookie: sessionCookieName(config) })
   const accountFilter =
@@ -219,19 +234,6 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
   await app.register(accountRoutes)
   // History cursors are signed with keys derived from the session secrets (src/routes/history.ts).
   await app.register(historyRoutes, { secrets: config.session.secrets })
-  const eventWorkers =
-    (deps.eventWorkers ?? (config.nodeEnv === 'test' ? 'off' : 'on')) === 'on'
-      ? config.events.workers
-      : NO_EVENT_WORKERS
-  await app.register(events, {
-    prefix,
-    database: { basePrefix, identity },
-    ...config.events,
-    workers: eventWorkers,
-    // The relay's own connection, off the request path's pool (not for an injected database).
-    relayDatabaseUrl: deps.database ? undefined : config.databaseUrl,
-    ...deps.eventConsumer,
-  })
   // The leaderboard and daily totals: two more consumer groups on the transfer events.
   await app.register(campaigns, {
     prefix,
