@@ -26,7 +26,7 @@ export {
   UnknownOptionError,
 } from './plugins/common/errors.ts'
 // One lifecycle for every long-running part: the primitives' workers implement it, and so can an
-// application's own (docs/stream-consumer.md#lifecycle).
+// application's own (docs/lifecycle.md).
 export {
   type CloseWithOptions,
   closeWith,
