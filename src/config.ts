@@ -122,11 +122,11 @@ export interface EventWorkers {
 /**
  * How long each worker (relay, consumers, fan-out, scheduler) gets to stop when the app closes: what
  * it holds finishes, the rest is handed back; past it, it is left to finish and what it held comes
- * back after its timeouts. A stop takes milliseconds; this bounds a stuck one. The workers stop one
- * after another once the requests are done, together within the 5 s the shutdown allows after its
- * grace period (CLOSE_MARGIN_MS in src/shutdown.ts).
+ * back after its timeouts. A stop takes milliseconds; this keeps one stuck worker (a reconciliation
+ * run still reading the ledger) from holding up the others' hand-back and the closing of Redis and
+ * Postgres. The whole shutdown stays bounded by CLOSE_MARGIN_MS after its grace period (src/shutdown.ts).
  */
-export const WORKER_STOP_DEADLINE_MS = 500
+export const WORKER_STOP_DEADLINE_MS = 2000
 
 export const NO_EVENT_WORKERS: EventWorkers = { relay: false, notifier: false, campaigns: false, feed: false }
 
