@@ -3,7 +3,7 @@ import swaggerUi from '@fastify/swagger-ui'
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
 import Fastify, { type FastifyInstance } from 'fastify'
 import campaigns from './campaigns/plugin.ts'
-import { type Config, NO_EVENT_WORKERS } from './config.ts'
+import { type Config, NO_EVENT_WORKERS, WORKER_STOP_DEADLINE_MS } from './config.ts'
 import type { Database } from './db/database.ts'
 import { settleDatabaseIdentity } from './db/identity.ts'
 import postgres from './db/plugin.ts'
@@ -11,6 +11,7 @@ import { registerProblemHandlers, scheduleFailureOf } from './errors.ts'
 import events from './events/plugin.ts'
 import {
   cache,
+  closeWith,
   createRedisClient,
   idempotency,
   keyBy,
@@ -227,10 +228,12 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
         })
       : null
   app.decorate('accountFilter', accountFilter ?? NO_ACCOUNT_FILTER)
-  if (accountFilter) {
-    app.addHook('onReady', async () => accountFilter.start())
-    app.addHook('onClose', async () => accountFilter.stop())
-  }
+  if (accountFilter)
+    closeWith(app, accountFilter, {
+      name: 'account filter',
+      start: true,
+      deadlineMs: WORKER_STOP_DEADLINE_MS,
+    })
   await app.register(accountRoutes)
   // History cursors are signed with keys derived from the session secrets (src/routes/history.ts).
   await app.register(historyRoutes, { secrets: config.session.secrets })
