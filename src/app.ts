@@ -4,6 +4,7 @@ import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
 import Fastify, { type FastifyInstance } from 'fastify'
 import {
   cache,
+  closeWith,
   createRedisClient,
   idempotency,
   keyBy,
@@ -14,7 +15,7 @@ import {
   session,
 } from 'fastify-redis-gateway'
 import campaigns from './campaigns/plugin.ts'
-import { type Config, NO_EVENT_WORKERS } from './config.ts'
+import { type Config, NO_EVENT_WORKERS, WORKER_STOP_DEADLINE_MS } from './config.ts'
 import type { Database } from './db/database.ts'
 import { settleDatabaseIdentity } from './db/identity.ts'
 import postgres from './db/plugin.ts'
@@ -198,6 +199,21 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
   // After sessions: the default key scope is the session's principal.
   await app.register(idempotency, { keyPrefix: `${prefix}idem:` })
 
+  // Transfer events before the routes: the transfer and session routes tell it of commits and logouts.
+  const eventWorkers =
+    (deps.eventWorkers ?? (config.nodeEnv === 'test' ? 'off' : 'on')) === 'on'
+      ? config.events.workers
+      : NO_EVENT_WORKERS
+  await app.register(events, {
+    prefix,
+    database: { basePrefix, identity },
+    ...config.events,
+    workers: eventWorkers,
+    // The relay's own connection, off the request path's pool (not for an injected database).
+    relayDatabaseUrl: deps.database ? undefined : config.databaseUrl,
+    ...deps.eventConsumer,
+  })
+
   await app.register(healthRoutes)
   await app.register(sessionRoutes, { sessionCookie: sessionCookieName(config) })
   const accountFilter =
@@ -212,26 +228,15 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
         })
       : null
   app.decorate('accountFilter', accountFilter ?? NO_ACCOUNT_FILTER)
-  if (accountFilter) {
-    app.addHook('onReady', async () => accountFilter.start())
-    app.addHook('onClose', async () => accountFilter.stop())
-  }
+  if (accountFilter)
+    closeWith(app, accountFilter, {
+      name: 'account filter',
+      start: true,
+      deadlineMs: WORKER_STOP_DEADLINE_MS,
+    })
   await app.register(accountRoutes)
   // History cursors are signed with keys derived from the session secrets (src/routes/history.ts).
   await app.register(historyRoutes, { secrets: config.session.secrets })
-  const eventWorkers =
-    (deps.eventWorkers ?? (config.nodeEnv === 'test' ? 'off' : 'on')) === 'on'
-      ? config.events.workers
-      : NO_EVENT_WORKERS
-  await app.register(events, {
-    prefix,
-    database: { basePrefix, identity },
-    ...config.events,
-    workers: eventWorkers,
-    // The relay's own connection, off the request path's pool (not for an injected database).
-    relayDatabaseUrl: deps.database ? undefined : config.databaseUrl,
-    ...deps.eventConsumer,
-  })
   // The leaderboard and daily totals: two more consumer groups on the transfer events.
   await app.register(campaigns, {
     prefix,

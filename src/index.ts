@@ -25,6 +25,18 @@ export {
   RouteNotProtectedError,
   UnknownOptionError,
 } from './plugins/common/errors.ts'
+// One lifecycle for every long-running part: the primitives' workers implement it, and so can an
+// application's own (docs/lifecycle.md).
+export {
+  type CloseWithOptions,
+  closeWith,
+  type Lifecycle,
+  type LifecycleHealth,
+  type LifecycleState,
+  LifecycleStatus,
+  type StopOptions,
+  type StopResult,
+} from './plugins/common/lifecycle.ts'
 export { HttpProblem, PROBLEM_CONTENT_TYPE, type ProblemBody, sendProblem } from './plugins/common/problem.ts'
 export {
   default as idempotency,
@@ -128,6 +140,7 @@ export {
   type DelayedQueue,
   type DelayedQueueKeys,
   type DelayedQueueOptions,
+  type DelayedQueueStopResult,
   type DelayedQueueTask,
 } from './primitives/delayed-queue.ts'
 // A news feed with hybrid fan-out (also the named exports of `fastify-redis-gateway/feed`).

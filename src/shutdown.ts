@@ -27,8 +27,9 @@ export interface ShutdownOptions {
  * 2. close: no new connections; requests already received are answered, each with `Connection: close`
  *    so its keep-alive connection ends after it; SSE streams end (preClose); requests still running
  *    after `graceMs` are cut (their sockets destroyed; the idempotency plugin releases their claims);
- * 3. stop: the app's onClose hooks stop the workers (current item finished or handed back), then close
- *    Redis and Postgres; exit 0. A second signal exits at once (130), unless it comes within
+ * 3. stop: the app's onClose hooks stop the workers (each tied to the app with `closeWith`: current
+ *    item finished or handed back, within WORKER_STOP_DEADLINE_MS each), then close Redis and
+ *    Postgres; exit 0. A second signal exits at once (130), unless it comes within
  *    SAME_SIGNAL_WINDOW_MS of the first (ignored); hanging past the grace period and CLOSE_MARGIN_MS
  *    exits 1.
  */

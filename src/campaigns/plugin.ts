@@ -2,7 +2,8 @@ import { randomBytes } from 'node:crypto'
 import { hostname } from 'node:os'
 import type { FastifyInstance } from 'fastify'
 import fp from 'fastify-plugin'
-import { createLeaderboard, type Leaderboard, type StreamConsumer } from 'fastify-redis-gateway'
+import { closeWith, createLeaderboard, type Leaderboard, type StreamConsumer } from 'fastify-redis-gateway'
+import { WORKER_STOP_DEADLINE_MS } from '../config.ts'
 import { createLeaderboardConsumer, LEADERBOARD_GROUP } from './leaderboard.ts'
 import { createStatsConsumer, STATS_GROUP } from './stats.ts'
 
@@ -58,14 +59,14 @@ async function campaignsPlugin(app: FastifyInstance, options: CampaignsPluginOpt
   app.events.reportGroup(LEADERBOARD_GROUP)
   app.events.reportGroup(STATS_GROUP)
 
-  app.addHook('onReady', async () => {
-    // Redis unreachable now: each loop creates its group once Redis answers.
-    await Promise.all(consumers.map((consumer) => consumer.start().catch(onError)))
-  })
-  // Entries being handled finish and are acknowledged; those delivered and not started are handed back.
-  app.addHook('onClose', async () => {
-    await Promise.all(consumers.map((consumer) => consumer.stop()))
-  })
+  // Redis unreachable at the start: each loop creates its group once Redis answers. On close, entries
+  // being handled finish and are acknowledged; those delivered and not started are handed back.
+  for (const consumer of consumers)
+    closeWith(app, consumer, {
+      name: 'campaign events consumer',
+      start: true,
+      deadlineMs: WORKER_STOP_DEADLINE_MS,
+    })
 }
 
 export default fp(campaignsPlugin, { name: 'campaigns', dependencies: ['transfer-events'] })

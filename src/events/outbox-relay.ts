@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto'
-import { appendJsonEntries, type RedisClient } from 'fastify-redis-gateway'
+import { appendJsonEntries, type Lifecycle, LifecycleStatus, type RedisClient } from 'fastify-redis-gateway'
 import type { Database, Queryable } from '../db/database.ts'
 import { checkDatabaseIdentity, raiseHighWater, renewDatabaseIdentity } from '../db/identity.ts'
 
@@ -69,14 +69,16 @@ export class DatabaseReplacedError extends Error {
   }
 }
 
-export interface OutboxRelay {
+/**
+ * The relay's lifecycle: `start()` runs a pass now and every `intervalMs`; `stop()` stops the timer
+ * and waits for a running pass (its transaction commits or rolls back); `health()` has the latest
+ * error of a pass.
+ */
+export interface OutboxRelay extends Lifecycle {
   /** Relays every committed, unrelayed event now; resolves with how many went to the stream. */
   relayPending(): Promise<number>
   /** Asks for a pass soon (after a commit in this process); wake-ups close together share one pass. */
   wake(): void
-  start(): void
-  /** Stops the timer and waits for a running pass (its transaction commits or rolls back). */
-  stop(): Promise<void>
 }
 
 /** How long a loss check's canary outlives a check that died before deleting it. */
@@ -140,17 +142,12 @@ const eventIdOf = (entry: [string, string[]] | undefined): number | null => {
  * which consumers absorb by event id.
  */
 export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
-  const {
-    db,
-    redis,
-    stream,
-    retention,
-    batch = 200,
-    intervalMs,
-    wakeDelayMs = 100,
-    database,
-    onError = () => {},
-  } = options
+  const { db, redis, stream, retention, batch = 200, intervalMs, wakeDelayMs = 100, database } = options
+  const status = new LifecycleStatus()
+  const onError = (err: unknown) => {
+    status.failed(err)
+    options.onError?.(err)
+  }
   let timer: NodeJS.Timeout | null = null
   let wakeTimer: NodeJS.Timeout | null = null
   let running: Promise<unknown> | null = null
@@ -346,20 +343,22 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
         pass(false)
       }, wakeDelayMs)
     },
-    start() {
+    async start() {
       if (!stopped) return
       stopped = false
+      status.state = 'running'
       timer = setInterval(pass, intervalMs, true)
       timer.unref()
       pass(true)
     },
-    async stop() {
+    stop(stopOptions) {
       stopped = true
       if (timer) clearInterval(timer)
       if (wakeTimer) clearTimeout(wakeTimer)
       timer = null
       wakeTimer = null
-      await running
+      return status.stopWithin(Promise.resolve(running), stopOptions)
     },
+    health: () => status.health(),
   }
 }

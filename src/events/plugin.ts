@@ -2,9 +2,9 @@ import { randomBytes } from 'node:crypto'
 import { hostname } from 'node:os'
 import type { FastifyInstance } from 'fastify'
 import fp from 'fastify-plugin'
-import type { RedisClient, StreamConsumer } from 'fastify-redis-gateway'
+import { closeWith, type RedisClient, type StreamConsumer } from 'fastify-redis-gateway'
 import { Gauge, type Registry } from 'prom-client'
-import type { EventWorkers } from '../config.ts'
+import { type EventWorkers, WORKER_STOP_DEADLINE_MS } from '../config.ts'
 import { createPgDatabase, type Database } from '../db/database.ts'
 import { createNotifier, NOTIFIER_GROUP } from './notifier.ts'
 import { createOutboxRelay, type OutboxRelay } from './outbox-relay.ts'
@@ -53,6 +53,16 @@ export interface EventsApi {
    * reported (`events_group_entries`): each module that consumes the events registers its own.
    */
   reportGroup(group: string): void
+  /**
+   * A transfer with its outbox event committed in this process: the relay runs a pass soon (wake-ups
+   * close together share one). Relays elsewhere find the event at their next timed pass.
+   */
+  transferCommitted(): void
+  /**
+   * A session ended in this process (logout): its notification streams here end at once. Other
+   * instances end theirs at their next heartbeat.
+   */
+  sessionEnded(sessionId: string): void
 }
 
 declare module 'fastify' {
@@ -198,37 +208,21 @@ async function eventsPlugin(app: FastifyInstance, options: EventsPluginOptions):
     hub,
     maxStreamsPerCustomer: options.sseMaxStreamsPerCustomer,
     reportGroup: (group) => void reportedGroups.add(group),
+    transferCommitted: () => relay.wake(),
+    sessionEnded: (sessionId) => hub.closeSession(sessionId),
   }
   app.decorate('events', api)
 
-  // A logout in this process ends the session's streams at once (others see it at their next heartbeat).
-  // These two hooks run on every request of the app: callback style, so they cost no promise.
-  const loggingOut = new WeakMap<object, string>()
-  app.addHook('preHandler', (request, _reply, done) => {
-    if (request.method === 'DELETE' && request.routeOptions.url === '/session' && request.session?.id)
-      loggingOut.set(request, request.session.id)
-    done()
-  })
-  app.addHook('onResponse', (request, reply, done) => {
-    if (request.method === 'POST' && reply.statusCode === 201 && request.routeOptions.url === '/transfers')
-      relay.wake()
-    const sessionId = loggingOut.get(request)
-    if (sessionId && reply.statusCode < 300) hub.closeSession(sessionId)
-    done()
-  })
   app.addHook('onReady', async () => {
     if (app.hasDecorator('metrics')) observeEvents(app.metrics.registry, app.db, redis, api, reportedGroups)
-    if (options.workers.relay) relay.start()
-    await notifier?.start().catch(onError)
   })
-  app.addHook('preClose', async () => {
-    await hub.shutdown()
-  })
-  app.addHook('onClose', async () => {
-    await notifier?.stop()
-    await relay.stop()
-    await relayDb?.close()
-  })
+  // Closed in reverse order: the relay's connection after the relay.
+  if (relayDb) app.addHook('onClose', async () => await relayDb.close())
+  const deadlineMs = WORKER_STOP_DEADLINE_MS
+  closeWith(app, relay, { name: 'outbox relay', start: options.workers.relay, deadlineMs })
+  if (notifier) closeWith(app, notifier, { name: 'notifier', start: true, deadlineMs })
+  // Before the server closes: open streams would hold it up.
+  closeWith(app, hub, { name: 'notification streams', hook: 'preClose', deadlineMs })
 }
 
 export default fp(eventsPlugin, { name: 'transfer-events' })

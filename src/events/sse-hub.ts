@@ -1,5 +1,5 @@
 import type { Writable } from 'node:stream'
-import type { RedisClient } from 'fastify-redis-gateway'
+import { type Lifecycle, LifecycleStatus, type RedisClient, type StopOptions } from 'fastify-redis-gateway'
 import type { Redis } from 'ioredis'
 import { notificationKeys } from './notifier.ts'
 
@@ -119,9 +119,10 @@ function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T> {
 
 /**
  * The instance's SSE clients and its one Pub/Sub connection: a customer's channel is subscribed
- * while at least one of their streams is open here, and each message goes to all of them.
+ * while at least one of their streams is open here, and each message goes to all of them. It serves
+ * from its creation (the connection opens with the first stream); `stop()` ends every stream.
  */
-export class SseHub {
+export class SseHub implements Lifecycle {
   readonly clients = new Map<number, Set<SseClient>>()
   #subscriber: Redis | null = null
   #subscribed = new Map<number, Promise<unknown>>()
@@ -129,9 +130,29 @@ export class SseHub {
   /** How many times the Pub/Sub connection dropped: an open that saw one cannot vouch for its live messages. */
   #drops = 0
   readonly #options: SseHubOptions
+  readonly #status = new LifecycleStatus()
 
   constructor(options: SseHubOptions) {
     this.#options = options
+    this.#status.state = 'running'
+  }
+
+  #onError(err: unknown): void {
+    this.#status.failed(err)
+    this.#options.onError?.(err)
+  }
+
+  async start(): Promise<void> {
+    this.#status.state = 'running'
+  }
+
+  /** Ends every stream (each client reconnects, to another instance) and closes the connection. */
+  stop(options?: StopOptions) {
+    return this.#status.stopWithin(this.#shutdown(), options)
+  }
+
+  health() {
+    return this.#status.health()
   }
 
   get size(): number {
@@ -159,7 +180,7 @@ export class SseHub {
             // Named, so that CLIENT LIST shows which connection is the instance's SSE subscriber.
             connectionName: `${this.#options.prefix}sse-subscriber`.replace(/\s/g, '_'),
           })
-    sub.on('error', (err) => this.#options.onError?.(err))
+    sub.on('error', (err) => this.#onError(err))
     sub.on('message', (channel: string, message: string) => this.#deliver(channel, message))
     // What is published while the connection is down reaches no one: live clients buffer from the
     // drop until the resync after the reconnect has replayed their streams.
@@ -287,7 +308,7 @@ export class SseHub {
       if (customers.length > 0)
         await sub.subscribe(...customers.map((id) => notificationKeys(this.#options.prefix, id).channel))
     } catch (err) {
-      this.#options.onError?.(err)
+      this.#onError(err)
       for (const client of resyncing()) this.#endForReconnect(client)
       return
     }
@@ -296,7 +317,7 @@ export class SseHub {
         this.#writeReplay(client, await this.#after(client.customerId, client.lastId ?? client.from ?? '0-0'))
         this.#flush(client)
       } catch (err) {
-        this.#options.onError?.(err)
+        this.#onError(err)
         this.#endForReconnect(client)
       }
     }
@@ -342,7 +363,7 @@ export class SseHub {
     out.write(text)
     if (client.buffer !== null) return
     if (out.writableLength <= (client.queuedAtLive ?? 0) + MAX_BUFFERED_BYTES) return
-    this.#options.onError?.(
+    this.#onError(
       new Error(`notification stream of customer ${client.customerId} closed: its client is not reading`),
     )
     out.destroy()
@@ -377,11 +398,11 @@ export class SseHub {
         if (alive[i] === false) this.close(client)
       })
     } catch (err) {
-      this.#options.onError?.(err)
+      this.#onError(err)
     }
   }
 
-  async shutdown(): Promise<void> {
+  async #shutdown(): Promise<void> {
     if (this.#timer) clearInterval(this.#timer)
     this.#timer = null
     // The instance is going away: the client reconnects (to another instance) with Last-Event-ID.

@@ -1,4 +1,11 @@
-import { BLOOM_MAX_BATCH, type BloomFilter, createBloomFilter, type RedisClient } from 'fastify-redis-gateway'
+import {
+  BLOOM_MAX_BATCH,
+  type BloomFilter,
+  createBloomFilter,
+  type Lifecycle,
+  LifecycleStatus,
+  type RedisClient,
+} from 'fastify-redis-gateway'
 import type { Database } from '../db/database.ts'
 
 // Which account ids exist, as a Bloom filter in Redis: a read of an id that no account has is
@@ -20,7 +27,11 @@ export interface AccountFilterOptions {
   onError?: (err: unknown) => void
 }
 
-export interface AccountFilter {
+/**
+ * The filter's lifecycle: `start()` builds it if needed and catches up on a timer; `stop()` stops
+ * the timer and waits for a build or catch-up under way; `health()` has the latest error.
+ */
+export interface AccountFilter extends Lifecycle {
   readonly bloom: BloomFilter
   /** False only when no account has this id. Redis unable to answer: true (the database decides). */
   mightExist(accountId: number): Promise<boolean>
@@ -30,12 +41,11 @@ export interface AccountFilter {
    * Builds the filter from Postgres unless it is built and knows where its catch-up stands (in the
    * background: meanwhile reads go on to the database), then catches up on a timer.
    */
-  start(): void
+  start(): Promise<void>
   /** Catches up now (or joins the catch-up under way): adds the accounts Postgres has that it lacks. */
   catchUp(): Promise<void>
   /** Resolves once the build or catch-up under way (if any) is over. */
   settled(): Promise<void>
-  stop(): Promise<void>
 }
 
 /** Ids read from Postgres per query, for a rebuild or a catch-up. */
@@ -50,7 +60,12 @@ const CATCH_UP_OVERLAP = 1000
 const STAMP = 'id, (extract(epoch FROM created_at) * 1000000)::bigint::text AS created'
 
 export function createAccountFilter(options: AccountFilterOptions): AccountFilter {
-  const { db, redis, onError = () => {} } = options
+  const { db, redis } = options
+  const status = new LifecycleStatus()
+  const onError = (err: unknown) => {
+    status.failed(err)
+    options.onError?.(err)
+  }
   const bloom = createBloomFilter(redis, {
     key: options.key,
     expectedItems: options.capacity,
@@ -196,7 +211,9 @@ export function createAccountFilter(options: AccountFilterOptions): AccountFilte
       for (let i = 0; i < accountIds.length; i += BLOOM_MAX_BATCH)
         await bloom.add(accountIds.slice(i, i + BLOOM_MAX_BATCH).map(String))
     },
-    start() {
+    async start() {
+      if (status.state === 'running') return
+      status.state = 'running'
       void catchUpOnce()
       timer = setInterval(() => void catchUpOnce(), options.catchUpIntervalMs ?? 10_000)
       timer.unref()
@@ -206,10 +223,11 @@ export function createAccountFilter(options: AccountFilterOptions): AccountFilte
       await catchingUp
       await rebuilding
     },
-    async stop() {
+    stop(stopOptions) {
       if (timer) clearInterval(timer)
       timer = null
-      await Promise.all([rebuilding, catchingUp])
+      return status.stopWithin(Promise.all([rebuilding, catchingUp]), stopOptions)
     },
+    health: () => status.health(),
   }
 }

@@ -1,3 +1,9 @@
+import {
+  type Lifecycle,
+  LifecycleStatus,
+  type StopOptions,
+  type StopResult,
+} from '../plugins/common/lifecycle.ts'
 import { type AnyRedisClient, checkRedisClient } from '../redis/client.ts'
 import { callScript, codes, defineScript, ignored, integer } from '../redis/scripts.ts'
 import { InvalidArgumentError, shown } from './checks.ts'
@@ -9,6 +15,7 @@ import {
   resolveQueueOptions,
 } from './delayed-queue/options.ts'
 
+export type { Lifecycle, LifecycleHealth, StopOptions, StopResult } from '../plugins/common/lifecycle.ts'
 export type { Consumer } from './delayed-queue/consume.ts'
 export type { ConsumeOptions, DelayedQueueOptions, DelayedQueueTask } from './delayed-queue/options.ts'
 
@@ -28,7 +35,20 @@ export interface DelayedQueueKeys {
   heartbeat(instanceId: string): string
 }
 
-export interface DelayedQueue {
+export interface DelayedQueueStopResult extends StopResult {
+  /**
+   * Ids handed back to ready; null when the hand-back did not happen (the deadline passed first, or
+   * Redis could not be reached: `health().lastError` says which error, and the ids come back after
+   * the visibility timeout).
+   */
+  handedBack: number | null
+}
+
+/**
+ * A delayed queue and its background work (`Lifecycle`): `start()` runs the heartbeat, mover,
+ * watchdog and adoption on (unref'd) timers; `health()` gives their state and latest error.
+ */
+export interface DelayedQueue extends Lifecycle {
   readonly name: string
   readonly instanceId: string
   readonly keys: DelayedQueueKeys
@@ -56,14 +76,13 @@ export interface DelayedQueue {
   heartbeat(): Promise<void>
   /** Adopts every registered instance whose heartbeat is gone; the number of ids adopted. */
   adoptOrphans(): Promise<number>
-  /** Runs the heartbeat, mover, watchdog and adoption on (unref'd) timers. */
-  start(): void
   /**
    * Stops the timers and this queue's consumers (waiting for the items in hand), then hands back:
    * this instance's processing ids return to ready and its heartbeat is deleted, so a live instance
-   * adopts its delayed set at its next adoption round. Resolves with the number of ids handed back.
+   * adopts its delayed set at its next adoption round. Never rejects: resolves with whether it
+   * stopped within `deadlineMs` and how many ids it handed back.
    */
-  stop(): Promise<number>
+  stop(options?: StopOptions): Promise<DelayedQueueStopResult>
   /** Takes, runs `handler`, acknowledges; a throwing handler's id is nacked with a backoff. */
   consume(handler: (id: string) => unknown, options?: ConsumeOptions): Consumer
 }
@@ -139,7 +158,12 @@ const HAND_BACK = defineScript({
 export function createDelayedQueue(client: AnyRedisClient, options: DelayedQueueOptions): DelayedQueue {
   const redis = checkRedisClient('delayed queue', client)
   const settings = resolveQueueOptions(options)
-  const { name, instanceId, visibilityTimeoutMs, heartbeatTtlMs, batch, onError } = settings
+  const { name, instanceId, visibilityTimeoutMs, heartbeatTtlMs, batch } = settings
+  const status = new LifecycleStatus()
+  const onError: typeof settings.onError = (err, task) => {
+    status.failed(err)
+    settings.onError(err, task)
+  }
 
   const base = `${settings.keyPrefix}{${name}}`
   const keys: DelayedQueueKeys = {
@@ -314,9 +338,10 @@ export function createDelayedQueue(client: AnyRedisClient, options: DelayedQueue
     }
   }
 
-  function start(): void {
+  async function start(): Promise<void> {
     if (started) return
     started = true
+    status.state = 'running'
     stopping = undefined
     every('heartbeat', Math.max(1, Math.floor(heartbeatTtlMs / 3)), heartbeat)
     every('move', settings.moveIntervalMs, moveAllDue)
@@ -324,7 +349,18 @@ export function createDelayedQueue(client: AnyRedisClient, options: DelayedQueue
     every('adopt', settings.adoptIntervalMs, adoptOrphans)
   }
 
-  function stop(): Promise<number> {
+  async function stop(options?: StopOptions): Promise<DelayedQueueStopResult> {
+    let handedBack: number | null = null
+    const { stopped } = await status.stopWithin(
+      stopAndHandBack().then((n) => {
+        handedBack = n
+      }),
+      options,
+    )
+    return { stopped, handedBack }
+  }
+
+  function stopAndHandBack(): Promise<number> {
     stopping ??= (async () => {
       started = false
       const stopped = [...tasks.values()]
@@ -384,6 +420,7 @@ export function createDelayedQueue(client: AnyRedisClient, options: DelayedQueue
     adoptOrphans,
     start,
     stop,
+    health: () => status.health(),
     consume,
   }
 }

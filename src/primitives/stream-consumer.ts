@@ -1,4 +1,5 @@
 import type { Redis } from 'ioredis'
+import { type Lifecycle, LifecycleStatus } from '../plugins/common/lifecycle.ts'
 import { type AnyRedisClient, checkRedisClient, type RedisClient } from '../redis/client.ts'
 import { blockingConnection, whenReady } from './stream-consumer/connection.ts'
 import {
@@ -7,6 +8,7 @@ import {
   type StreamEntry,
 } from './stream-consumer/options.ts'
 
+export type { Lifecycle, LifecycleHealth, StopOptions, StopResult } from '../plugins/common/lifecycle.ts'
 export {
   type AppendEachOnceOptions,
   type AppendJsonEntriesOptions,
@@ -18,17 +20,19 @@ export {
 } from './stream-consumer/append.ts'
 export type { StreamConsumerOptions, StreamEntry } from './stream-consumer/options.ts'
 
-export interface StreamConsumer {
-  /** Creates the group if needed (XGROUP CREATE MKSTREAM) and starts the read loop. */
-  start(): Promise<void>
-  /**
-   * Graceful stop: no new reads; the entry (or batch) being handled finishes and is acknowledged
-   * (or, if its handler fails, stays pending). Then every entry still pending for this consumer
-   * (delivered and not started, a failed one, or one whose read reply the stop cut off) is handed
-   * back: it stays pending, marked idle past the visibility timeout, so another consumer's next
-   * claim takes it at once. Closes the blocking connection.
-   */
-  stop(): Promise<void>
+/**
+ * A stream consumer's lifecycle (`Lifecycle`):
+ * - `start()` creates the group if needed (XGROUP CREATE MKSTREAM) and starts the read loop.
+ * - `stop({ deadlineMs })` stops gracefully: no new reads; the entry (or batch) being handled
+ *   finishes and is acknowledged (or, if its handler fails, stays pending). Then every entry still
+ *   pending for this consumer (delivered and not started, a failed one, or one whose read reply the
+ *   stop cut off) is handed back: it stays pending, marked idle past the visibility timeout, so
+ *   another consumer's next claim takes it at once. Closes the blocking connection.
+ * - `health()`: its state, the latest error of the loop or a handler, and `lagMs`, the age of the
+ *   oldest entry of its latest read (0 when that read found nothing new).
+ */
+export interface StreamConsumer extends Lifecycle {
+  /** True from `start()` until `stop()` is called. */
   readonly running: boolean
 }
 
@@ -68,8 +72,12 @@ export function createStreamConsumer(client: AnyRedisClient, options: StreamCons
     startId = '0',
     onError: onErrorOption = () => {},
   } = options
+  const status = new LifecycleStatus()
+  /** How far behind the latest read was (the age of its oldest entry), 0 when it found nothing. */
+  let lagMs = 0
   /** Reports to `onError`; a callback that throws must not end the loop. */
   const onError = (err: unknown, entry?: StreamEntry) => {
+    status.failed(err)
     try {
       onErrorOption(err, entry)
     } catch {
@@ -214,6 +222,8 @@ export function createStreamConsumer(client: AnyRedisClient, options: StreamCons
       stream,
       '>',
     )) as ReadReply
+    const oldest = reply?.[0]?.[1][0]?.[0]
+    lagMs = oldest ? Math.max(0, Date.now() - Number(oldest.split('-')[0])) : 0
     let count = 0
     for (const [, entries] of reply ?? []) {
       count += entries.length
@@ -267,15 +277,29 @@ export function createStreamConsumer(client: AnyRedisClient, options: StreamCons
     }
   }
 
+  async function stop(): Promise<void> {
+    stopping = true
+    if (starting) await starting
+    if (!loop) return
+    // Ends a blocked XREADGROUP now; an entry being handled still finishes on the main client.
+    blocking?.disconnect()
+    await loop
+    await handBackPending().catch(onError)
+    loop = null
+    blocking = null
+  }
+
   return {
     get running() {
       return loop !== null && !stopping
     },
+    health: () => status.health({ lagMs }),
     start() {
       if (loop) return Promise.resolve()
       // Called again while starting: the same start, not a second loop.
       if (starting) return starting
       stopping = false
+      status.state = 'running'
       starting = (async () => {
         // Redis unreachable now: the loop creates the group once it answers (NOGROUP).
         await createGroup().catch(onError)
@@ -289,16 +313,6 @@ export function createStreamConsumer(client: AnyRedisClient, options: StreamCons
       })
       return starting
     },
-    async stop() {
-      stopping = true
-      if (starting) await starting
-      if (!loop) return
-      // Ends a blocked XREADGROUP now; an entry being handled still finishes on the main client.
-      blocking?.disconnect()
-      await loop
-      await handBackPending().catch(onError)
-      loop = null
-      blocking = null
-    },
+    stop: (options) => status.stopWithin(stop(), options),
   }
 }

@@ -3,12 +3,14 @@ import { hostname } from 'node:os'
 import type { FastifyInstance } from 'fastify'
 import fp from 'fastify-plugin'
 import {
+  closeWith,
   createFeed,
   type FanoutWorker,
   type Feed,
   type FeedItem,
   type StreamConsumer,
 } from 'fastify-redis-gateway'
+import { WORKER_STOP_DEADLINE_MS } from '../config.ts'
 import { createTransferEventsConsumer } from '../events/consumer.ts'
 import type { TransferEvent } from '../events/outbox-relay.ts'
 import { feedItemId, feedSource, publicAmong } from './store.ts'
@@ -105,13 +107,10 @@ async function publicAccountsPlugin(
   const fanout = options.workers ? feed.createFanoutWorker({ consumer: consumerName, onError }) : null
   app.decorate('publicAccounts', { feed, consumer, fanout })
 
-  app.addHook('onReady', async () => {
-    // Redis unreachable now: each loop creates its group once Redis answers.
-    await Promise.all([consumer?.start().catch(onError), fanout?.start().catch(onError)])
-  })
-  app.addHook('onClose', async () => {
-    await Promise.all([consumer?.stop(), fanout?.stop()])
-  })
+  // Redis unreachable at the start: each loop creates its group once Redis answers.
+  const deadlineMs = WORKER_STOP_DEADLINE_MS
+  if (consumer) closeWith(app, consumer, { name: 'public accounts feed consumer', start: true, deadlineMs })
+  if (fanout) closeWith(app, fanout, { name: 'feed fan-out', start: true, deadlineMs })
 }
 
 export default fp(publicAccountsPlugin, { name: 'public-accounts', dependencies: ['transfer-events'] })

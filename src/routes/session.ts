@@ -49,6 +49,9 @@ const sessionRoutes: FastifyPluginAsyncTypebox<SessionRoutesOptions> = async (
   app,
   { sessionCookie = 'sid' },
 ) => {
+  // The events module (when the app has it) ends the notification streams of a session logged out.
+  const events = app.hasDecorator('events') ? app.events : undefined
+
   app.post(
     '/session',
     {
@@ -165,8 +168,10 @@ const sessionRoutes: FastifyPluginAsyncTypebox<SessionRoutesOptions> = async (
     },
     async (request, reply) => {
       // Everywhere first: if it fails (503), this session and its cookie remain, so the client can retry.
-      if (request.query.everywhere === 'true') await app.sessions.destroyAll(request.session!.principal)
+      const { id, principal } = request.session!
+      if (request.query.everywhere === 'true') await app.sessions.destroyAll(principal)
       await reply.destroySession()
+      events?.sessionEnded(id)
       return reply.code(204).send(null)
     },
   )

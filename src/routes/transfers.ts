@@ -76,6 +76,10 @@ const transferRoutes: FastifyPluginAsyncTypebox<{ outbox?: boolean }> = async (a
     route.onSend = [route.onSend ?? []].flat().concat(awaitInvalidation)
   })
 
+  // The events module (when the app has it) relays the transfer's outbox event soon after the commit.
+  const events = app.hasDecorator('events') ? app.events : undefined
+  const outbox = options.outbox ?? true
+
   app.post(
     '/transfers',
     {
@@ -135,9 +139,10 @@ const transferRoutes: FastifyPluginAsyncTypebox<{ outbox?: boolean }> = async (a
         app.db,
         { ...request.body, customerId: Number(request.session!.principal) },
         idempotency ? { key: idempotency.key, fingerprint: idempotency.fingerprint } : undefined,
-        { outbox: options.outbox ?? true },
+        { outbox },
       )
       if (replayed) reply.header('idempotent-replayed', 'true')
+      else if (outbox) events?.transferCommitted()
       // Only after the commit: an earlier drop could be refilled with the old balance.
       invalidations.set(
         request,

@@ -4,6 +4,8 @@ import {
   createDelayedQueue,
   createLock,
   type DelayedQueue,
+  type Lifecycle,
+  LifecycleStatus,
   LockNotAcquiredError,
   type RedisClient,
 } from 'fastify-redis-gateway'
@@ -80,7 +82,12 @@ export type RunOutcome =
   | { ran: true; runId: number; fence: number; violations: Violation[] }
   | { ran: false; reason: 'held' | 'duplicate' | 'fenced' }
 
-export interface ReconciliationJob {
+/**
+ * The job's lifecycle: `start()` runs the jobs queue, its consumer and the watchdog; `stop()` lets a
+ * run in progress finish (its lock is released) and hands the trigger back; `health()` has the
+ * latest error of the queue, a run or the watchdog.
+ */
+export interface ReconciliationJob extends Lifecycle {
   readonly queue: DelayedQueue
   /** The trigger's id in the jobs queue. */
   readonly token: string
@@ -88,8 +95,6 @@ export interface ReconciliationJob {
   trigger(): Promise<RunOutcome>
   /** The watchdog once: re-seeds the trigger when no instance has it; true when it did. */
   watchdog(): Promise<boolean>
-  start(): void
-  stop(): Promise<void>
 }
 
 export const RECONCILE_TOKEN = 'reconcile'
@@ -132,6 +137,7 @@ export function createReconciliationJob(options: ReconciliationJobOptions): Reco
     help: 'Ledger invariant violations found by the latest reconciliation run of this instance',
     registers,
   })
+  const status = new LifecycleStatus()
   let consumer: Consumer | undefined
   let timer: NodeJS.Timeout | undefined
   let watching: Promise<unknown> | undefined
@@ -220,7 +226,10 @@ export function createReconciliationJob(options: ReconciliationJobOptions): Reco
   const watchTick = () => {
     if (watching) return
     watching = watchdog()
-      .catch((err) => log.warn({ err }, 'reconciliation: watchdog failed'))
+      .catch((err) => {
+        status.failed(err)
+        log.warn({ err }, 'reconciliation: watchdog failed')
+      })
       .finally(() => {
         watching = undefined
       })
@@ -231,8 +240,10 @@ export function createReconciliationJob(options: ReconciliationJobOptions): Reco
     token: RECONCILE_TOKEN,
     trigger,
     watchdog,
-    start() {
-      queue.start()
+    async start() {
+      if (status.state === 'running') return
+      status.state = 'running'
+      await queue.start()
       // A throwing trigger (a failed run) is nacked: the queue delivers it again after the backoff.
       consumer = queue.consume(
         async (id) => {
@@ -240,6 +251,7 @@ export function createReconciliationJob(options: ReconciliationJobOptions): Reco
           try {
             await trigger()
           } catch (err) {
+            status.failed(err)
             log.warn({ err }, 'reconciliation: run failed, to be retried')
             throw err
           }
@@ -250,11 +262,15 @@ export function createReconciliationJob(options: ReconciliationJobOptions): Reco
       timer = setInterval(watchTick, watchdogIntervalMs)
       timer.unref()
     },
-    async stop() {
+    stop(stopOptions) {
       clearInterval(timer)
-      await consumer?.stop()
-      await watching
-      await queue.stop()
+      const stopping = (async () => {
+        await consumer?.stop()
+        await watching
+        await queue.stop()
+      })()
+      return status.stopWithin(stopping, stopOptions)
     },
+    health: () => status.health({}, [queue]),
   }
 }

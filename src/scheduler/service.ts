@@ -1,7 +1,8 @@
 import { randomBytes } from 'node:crypto'
 import { hostname } from 'node:os'
 import type { FastifyInstance } from 'fastify'
-import type { Config } from '../config.ts'
+import { closeWith } from 'fastify-redis-gateway'
+import { type Config, WORKER_STOP_DEADLINE_MS } from '../config.ts'
 import { invalidateAfterTransfer } from '../ledger/account-cache.ts'
 import type { DescribeRefusal } from '../ledger/ledger.ts'
 import {
@@ -77,11 +78,7 @@ export async function registerScheduler(app: FastifyInstance, options: Scheduler
     ...tuning.reconciliation,
   })
   app.scheduler.job = job
-  app.addHook('onReady', async () => {
-    worker.start()
-    job.start()
-  })
-  app.addHook('onClose', async () => {
-    await Promise.allSettled([worker.stop(), job.stop()])
-  })
+  const deadlineMs = WORKER_STOP_DEADLINE_MS
+  closeWith(app, worker, { name: 'scheduled transfers', start: true, deadlineMs })
+  closeWith(app, job, { name: 'reconciliation job', start: true, deadlineMs })
 }

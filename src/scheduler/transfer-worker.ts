@@ -1,5 +1,12 @@
 import type { FastifyBaseLogger } from 'fastify'
-import { type Consumer, createDelayedQueue, type DelayedQueue, type RedisClient } from 'fastify-redis-gateway'
+import {
+  type Consumer,
+  createDelayedQueue,
+  type DelayedQueue,
+  type Lifecycle,
+  LifecycleStatus,
+  type RedisClient,
+} from 'fastify-redis-gateway'
 import type { Database } from '../db/database.ts'
 import { type DescribeRefusal, executeScheduledTransfer, type ScheduledRun } from '../ledger/ledger.ts'
 import { queuedIds } from './queue-presence.ts'
@@ -34,7 +41,12 @@ export interface TransferWorkerOptions {
   onRun?: (scheduleId: number, run: ScheduledRun) => unknown
 }
 
-export interface TransferWorker {
+/**
+ * The worker's lifecycle: `start()` runs the queue's timers, its consumer and the reconciler;
+ * `stop()` stops the consumer and the reconciler, then hands back what this instance had taken;
+ * `health()` has the latest error of the queue or the reconciler.
+ */
+export interface TransferWorker extends Lifecycle {
   readonly queue: DelayedQueue
   /** Puts a schedule into the queue (this instance's delayed set); re-adding keeps its first due time. */
   schedule(scheduleId: number, runAt: Date): Promise<boolean>
@@ -47,9 +59,6 @@ export interface TransferWorker {
   run(scheduleId: number): Promise<ScheduledRun | 'finished' | NotDue>
   /** One reconciler round: re-queues pending schedules the queue lacks; the number re-queued. */
   reconcile(): Promise<number>
-  start(): void
-  /** Stops the consumer and the reconciler, then hands back what this instance had taken. */
-  stop(): Promise<void>
 }
 
 const RECONCILE_BATCH = 1000
@@ -74,6 +83,7 @@ export function createTransferWorker(options: TransferWorkerOptions): TransferWo
     moveIntervalMs: options.moveIntervalMs ?? 1000,
     onError: (err, task) => log.warn({ err, task }, 'scheduled transfers: queue error'),
   })
+  const status = new LifecycleStatus()
   let consumer: Consumer | undefined
   let timer: NodeJS.Timeout | undefined
   let reconciling: Promise<unknown> | undefined
@@ -114,7 +124,10 @@ export function createTransferWorker(options: TransferWorkerOptions): TransferWo
   const reconcileTick = () => {
     if (reconciling) return
     reconciling = reconcile()
-      .catch((err) => log.warn({ err }, 'scheduled transfers: reconcile failed'))
+      .catch((err) => {
+        status.failed(err)
+        log.warn({ err }, 'scheduled transfers: reconcile failed')
+      })
       .finally(() => {
         reconciling = undefined
       })
@@ -126,8 +139,10 @@ export function createTransferWorker(options: TransferWorkerOptions): TransferWo
     unschedule: (scheduleId) => queue.remove(String(scheduleId)),
     run,
     reconcile,
-    start() {
-      queue.start()
+    async start() {
+      if (status.state === 'running') return
+      status.state = 'running'
+      await queue.start()
       consumer = queue.consume(
         async (id) => {
           const scheduleId = Number(id)
@@ -148,11 +163,15 @@ export function createTransferWorker(options: TransferWorkerOptions): TransferWo
       timer = setInterval(reconcileTick, reconcileIntervalMs)
       timer.unref()
     },
-    async stop() {
+    stop(stopOptions) {
       clearInterval(timer)
-      await consumer?.stop()
-      await reconciling
-      await queue.stop()
+      const stopping = (async () => {
+        await consumer?.stop()
+        await reconciling
+        await queue.stop()
+      })()
+      return status.stopWithin(stopping, stopOptions)
     },
+    health: () => status.health({}, [queue]),
   }
 }

@@ -332,7 +332,7 @@ test('a stream opening while the Pub/Sub connection drops ends at its position; 
   }
   t.after(async () => {
     release()
-    await hub.shutdown()
+    await hub.stop()
     await admin.del(keys.stream)
     redis.disconnect()
     admin.disconnect()

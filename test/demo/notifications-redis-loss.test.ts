@@ -175,7 +175,7 @@ test('the hub shows an event once per stream, even appended again under a new st
   })
   const client: SseClient = { customerId, sessionId: 's', out, buffer: [], lastId: null }
   await hub.open(client, first!)
-  context.after(() => hub.shutdown())
+  context.after(() => hub.stop())
   // Event 2 live; then event 1 and 2 again (their markers lost, as in a Redis data loss); then 3.
   await notifyCustomers(t.redis, prefix, [notification('2')], 100, 60_000)
   await t.redis.del(keys.marker('1', 'transfer.received'), keys.marker('2', 'transfer.received'))

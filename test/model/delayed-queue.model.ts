@@ -302,7 +302,8 @@ class Stop implements ModelCommand<Model, Real> {
   constructor(readonly instance: Instance) {}
   check = () => true
   async run(model: Model, real: Real) {
-    const handedBack = await real.queues[this.instance].stop()
+    const { stopped, handedBack } = await real.queues[this.instance].stop()
+    assert.equal(stopped, true)
     assert.equal(handedBack, model.processing[this.instance].length)
     model.ready.push(...model.processing[this.instance])
     model.processing[this.instance] = []

@@ -113,8 +113,8 @@ test('competing workers: 3 instances, 300 due ids, each processed exactly once',
   )
   await until(() => processed.length >= all.length)
   await Promise.all(consumers.map((c) => c.stop()))
-  const handedBack = await Promise.all(instances.map((q) => q.stop()))
-  assert.deepEqual(handedBack, [0, 0, 0])
+  const stops = await Promise.all(instances.map((q) => q.stop()))
+  assert.deepEqual(stops, Array(3).fill({ stopped: true, handedBack: 0 }))
   assert.equal(processed.length, all.length)
   const counts = countEach(processed)
   for (const id of all) assert.equal(counts.get(id), 1, id)
@@ -181,7 +181,7 @@ test('a throwing handler’s id is nacked with a backoff and processed again; su
   )
   await until(() => done.length >= all.length)
   // stop() stops the consumer first (its items in hand finish), then hands back.
-  assert.equal(await q.stop(), 0)
+  assert.deepEqual(await q.stop(), { stopped: true, handedBack: 0 })
   const counts = countEach(done)
   for (const id of all) assert.equal(counts.get(id), 1, id)
   assert.deepEqual(
@@ -284,7 +284,7 @@ test('stop() hands back: processing ids return to ready, the heartbeat goes, the
   const taken = [await a.take(), await a.take(), await a.take()]
   assert.ok(taken.every((id) => id !== null))
 
-  assert.equal(await a.stop(), 3)
+  assert.deepEqual(await a.stop(), { stopped: true, handedBack: 3 })
   assert.equal(await redis.llen(a.keys.ready), 5)
   assert.equal(await redis.llen(a.keys.processing('a')), 0)
   assert.equal(await redis.exists(a.keys.heartbeat('a')), 0)
@@ -298,10 +298,10 @@ test('a second stop() hands back what was taken since the first', async () => {
   for (const id of ids(2, 'now')) await a.schedule(id, Date.now() - 1)
   assert.equal(await a.move(), 2)
   assert.ok(await a.take())
-  assert.equal(await a.stop(), 1)
+  assert.equal((await a.stop()).handedBack, 1)
   // Taken after the first stop (take needs no start()): the next stop() hands it back too.
   assert.ok(await a.take())
-  assert.equal(await a.stop(), 1)
+  assert.equal((await a.stop()).handedBack, 1)
   assert.equal(await redis.llen(a.keys.processing('a')), 0)
   assert.equal(await redis.llen(a.keys.ready), 2)
 })

@@ -74,7 +74,8 @@ export function createFanoutWorker(context: FeedContext, workerOptions: FanoutWo
   })
   return {
     start: () => streamConsumer.start(),
-    stop: () => streamConsumer.stop(),
+    stop: (options) => streamConsumer.stop(options),
+    health: () => streamConsumer.health(),
     get running() {
       return streamConsumer.running
     },

@@ -1,6 +1,8 @@
 // The feed's public shapes: an item, the application's source, the options, a page, the fan-out
 // worker and the feed itself.
 
+import type { Lifecycle } from '../../plugins/common/lifecycle.ts'
+
 /** An item of a feed: ids only; the application hydrates them (by batch) from its own store. */
 export interface FeedItem {
   /** Unique among all items; 1 to 64 printable ASCII characters, no space or brace. */
@@ -108,11 +110,13 @@ export interface FanoutStats {
   largestFanout: number
 }
 
-export interface FanoutWorker {
-  /** Creates the group if needed and starts reading jobs. */
-  start(): Promise<void>
-  /** Finishes the jobs in hand and hands back the rest (see createStreamConsumer). */
-  stop(): Promise<void>
+/**
+ * A fan-out worker's lifecycle (`Lifecycle`): `start()` creates the group if needed and starts
+ * reading jobs; `stop({ deadlineMs })` finishes the jobs in hand and hands back the rest;
+ * `health()` gives its state, latest error and lag (see createStreamConsumer).
+ */
+export interface FanoutWorker extends Lifecycle {
+  /** True from `start()` until `stop()` is called. */
   readonly running: boolean
   /** This worker's counters since it was created. */
   stats(): FanoutStats
