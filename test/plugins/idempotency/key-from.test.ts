@@ -27,7 +27,7 @@ interface KeyFromApp {
   runs: Map<string, number>
   prefix: string
   /** Error lines the app logged. */
-  errors: Array<{ msg: string; err?: { message: string } }>
+  errors: Array<{ msg: string; plugin?: string; err?: { message: string } }>
 }
 
 /**
@@ -314,8 +314,9 @@ describe('onReplay', () => {
       assert.deepEqual([again.statusCode, again.body], [201, first.body])
       assert.equal(again.headers['idempotent-replayed'], 'true')
       assert.equal(runs.get('form'), 1)
-      const logged = errors.find((e) => e.msg === 'idempotency onReplay hook failed; the replay is sent')
+      const logged = errors.find((e) => e.msg === 'onReplay hook failed; the replay is sent')
       assert.equal(logged?.err?.message, 'hook broke')
+      assert.equal(logged?.plugin, 'idempotency')
       await app.close()
     }
   })
