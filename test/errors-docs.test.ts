@@ -16,9 +16,10 @@ function sources(dir: string): string[] {
 
 test('docs/errors.md lists every code the library throws or sends, and no other', () => {
   const inCode = new Set<string>()
-  for (const file of [...sources(join(root, 'src/plugins')), ...sources(join(root, 'src/primitives'))]) {
-    for (const match of readFileSync(file, 'utf8').matchAll(/'(FRG_[A-Z0-9_]+)'/g)) inCode.add(match[1]!)
-  }
+  for (const dir of ['src/redis', 'src/plugins', 'src/primitives'])
+    for (const file of sources(join(root, dir))) {
+      for (const match of readFileSync(file, 'utf8').matchAll(/'(FRG_[A-Z0-9_]+)'/g)) inCode.add(match[1]!)
+    }
   for (const code of Object.values(PROBLEM_CODES)) inCode.add(code)
   const docs = readFileSync(join(root, 'docs/errors.md'), 'utf8')
   const inDocs = new Set([...docs.matchAll(/^\| `(FRG_[A-Z0-9_]+)` \|/gm)].map((m) => m[1]!))

@@ -1,5 +1,6 @@
 import type { OptionChecker } from '../plugins/common/options.ts'
 import { describeValue } from '../redis/client.ts'
+import { GatewayTypeError } from '../redis/errors.ts'
 
 // What every primitive checks of what it is handed: each options object (an unknown key is
 // refused, never ignored) and the positional arguments of its calls. The client is checked by
@@ -9,7 +10,7 @@ import { describeValue } from '../redis/client.ts'
  * A call's positional argument (a name, a TTL, an id, an item) the primitive cannot use. A
  * TypeError, as these always were, with a code.
  */
-export class InvalidArgumentError extends TypeError {
+export class InvalidArgumentError extends GatewayTypeError {
   readonly code = 'FRG_INVALID_ARGUMENT'
 }
 

@@ -1,5 +1,5 @@
 import { describeValue } from '../../redis/client.ts'
-import { GatewayError } from '../common/errors.ts'
+import { GatewayError, GatewayTypeError } from '../common/errors.ts'
 
 // Key, tag and value errors are mistakes in the calling code, thrown at the call: they extend
 // TypeError (as they always did) and carry a stable code like every error of the library.
@@ -15,7 +15,7 @@ function describeArgument(value: unknown): string {
 }
 
 /** A key does not match CACHE_KEY (or `invalidate` was not given an array of keys). */
-export class CacheKeyInvalidError extends TypeError {
+export class CacheKeyInvalidError extends GatewayTypeError {
   readonly code = 'FRG_CACHE_KEY_INVALID'
 
   constructor(key: unknown, expected?: string) {
@@ -28,7 +28,7 @@ export class CacheKeyInvalidError extends TypeError {
 }
 
 /** A tag does not match CACHE_TAG, or `tags` is not an array of at most MAX_TAGS of them. */
-export class CacheTagInvalidError extends TypeError {
+export class CacheTagInvalidError extends GatewayTypeError {
   readonly code = 'FRG_CACHE_TAG_INVALID'
 
   constructor(tag: unknown, expected?: string) {
@@ -50,7 +50,7 @@ export const tagListError = (tags: unknown, max: number) =>
  * A value (a loader's result, or `set`'s) cannot be serialized for Redis: nothing is stored and the
  * caller gets this instead of a value that would never be cached. `cause`: what serialize threw.
  */
-export class CacheValueNotJsonError extends TypeError {
+export class CacheValueNotJsonError extends GatewayTypeError {
   readonly code = 'FRG_CACHE_VALUE_NOT_JSON'
 
   constructor(

@@ -1,6 +1,14 @@
 import { GatewayError } from '../../redis/errors.ts'
 
-export { GatewayError, RedisClientError, RedisConnectionError, RedisServerError } from '../../redis/errors.ts'
+export {
+  GatewayError,
+  GatewayRangeError,
+  GatewayTypeError,
+  gatewayErrorOver,
+  RedisClientError,
+  RedisConnectionError,
+  RedisServerError,
+} from '../../redis/errors.ts'
 
 /** An option, a policy or a route config has a value the library cannot use. Fix the code; never retry. */
 export class InvalidOptionError extends GatewayError {

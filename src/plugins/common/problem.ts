@@ -1,5 +1,5 @@
 import type { FastifyReply } from 'fastify'
-import { PROBLEM_CODES } from './errors.ts'
+import { gatewayErrorOver, PROBLEM_CODES } from './errors.ts'
 
 export const PROBLEM_CONTENT_TYPE = 'application/problem+json; charset=utf-8'
 
@@ -12,8 +12,11 @@ export interface ProblemBody {
   [extension: string]: string | number
 }
 
-/** An error answered as application/problem+json; plugins send it themselves, an app's error handler may too. */
-export class HttpProblem extends Error {
+/**
+ * An error answered as application/problem+json; plugins send it themselves, an app's error handler
+ * may too. `instanceof GatewayError` holds for it; its `code` is the library's for a plugin's problem.
+ */
+export class HttpProblem extends gatewayErrorOver(Error) {
   readonly status: number
   readonly type: string
   readonly title: string

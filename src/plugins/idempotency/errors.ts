@@ -1,4 +1,4 @@
-import { GatewayError } from '../common/errors.ts'
+import { GatewayError, GatewayTypeError } from '../common/errors.ts'
 
 // What a function wrapped with makeIdempotent throws instead of running (or of returning a result).
 // Each has its own class and `code`, so a job runner can tell "retry later" from "never retry".
@@ -71,7 +71,7 @@ export class IdempotencyStoreUnavailableError extends IdempotencyError {
  * What a call's fingerprint is made of (`fingerprintOf`'s value, or all the arguments) is over
  * 1 MiB of JSON, or cyclic: `fn` did not run. A TypeError, as a wrong argument is; never retry as is.
  */
-export class IdempotencyFingerprintTooLargeError extends TypeError {
+export class IdempotencyFingerprintTooLargeError extends GatewayTypeError {
   readonly code = 'FRG_IDEMPOTENCY_FINGERPRINT_TOO_LARGE'
 
   constructor(message: string) {

@@ -5,7 +5,7 @@ import { Counter, collectDefaultMetrics, Registry } from 'prom-client'
 import { type RedisClient, rawClient, SENT_BY } from '../../redis/client.ts'
 import { beforeEachCommand } from '../../redis/command-bounds.ts'
 import { scriptSources } from '../../redis/scripts.ts'
-import { adoptMetric, type MetricsApi } from '../common/metrics.ts'
+import { adoptMetric, appInstruments, type MetricsApi } from '../common/metrics.ts'
 import { optionChecker, optionKeys } from '../common/options.ts'
 import { type HistogramSeries, TalliedHistogram } from '../common/tallied-histogram.ts'
 
@@ -160,8 +160,12 @@ async function metricsPlugin(app: FastifyInstance, options: MetricsPluginOptions
   }
   app.decorate('metrics', metrics)
 
-  // The redis plugin may register after this one: its decorator exists once the app is ready.
+  // The other plugins may register after this one: their instruments and clients, and the redis
+  // plugin's decorator, are all known once the app is ready.
   app.addHook('onReady', async () => {
+    const { metrics: instruments, clients } = appInstruments(app)
+    for (const instrument of instruments) adoptMetric(registry, instrument)
+    for (const { client, name } of clients) metrics.observeRedis(client, name)
     if (app.hasDecorator('redis') && app.redis) metrics.observeRedis(app.redis, 'main')
   })
   app.addHook('onClose', async () => {

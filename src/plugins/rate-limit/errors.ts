@@ -1,4 +1,4 @@
-import { GatewayError, InvalidOptionError } from '../common/errors.ts'
+import { GatewayError, GatewayTypeError, InvalidOptionError } from '../common/errors.ts'
 
 /**
  * A policy could not be applied to one request: one of its functions threw or returned what
@@ -48,7 +48,7 @@ export class RateLimitNoPolicyError extends InvalidOptionError {
  * cost, a missing request, a block on a policy without `blockMs`). A TypeError, as these calls
  * always threw, with the code every option error has.
  */
-export class RateLimitArgumentError extends TypeError {
+export class RateLimitArgumentError extends GatewayTypeError {
   readonly code = 'FRG_INVALID_OPTION'
 
   constructor(message: string) {
