@@ -1,5 +1,4 @@
 import type {
-  FastifyBaseLogger,
   FastifyReply,
   FastifyRequest,
   onErrorHookHandler,
@@ -7,7 +6,7 @@ import type {
   onSendHookHandler,
   preHandlerHookHandler,
 } from 'fastify'
-import type { PrincipalFunction } from '../common/principal.ts'
+import type { RedisPluginContext } from '../common/context.ts'
 import { HttpProblem, PROBLEM_CONTENT_TYPE, sendProblem } from '../common/problem.ts'
 import type { IdempotencyOutcome } from './decision.ts'
 import { parseIdempotencyKey, requestFingerprint } from './key.ts'
@@ -22,7 +21,7 @@ import {
   responseNotKept,
   storeUnavailable,
 } from './problems.ts'
-import { type IdempotencyStore, ownerToken, type StoredResponse } from './store.ts'
+import { IdempotencyStore, ownerToken, type StoredResponse } from './store.ts'
 
 export const REPLAYED_HEADER = 'idempotent-replayed'
 // Conditions a retry may clear: never kept, the claim is released instead.
@@ -35,19 +34,34 @@ interface Claim {
   renewal: NodeJS.Timeout
 }
 
-/** What the plugin's hooks share, built once at registration. */
-export interface PluginContext {
-  options: ResolvedOptions
-  store: IdempotencyStore
-  /** The plugin's child logger (`plugin: 'idempotency'`); requests log through their own child. */
-  log: FastifyBaseLogger
-  metrics: IdempotencyMetrics
-  /** Who the caller is, and whether the app knows callers at all: both set once the app is ready. */
-  principal: PrincipalFunction
-  principalSource: boolean
-  claims: WeakMap<FastifyRequest, Claim>
+/** What the plugin's hooks share: the skeleton's context and the plugin's own, built once at registration. */
+export interface IdempotencyPluginContext extends RedisPluginContext<IdempotencyMetrics> {
+  readonly options: ResolvedOptions
+  readonly store: IdempotencyStore
+  /**
+   * Whether the app knows callers (the `principal` option, or the session plugin registered): a key
+   * without a principal is then refused unless the route is `anonymous`. Asked once the app is ready.
+   */
+  readonly knowsCallers: () => boolean
+  readonly claims: WeakMap<FastifyRequest, Claim>
   /** The claims of requests still running: what onClose releases when requests were cut (shutdown). */
-  inFlight: Set<Claim>
+  readonly inFlight: Set<Claim>
+}
+
+/** The plugin's context: the skeleton's, its settings, its store, and the claims of its requests. */
+export function idempotencyContext(
+  base: RedisPluginContext<IdempotencyMetrics>,
+  options: ResolvedOptions,
+  knowsCallers: () => boolean,
+): IdempotencyPluginContext {
+  return Object.freeze({
+    ...base,
+    options,
+    store: new IdempotencyStore(base.redis, options),
+    knowsCallers,
+    claims: new WeakMap<FastifyRequest, Claim>(),
+    inFlight: new Set<Claim>(),
+  })
 }
 
 const requestLog = (request: FastifyRequest) => request.log.child({ plugin: 'idempotency' })
@@ -59,7 +73,12 @@ function payloadBytes(payload: unknown): Buffer | null {
   return null
 }
 
-function reject(context: PluginContext, reply: FastifyReply, outcome: string, problem: HttpProblem) {
+function reject(
+  context: IdempotencyPluginContext,
+  reply: FastifyReply,
+  outcome: string,
+  problem: HttpProblem,
+) {
   context.metrics.requests.inc({ outcome })
   return sendProblem(reply, problem)
 }
@@ -93,18 +112,17 @@ async function sendReplay(
 
 /** The route's preHandler: reads the key, asks Redis, and answers or lets the handler run. */
 export function claimKey(
-  context: PluginContext,
+  context: IdempotencyPluginContext,
   route: ResolvedRouteConfig,
   constraints: unknown,
 ): preHandlerHookHandler {
-  // context.metrics is read at each request: the metrics plugin swaps in its counters once ready.
   const { options, store } = context
   const headerField = options.headerName.toLowerCase()
   return async function idempotencyClaim(request, reply) {
     let raw: unknown = request.headers[headerField]
     // The header wins; the route's own source is asked only without it (null means no key too).
     let fromRequest = false
-    if (raw === undefined && route.keyFrom !== null) {
+    if (raw === undefined && route.keyFrom !== undefined) {
       raw = route.keyFrom(request) ?? undefined
       fromRequest = raw !== undefined
     }
@@ -113,10 +131,10 @@ export function claimKey(
     // a notion of callers, a key without a principal would be shared by everyone behind one IP (a
     // NAT, a proxy): refused unless the route is open to anonymous callers.
     const who = options.scope ? null : context.principal(request)
-    if (!options.scope && !who && context.principalSource && !route.anonymous)
+    if (!options.scope && !who && context.knowsCallers() && !route.anonymous)
       return reject(context, reply, 'anonymous', principalRequired())
     if (raw === undefined)
-      return reject(context, reply, 'missing', keyMissing(options.headerName, route.keyFrom !== null))
+      return reject(context, reply, 'missing', keyMissing(options.headerName, route.keyFrom !== undefined))
     const key = parseIdempotencyKey(raw)
     if (key === null)
       return reject(context, reply, 'invalid', keyInvalid(fromRequest ? null : options.headerName))
@@ -176,7 +194,7 @@ export function claimKey(
  * onSend, awaited before the response leaves, so a client that has its answer always gets a replay
  * next: keeps the response of a claimed request, or releases the claim.
  */
-export function keepResponse(context: PluginContext): onSendHookHandler {
+export function keepResponse(context: IdempotencyPluginContext): onSendHookHandler {
   const { options, store, claims, inFlight } = context
   return async function idempotencyKeep(request, reply, payload) {
     const claim = claims.get(request)
@@ -233,7 +251,7 @@ export function keepResponse(context: PluginContext): onSendHookHandler {
 }
 
 /** onResponse, the safety net: whatever path a response took, the renewal ends with it. */
-export function stopRenewal(context: PluginContext): onResponseHookHandler {
+export function stopRenewal(context: IdempotencyPluginContext): onResponseHookHandler {
   return async function idempotencyStopRenewal(request) {
     const claim = context.claims.get(request)
     if (!claim) return
@@ -247,7 +265,7 @@ export function stopRenewal(context: PluginContext): onResponseHookHandler {
  * are released, so a retry elsewhere runs at once instead of waiting out the lease. A handler that
  * still completes after this finds its claim gone (`lost`); the route's own guard covers that case.
  */
-export async function releaseInFlight(context: PluginContext): Promise<void> {
+export async function releaseInFlight(context: IdempotencyPluginContext): Promise<void> {
   const open = [...context.inFlight]
   context.inFlight.clear()
   for (const claim of open) clearInterval(claim.renewal)

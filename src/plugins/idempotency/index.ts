@@ -1,21 +1,19 @@
 import type { FastifyInstance } from 'fastify'
 import fp from 'fastify-plugin'
-import { bootPluginRedis } from '../../redis/server.ts'
-import { observePluginRedis, whenMetricsReady } from '../common/metrics.ts'
-import { resolvePrincipal } from '../common/principal.ts'
+import { redisPluginContext } from '../common/context.ts'
 import { pluginRegistered, routeCovered } from '../common/route-coverage.ts'
 import { addRouteHook, routeName } from '../common/route-hooks.ts'
 import type { IdempotencyContext, IdempotencyOutcome } from './decision.ts'
 import {
   claimKey,
+  idempotencyContext,
   keepResponse,
   noteGuardMismatch,
   noteGuardReplay,
-  type PluginContext,
   releaseInFlight,
   stopRenewal,
 } from './handlers.ts'
-import { adoptIdempotencyMetrics, createIdempotencyMetrics } from './metrics.ts'
+import { createIdempotencyMetrics } from './metrics.ts'
 import {
   type IdempotencyFailureMode,
   type IdempotencyKeySource,
@@ -72,34 +70,25 @@ declare module 'fastify' {
   }
 }
 
-async function idempotencyPlugin(app: FastifyInstance, rawOptions: IdempotencyPluginOptions) {
-  const options = resolveOptions(rawOptions)
+async function idempotencyPlugin(app: FastifyInstance, options: IdempotencyPluginOptions) {
+  const settings = resolveOptions(options)
   pluginRegistered(app, 'idempotency')
-  const redis = await bootPluginRedis(app, 'idempotency', {
-    redis: rawOptions.redis,
-    connectTimeoutMs: options.connectTimeoutMs,
-    eviction: options.allowEviction ? 'allow' : 'refuse',
-    fix: '; or, for routes with a guard of their own that can take an evicted record, pass `allowEviction: true` to the idempotency plugin',
+  const base = await redisPluginContext(app, 'idempotency', {
+    metrics: createIdempotencyMetrics,
+    principal: settings.principal,
+    redis: {
+      redis: settings.redis,
+      connectTimeoutMs: settings.connectTimeoutMs,
+      eviction: settings.allowEviction ? 'allow' : 'refuse',
+      fix: '; or, for routes with a guard of their own that can take an evicted record, pass `allowEviction: true` to the idempotency plugin',
+    },
   })
-  const context: PluginContext = {
-    options,
-    store: new IdempotencyStore(redis, options),
-    log: app.log.child({ plugin: 'idempotency' }),
-    metrics: createIdempotencyMetrics(),
-    principal: () => null,
-    principalSource: false,
-    claims: new WeakMap(),
-    inFlight: new Set(),
-  }
-  // Once ready: the session plugin may be registered after this one.
-  app.addHook('onReady', async () => {
-    context.principal = resolvePrincipal(app, rawOptions.principal)
-    context.principalSource = rawOptions.principal !== undefined || app.hasDecorator('sessionPrincipal')
-  })
-  whenMetricsReady(app, (metrics) => {
-    context.metrics = adoptIdempotencyMetrics(metrics.registry, context.metrics)
-    observePluginRedis(app, metrics, redis, 'idempotency')
-  })
+  // The app knows callers with the `principal` option or the session plugin (registered by ready).
+  const context = idempotencyContext(
+    base,
+    settings,
+    () => settings.principal !== undefined || app.hasDecorator('sessionPrincipal'),
+  )
   app.addHook('onClose', () => releaseInFlight(context))
   app.decorate('idempotency', context.store)
   app.decorateRequest('idempotency', null)
@@ -107,7 +96,7 @@ async function idempotencyPlugin(app: FastifyInstance, rawOptions: IdempotencyPl
   const keep = keepResponse(context)
   const stop = stopRenewal(context)
   app.addHook('onRoute', (routeOptions) => {
-    const route = resolveRouteConfig(routeOptions.config?.idempotency, options, routeName(routeOptions))
+    const route = resolveRouteConfig(routeOptions.config?.idempotency, settings, routeName(routeOptions))
     if (!route) return
     routeCovered(app, 'idempotency', routeOptions)
     addRouteHook(routeOptions, 'preHandler', claimKey(context, route, routeOptions.constraints))

@@ -5,7 +5,7 @@ import { type AnyRedisClient, checkRedisClient, type RedisClient } from '../../r
 import { checkRedisServer, connectRedis } from '../../redis/server.ts'
 import { withTimeout } from '../../redis/timeout.ts'
 import { adoptMetric } from '../common/metrics.ts'
-import { optionChecker, optionKeys } from '../common/options.ts'
+import { declareOptions, optionChecker, optionKeys, shown } from '../common/options.ts'
 import {
   IdempotencyFingerprintTooLargeError,
   IdempotencyInFlightError,
@@ -16,12 +16,11 @@ import {
 } from './errors.ts'
 import { FingerprintTooLargeError, valueFingerprint } from './key.ts'
 import {
+  byteCap,
+  checkRetention,
   IDEMPOTENCY_HINTS,
   type IdempotencyFailureMode,
-  resolveAllowEviction,
-  resolveByteCap,
-  resolveStoreOptions,
-  shown,
+  STORE_OPTIONS,
 } from './options.ts'
 import { type IdempotencyLogger, IdempotencyStore, ownerToken, type StoredResponse } from './store.ts'
 
@@ -99,6 +98,13 @@ const OPTIONS = optionKeys<MakeIdempotentOptions<unknown[]>>({
   registry: true,
 })
 
+/** The options read as the plugin reads them; makeIdempotent checks its others itself. */
+const SHARED_OPTIONS = declareOptions(
+  'makeIdempotent',
+  { ...STORE_OPTIONS, maxResultBytes: byteCap('larger results are returned but not kept') },
+  { hints: IDEMPOTENCY_HINTS, check: checkRetention },
+)
+
 const EVICTION_FIX =
   '; or, for a function with a guard of its own that can take an evicted record, pass `allowEviction: true` to makeIdempotent'
 
@@ -148,11 +154,12 @@ export function makeIdempotent<A extends unknown[], T>(
     fail(`\`name\` must be a string of at most ${MAX_NAME_LENGTH} characters, got ${shown(name)}`)
   const required = options.required ?? true
   if (typeof required !== 'boolean') fail(`\`required\` must be a boolean, got ${shown(required)}`)
-  const stored = resolveStoreOptions(options, check)
+  const given = options as unknown as Record<string, unknown>
+  const stored = SHARED_OPTIONS.read(Object.fromEntries(SHARED_OPTIONS.keys.map((key) => [key, given[key]])))
   const waitMs = options.waitMs ?? 2 * stored.leaseMs
   if (!Number.isSafeInteger(waitMs) || waitMs < 0 || waitMs > MAX_WAIT_MS)
     fail(`\`waitMs\` must be an integer from 0 to ${MAX_WAIT_MS}, got ${shown(waitMs)}`)
-  const maxResultBytes = resolveByteCap(options.maxResultBytes, 'maxResultBytes', check)
+  const { maxResultBytes, allowEviction } = stored
   if (typeof logger?.warn !== 'function' || typeof logger.error !== 'function')
     fail(`\`logger\` must have \`warn\` and \`error\` methods, got ${shown(logger)}`)
   if (
@@ -160,7 +167,6 @@ export function makeIdempotent<A extends unknown[], T>(
     (typeof registry?.getSingleMetric !== 'function' || typeof registry.registerMetric !== 'function')
   )
     fail(`\`registry\` must be a prom-client Registry, got ${shown(registry)}`)
-  const allowEviction = resolveAllowEviction(options.allowEviction, check)
 
   const store = new IdempotencyStore(redis, stored)
   // Route scopes start with `principal:` or `ip:`: a function's records never meet a route's.

@@ -1,7 +1,6 @@
-import { Counter, type Registry } from 'prom-client'
-import { adoptMetric } from '../common/metrics.ts'
+import { Counter } from 'prom-client'
 
-/** The plugin's counters, created unregistered and exported once the metrics plugin adopts them. */
+/** The plugin's counters, created unregistered: the metrics plugin adopts them once the app is ready (see pluginMetrics). */
 export function createIdempotencyMetrics() {
   return {
     requests: new Counter({
@@ -25,11 +24,3 @@ export function createIdempotencyMetrics() {
 }
 
 export type IdempotencyMetrics = ReturnType<typeof createIdempotencyMetrics>
-
-export function adoptIdempotencyMetrics(registry: Registry, metrics: IdempotencyMetrics): IdempotencyMetrics {
-  return {
-    requests: adoptMetric(registry, metrics.requests),
-    responses: adoptMetric(registry, metrics.responses),
-    storedBytes: adoptMetric(registry, metrics.storedBytes),
-  }
-}

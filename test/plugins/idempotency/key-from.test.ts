@@ -87,16 +87,16 @@ describe('keyFrom and onReplay options', () => {
     ],
     [
       { onReplay: true as never },
-      'idempotency plugin: `onReplay` must be a function of the request and the reply, got true',
+      'idempotency plugin: `onReplay` must be a function of the request and the reply, got a boolean',
     ],
     [{ keyPrefix: 7 as unknown as string }, 'idempotency plugin: `keyPrefix` must be a string, got 7'],
     [
       'route-keyFrom',
-      "idempotency plugin: route POST /x: `config.idempotency.keyFrom` must be a function of the request, got a string ('body.key')",
+      "idempotency plugin: route POST /x: config.idempotency: `keyFrom` must be a function of the request, got a string ('body.key')",
     ],
     [
       'route-onReplay',
-      'idempotency plugin: route POST /x: `config.idempotency.onReplay` must be a function of the request and the reply, got 1',
+      'idempotency plugin: route POST /x: config.idempotency: `onReplay` must be a function of the request and the reply, got 1',
     ],
   ]
   for (const [options, message] of cases) {
