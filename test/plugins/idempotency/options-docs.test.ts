@@ -2,6 +2,7 @@ import assert from 'node:assert/strict'
 import { readFileSync } from 'node:fs'
 import { test } from 'node:test'
 import type { OptionDocsRow } from '../../../src/plugins/common/options.ts'
+import { MAKE_IDEMPOTENT_OPTIONS } from '../../../src/plugins/idempotency/make-idempotent.ts'
 import { IDEMPOTENCY_OPTIONS, ROUTE_OPTIONS } from '../../../src/plugins/idempotency/options.ts'
 
 // docs/idempotency.md's options tables are the declarations' rows, word for word: an option added,
@@ -34,4 +35,8 @@ test("the plugin's options table is its declarations", () => {
 
 test("a route's config.idempotency table is its declarations", () => {
   assert.deepEqual(tableAfter('Route option: `config: { idempotency: true }`'), ROUTE_OPTIONS.docsRows())
+})
+
+test("makeIdempotent's options table is its declarations", () => {
+  assert.deepEqual(tableAfter('Options (`MakeIdempotentOptions`)'), MAKE_IDEMPOTENT_OPTIONS.docsRows())
 })
