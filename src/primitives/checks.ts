@@ -27,5 +27,5 @@ export function checkedOptions<T extends object>(
   return value
 }
 
-/** A wrong value as a message shows it: a number as written, anything else by its type. */
-export const shown = (value: unknown) => (typeof value === 'number' ? String(value) : describeValue(value))
+/** A wrong value as a message shows it (one helper for the library's messages). */
+export { shown } from '../plugins/common/options.ts'

@@ -56,19 +56,22 @@ export function checkRedisClient(owner: string, redis: unknown, hint = ''): Redi
   return redis
 }
 
+/** A plugin's `redis` option, checked: a URL string gets the way to pass one instead. */
+export function checkRedisOption(owner: string, option: unknown): RedisClient {
+  const hint =
+    typeof option === 'string'
+      ? ': create the client yourself (`new Redis(url)`) or register the redis plugin with `{ url }`'
+      : ''
+  return checkRedisClient(owner, option, hint)
+}
+
 /** The client a Redis-backed plugin uses: its `redis` option, else the redis plugin's decorator. */
 export function pluginRedis(
   app: FastifyInstance,
   plugin: string,
   option: AnyRedisClient | undefined,
 ): RedisClient {
-  if (option !== undefined) {
-    const hint =
-      typeof option === 'string'
-        ? ': create the client yourself (`new Redis(url)`) or register the redis plugin with `{ url }`'
-        : ''
-    return checkRedisClient(`${plugin} plugin`, option, hint)
-  }
+  if (option !== undefined) return checkRedisOption(`${plugin} plugin`, option)
   if (app.hasDecorator('redis') && isRedisClient(app.redis)) return app.redis
   throw new RedisClientError(
     `${plugin} plugin: no Redis client: pass \`redis\` (an ioredis client) or register the redis plugin before this one`,

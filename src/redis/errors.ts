@@ -23,6 +23,8 @@ export class GatewayError extends Error {
 
   /** True for every library error, including those over TypeError or RangeError (`gatewayErrorOver`). */
   static override [Symbol.hasInstance](value: unknown): boolean {
+    // `this` is the class on the right of `instanceof`: a subclass keeps the usual prototype check.
+    // biome-ignore lint/complexity/noThisInStatic: inherited by every subclass, so `this` is not GatewayError there.
     if (this !== GatewayError) return Function.prototype[Symbol.hasInstance].call(this, value)
     return typeof value === 'object' && value !== null && GATEWAY_ERROR in value
   }

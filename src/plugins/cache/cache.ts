@@ -4,7 +4,6 @@ import { checkSet, type EntryOptions, NO_OPTIONS, resolveSetOptions } from './en
 import { CacheKeyInvalidError } from './errors.ts'
 import { checkKey, checkTags, namespaceOf } from './key.ts'
 import { LoaderRunner } from './loader.ts'
-import type { CacheMetrics } from './metrics.ts'
 import { type Prefetch, TwoTierRead } from './read.ts'
 import { InvalidationRetry } from './retry.ts'
 import { EntryStore } from './store.ts'
@@ -17,7 +16,7 @@ import type { CacheApi, CacheParts, CacheSetOptions, GetOrLoadOptions } from './
 // loader.ts (running loaders and filling). This module puts them together; it is what index.ts
 // and the tests import.
 export { peekEntry } from './entry.ts'
-export { CACHE_OPTION_HINTS, checkRead, shown } from './entry-options.ts'
+export { CACHE_OPTION_HINTS, checkRead } from './entry-options.ts'
 export { CACHE_KEY, CACHE_TAG, checkKey, checkTags } from './key.ts'
 export { withDeadline } from './loader.ts'
 export type { Prefetch } from './read.ts'
@@ -35,7 +34,7 @@ export type {
 /** Redis cache-aside with a fence against stale fills, a cross-instance lease and an optional L1. */
 export class RedisCache implements CacheApi {
   readonly enabled = true
-  /** A copy of the parts given, shared by the modules: `metrics` is replaced in it once adopted. */
+  /** The parts given, shared by the modules. */
   private readonly parts: CacheParts
   private readonly store: EntryStore
   private readonly tags: CacheTags
@@ -44,7 +43,7 @@ export class RedisCache implements CacheApi {
   private readonly tagRetries: InvalidationRetry
 
   constructor(parts: CacheParts) {
-    this.parts = { ...parts }
+    this.parts = parts
     const { ttlMs, jitter, staleWhileRevalidateMs, leaseTtlMs } = parts.settings
     const longestLifetimeMs = Math.ceil(ttlMs * (1 + jitter)) + staleWhileRevalidateMs
     // Outlives any value and any load; its expiry only costs a refused fill, never a stale one.
@@ -59,15 +58,6 @@ export class RedisCache implements CacheApi {
       parts.log,
       'tags',
     )
-  }
-
-  /** Replaced by the metrics plugin's adopted counters once the app is ready. */
-  get metrics(): CacheMetrics {
-    return this.parts.metrics
-  }
-
-  set metrics(metrics: CacheMetrics) {
-    this.parts.metrics = metrics
   }
 
   getOrLoad<T>(key: string, loader: () => Promise<T | null>, options?: GetOrLoadOptions): Promise<T | null> {

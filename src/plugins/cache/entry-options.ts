@@ -1,5 +1,4 @@
-import { describeValue } from '../../redis/client.ts'
-import { optionChecker, optionKeys } from '../common/options.ts'
+import { declareOptions, option } from '../common/options.ts'
 import { checkKey, checkTags } from './key.ts'
 import type { CacheLoadErrorMode, CacheSetOptions, CacheSettings, GetOrLoadOptions } from './types.ts'
 
@@ -16,42 +15,31 @@ export const CACHE_OPTION_HINTS = {
   prefix: "bentocache's `prefix` is the plugin option `keyPrefix` here",
 }
 
-const callCheck = optionChecker('cache', CACHE_OPTION_HINTS)
-const GET_OR_LOAD_OPTIONS = optionKeys<GetOrLoadOptions>({
-  ttlMs: true,
-  tags: true,
-  softTimeoutMs: true,
-  hardTimeoutMs: true,
-  onLoadError: true,
-  admit: true,
+// A call's options, declared as the plugin's are; `tags` is checked (and sorted) by checkTags.
+const ttlMs = option.integer({ min: 1, doc: "fresh lifetime for this call (default: the plugin's `ttlMs`)" })
+const tags = option.custom<readonly string[]>({
+  type: 'array of tags',
+  doc: 'tags of the entry: `invalidateTags` with any of them drops it',
+  read: (value) => value as readonly string[],
 })
-const SET_OPTIONS = optionKeys<CacheSetOptions>({ ttlMs: true, tags: true })
+const GET_OR_LOAD_OPTIONS = declareOptions(
+  'cache',
+  {
+    ttlMs,
+    tags,
+    softTimeoutMs: option.integer({ min: 0, doc: 'how long a refresh of a stale copy is waited for' }),
+    hardTimeoutMs: option.integer({ min: 0, doc: 'how long a read with no stale copy waits for a load' }),
+    onLoadError: option.oneOf(['serve-stale', 'fail'] as const, { doc: 'a refresh waited for throws' }),
+    admit: option.function<() => Promise<boolean>>({
+      doc: 'whether the key can exist, asked before a miss writes',
+    }),
+  },
+  { hints: CACHE_OPTION_HINTS },
+)
+const SET_OPTIONS = declareOptions('cache', { ttlMs, tags }, { hints: CACHE_OPTION_HINTS })
 
 /** The options of a call that passed none: nothing to check. */
 export const NO_OPTIONS: GetOrLoadOptions = Object.freeze({})
-
-/** A value for a message: a number as written, anything else described. */
-export const shown = (value: unknown) => (typeof value === 'number' ? String(value) : describeValue(value))
-
-function checkInt(name: string, value: number | undefined, min: number): void {
-  if (value !== undefined && !(Number.isSafeInteger(value) && value >= min))
-    callCheck.fail(`\`${name}\` must be an integer of at least ${min}, got ${shown(value)}`)
-}
-
-/** Per-call options, checked only when given. */
-function checkCallOptions(options: GetOrLoadOptions, known: readonly string[], method: string): void {
-  if (typeof options !== 'object' || options === null || Array.isArray(options))
-    callCheck.fail(`${method} options must be an object, got ${describeValue(options)}`)
-  callCheck.known(options, known, `${method} options`)
-  checkInt('ttlMs', options.ttlMs, 1)
-  checkInt('softTimeoutMs', options.softTimeoutMs, 0)
-  checkInt('hardTimeoutMs', options.hardTimeoutMs, 0)
-  const { onLoadError } = options
-  if (onLoadError !== undefined && onLoadError !== 'serve-stale' && onLoadError !== 'fail')
-    callCheck.fail(`\`onLoadError\` must be 'serve-stale' or 'fail', got ${describeValue(onLoadError)}`)
-  if (options.admit !== undefined && typeof options.admit !== 'function')
-    callCheck.fail(`\`admit\` must be a function, got ${describeValue(options.admit)}`)
-}
 
 /**
  * A `getOrLoad`'s key and options, checked (the disabled cache checks them too, so a mistake shows
@@ -60,14 +48,14 @@ function checkCallOptions(options: GetOrLoadOptions, known: readonly string[], m
 export function checkRead(key: string, options: GetOrLoadOptions = NO_OPTIONS): string[] | undefined {
   checkKey(key)
   if (options === NO_OPTIONS) return undefined
-  checkCallOptions(options, GET_OR_LOAD_OPTIONS, 'getOrLoad')
+  GET_OR_LOAD_OPTIONS.read(options, 'getOrLoad options')
   return options.tags === undefined ? undefined : checkTags(options.tags)
 }
 
 /** A `set`'s key and options, checked; its tags, validated and sorted. */
 export function checkSet(key: string, options: CacheSetOptions = NO_OPTIONS): string[] | undefined {
   checkKey(key)
-  if (options !== NO_OPTIONS) checkCallOptions(options, SET_OPTIONS, 'set')
+  if (options !== NO_OPTIONS) SET_OPTIONS.read(options, 'set options')
   return options.tags === undefined ? undefined : checkTags(options.tags)
 }
 

@@ -1,9 +1,8 @@
-import { Counter, type Registry } from 'prom-client'
-import { adoptMetric } from '../common/metrics.ts'
+import { Counter } from 'prom-client'
 
 /**
  * Counters labelled by the key's namespace (`account` for `account:42`), a set fixed by the code;
- * created unregistered, exported once the metrics plugin adopts them (`adoptCacheMetrics`).
+ * created unregistered at registration (see `pluginMetrics`): the metrics plugin exports them.
  */
 export function createCacheMetrics() {
   const counter = (name: string, help: string) =>
@@ -47,9 +46,3 @@ export function createCacheMetrics() {
 }
 
 export type CacheMetrics = ReturnType<typeof createCacheMetrics>
-
-export function adoptCacheMetrics(registry: Registry, metrics: CacheMetrics): CacheMetrics {
-  return Object.fromEntries(
-    Object.entries(metrics).map(([field, counter]) => [field, adoptMetric(registry, counter)]),
-  ) as CacheMetrics
-}

@@ -91,12 +91,12 @@ export interface CacheSettings {
 export type InvalidationMessage = readonly string[] | { readonly tags: readonly string[] }
 
 export interface CacheParts {
-  redis: RedisClient
-  settings: CacheSettings
-  metrics: CacheMetrics
-  limiter: ConcurrencyLimiter
-  log: FastifyBaseLogger
-  l1?: L1Cache
+  readonly redis: RedisClient
+  readonly settings: CacheSettings
+  readonly metrics: CacheMetrics
+  readonly limiter: ConcurrencyLimiter
+  readonly log: FastifyBaseLogger
+  readonly l1?: L1Cache
   /** Tells the other instances to drop these keys (or every key of these tags) from their L1. */
-  broadcast?: (message: InvalidationMessage) => Promise<unknown>
+  readonly broadcast?: (message: InvalidationMessage) => Promise<unknown>
 }

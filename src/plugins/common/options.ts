@@ -1,5 +1,5 @@
 import type { AnyRedisClient, RedisClient } from '../../redis/client.ts'
-import { checkRedisClient, describeValue } from '../../redis/client.ts'
+import { checkRedisOption, describeValue } from '../../redis/client.ts'
 import { InvalidOptionError, UnknownOptionError } from './errors.ts'
 
 // One option checker for every plugin and primitive: a wrong value and an unknown key both fail at
@@ -76,7 +76,9 @@ function defaultTextOf(spec: Spec<unknown>): string {
   if (spec.defaultText !== undefined) return spec.defaultText
   const value = spec.default
   if (value === undefined) return 'none'
-  if (typeof value === 'number') return String(value)
+  // Thousands grouped by a space, as the docs write them: 60 000.
+  if (typeof value === 'number')
+    return value >= 1000 ? value.toLocaleString('en-US').replaceAll(',', ' ') : String(value)
   if (typeof value === 'function') return `\`${value.name || 'function'}\``
   return `\`${String(value)}\``
 }
@@ -166,8 +168,12 @@ function oneOf<const V extends readonly (string | number | boolean)[]>(
   values: V,
   spec: Spec<V[number]>,
 ): Option<V[number], V[number] | undefined> {
-  const type = values.map((value) => (typeof value === 'string' ? `'${value}'` : String(value))).join(' | ')
-  return simple(type, alternatives(values), spec, (value) => values.includes(value as V[number]))
+  const quoted = (value: unknown) => (typeof value === 'string' ? `'${value}'` : String(value))
+  const defaultText =
+    spec.defaultText ?? (spec.default === undefined ? 'none' : `\`${quoted(spec.default)}\``)
+  return simple(values.map(quoted).join(' | '), alternatives(values), { ...spec, defaultText }, (value) =>
+    values.includes(value as V[number]),
+  )
 }
 
 /**
@@ -193,8 +199,7 @@ function redisClient(
     defaultText: spec.defaultText ?? '`app.redis`',
     doc: spec.doc,
     required: false,
-    read: (value, _name, _fail, owner) =>
-      value === undefined ? undefined : checkRedisClient(owner, value, ' (a URL goes in the redis plugin)'),
+    read: (value, _name, _fail, owner) => (value === undefined ? undefined : checkRedisOption(owner, value)),
   }
 }
 

@@ -6,17 +6,10 @@ import { type RedisClient, rawClient, SENT_BY } from '../../redis/client.ts'
 import { beforeEachCommand } from '../../redis/command-bounds.ts'
 import { scriptSources } from '../../redis/scripts.ts'
 import { adoptMetric, appInstruments, type MetricsApi } from '../common/metrics.ts'
-import { optionChecker, optionKeys } from '../common/options.ts'
 import { type HistogramSeries, TalliedHistogram } from '../common/tallied-histogram.ts'
+import { METRICS_OPTIONS, type MetricsPluginOptions } from './options.ts'
 
-export type { MetricsApi }
-
-export interface MetricsPluginOptions {
-  /** Serve the registry at this path (default `/metrics`); false to serve nothing. */
-  path?: string | false
-  /** Include prom-client's process metrics (default true). */
-  processMetrics?: boolean
-}
+export type { MetricsApi, MetricsPluginOptions }
 
 const FAST_BUCKETS = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1]
 
@@ -79,102 +72,87 @@ function addCommandSink(client: Observed, sink: CommandSink): () => void {
   return () => void sinks.delete(sink)
 }
 
-function checkOptions(options: MetricsPluginOptions): void {
-  const check = optionChecker('metrics plugin')
-  check.known(options, optionKeys<MetricsPluginOptions>({ path: true, processMetrics: true }))
-  const { path, processMetrics } = options
-  if (path !== undefined && path !== false && !(typeof path === 'string' && path.startsWith('/')))
-    check.fail('`path` must be a path starting with / (or false to serve nothing)')
-  if (processMetrics !== undefined && typeof processMetrics !== 'boolean')
-    check.fail('`processMetrics` must be a boolean')
+/** The registry's own instruments: HTTP and Redis command latency, command errors, script reloads. */
+function createInstruments(registry: Registry) {
+  return {
+    httpDuration: adoptMetric(
+      registry,
+      new TalliedHistogram(
+        'http_request_duration_seconds',
+        'HTTP request duration by method, route and status',
+        [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
+      ),
+    ),
+    redisDuration: adoptMetric(
+      registry,
+      new TalliedHistogram(
+        'redis_command_duration_seconds',
+        'Redis command latency seen by the client (send to reply), by client and command; scripts as script:<name>',
+        FAST_BUCKETS,
+      ),
+    ),
+    redisErrors: adoptMetric(
+      registry,
+      new Counter({
+        name: 'redis_command_errors_total',
+        help: 'Redis commands that failed, by client, command and reason (timeout, connection, reply)',
+        labelNames: ['client', 'command', 'reason'] as const,
+        registers: [],
+      }),
+    ),
+    scriptReloads: adoptMetric(
+      registry,
+      new Counter({
+        name: 'redis_script_reloads_total',
+        help: 'EVALSHA answered NOSCRIPT (first use on a server, a restart, SCRIPT FLUSH, a failover) and sent again as EVAL, by client and script',
+        labelNames: ['client', 'command'] as const,
+        registers: [],
+      }),
+    ),
+  }
 }
 
-async function metricsPlugin(app: FastifyInstance, options: MetricsPluginOptions) {
-  checkOptions(options)
-  const registry = new Registry()
-  if (options.processMetrics !== false) collectDefaultMetrics({ register: registry })
-  const httpDuration = adoptMetric(
-    registry,
-    new TalliedHistogram(
-      'http_request_duration_seconds',
-      'HTTP request duration by method, route and status',
-      [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
-    ),
-  )
-  const redisDuration = adoptMetric(
-    registry,
-    new TalliedHistogram(
-      'redis_command_duration_seconds',
-      'Redis command latency seen by the client (send to reply), by client and command; scripts as script:<name>',
-      FAST_BUCKETS,
-    ),
-  )
-  const redisErrors = adoptMetric(
-    registry,
-    new Counter({
-      name: 'redis_command_errors_total',
-      help: 'Redis commands that failed, by client, command and reason (timeout, connection, reply)',
-      labelNames: ['client', 'command', 'reason'] as const,
-      registers: [],
-    }),
-  )
-  const scriptReloads = adoptMetric(
-    registry,
-    new Counter({
-      name: 'redis_script_reloads_total',
-      help: 'EVALSHA answered NOSCRIPT (first use on a server, a restart, SCRIPT FLUSH, a failover) and sent again as EVAL, by client and script',
-      labelNames: ['client', 'command'] as const,
-      registers: [],
-    }),
-  )
-  const cleanups: Array<() => void> = []
+type Instruments = ReturnType<typeof createInstruments>
+
+/**
+ * `observeRedis`: times every command of a client, once per client, labelled by the plugin that
+ * sent it (else `name`). `cleanups` removes every sink when the app closes.
+ */
+function redisObserver(instruments: Instruments, cleanups: Array<() => void>): MetricsApi['observeRedis'] {
+  const { redisDuration, redisErrors, scriptReloads } = instruments
   const observedClients = new WeakSet<RedisClient>()
-  const metrics: MetricsApi = {
-    registry,
-    observeRedis(observed, name) {
-      const client = rawClient(observed)
-      if (observedClients.has(client)) return
-      observedClients.add(client)
-      // Per sender, then per command: the series looked up once each.
-      const timers = new Map<string, Map<string, HistogramSeries>>()
-      cleanups.push(
-        addCommandSink(client, (command, seconds, error, sender = name) => {
-          let bySender = timers.get(sender)
-          if (!bySender) {
-            bySender = new Map()
-            timers.set(sender, bySender)
-          }
-          let timer = bySender.get(command)
-          if (!timer) {
-            timer = redisDuration.series({ client: sender, command })
-            bySender.set(command, timer)
-          }
-          timer.observe(seconds)
-          if (!error) return
-          // Not a failure: the caller sends the script again with EVAL, which is timed on its own.
-          if (isNoScript(error)) scriptReloads.inc({ client: sender, command })
-          else redisErrors.inc({ client: sender, command, reason: errorReason(error) })
-        }),
-      )
-    },
+  return (observed, name) => {
+    const client = rawClient(observed)
+    if (observedClients.has(client)) return
+    observedClients.add(client)
+    // Per sender, then per command: the series looked up once each.
+    const timers = new Map<string, Map<string, HistogramSeries>>()
+    cleanups.push(
+      addCommandSink(client, (command, seconds, error, sender = name) => {
+        let bySender = timers.get(sender)
+        if (!bySender) {
+          bySender = new Map()
+          timers.set(sender, bySender)
+        }
+        let timer = bySender.get(command)
+        if (!timer) {
+          timer = redisDuration.series({ client: sender, command })
+          bySender.set(command, timer)
+        }
+        timer.observe(seconds)
+        if (!error) return
+        // Not a failure: the caller sends the script again with EVAL, which is timed on its own.
+        if (isNoScript(error)) scriptReloads.inc({ client: sender, command })
+        else redisErrors.inc({ client: sender, command, reason: errorReason(error) })
+      }),
+    )
   }
-  app.decorate('metrics', metrics)
+}
 
-  // The other plugins may register after this one: their instruments and clients, and the redis
-  // plugin's decorator, are all known once the app is ready.
-  app.addHook('onReady', async () => {
-    const { metrics: instruments, clients } = appInstruments(app)
-    for (const instrument of instruments) adoptMetric(registry, instrument)
-    for (const { client, name } of clients) metrics.observeRedis(client, name)
-    if (app.hasDecorator('redis') && app.redis) metrics.observeRedis(app.redis, 'main')
-  })
-  app.addHook('onClose', async () => {
-    for (const cleanup of cleanups.splice(0)) cleanup()
-  })
-
+/** Times every response by its route pattern, never the raw URL: client-chosen paths must not create label values. */
+function timeResponses(app: FastifyInstance, httpDuration: TalliedHistogram): void {
   const httpSeries = new Map<string, HistogramSeries>()
   app.addHook('onResponse', (request, reply, done) => {
-    // The route pattern, never the raw URL: client-chosen paths must not create label values.
     const route = request.routeOptions.url ?? 'unmatched'
     const status = String(reply.statusCode)
     const id = `${request.method} ${status} ${route}`
@@ -186,19 +164,43 @@ async function metricsPlugin(app: FastifyInstance, options: MetricsPluginOptions
     series.observe(reply.elapsedTime / 1000)
     done()
   })
+}
 
-  const path = options.path ?? '/metrics'
-  if (path) {
-    // `hide` keeps the route out of an OpenAPI document (@fastify/swagger); Fastify itself ignores it.
-    const schema = { hide: true } as FastifySchema
-    // Never limited by the rate-limit plugin's global policies, whichever is registered first: a
-    // scraper behind a shared address must not be refused (config is untyped here: the metrics
-    // plugin does not depend on the rate-limit plugin).
-    const config = { rateLimits: false } as object
-    app.get(path, { schema, config }, async (_request, reply) =>
-      reply.type(registry.contentType).send(await registry.metrics()),
-    )
-  }
+/** Serves the registry at `path`, outside any rate limit and any OpenAPI document. */
+function serveRegistry(app: FastifyInstance, path: string, registry: Registry): void {
+  // `hide` keeps the route out of an OpenAPI document (@fastify/swagger); Fastify itself ignores it.
+  const schema = { hide: true } as FastifySchema
+  // Never limited by the rate-limit plugin's global policies, whichever is registered first: a
+  // scraper behind a shared address must not be refused (config is untyped here: the metrics
+  // plugin does not depend on the rate-limit plugin).
+  const config = { rateLimits: false } as object
+  app.get(path, { schema, config }, async (_request, reply) =>
+    reply.type(registry.contentType).send(await registry.metrics()),
+  )
+}
+
+async function metricsPlugin(app: FastifyInstance, options: MetricsPluginOptions) {
+  const settings = METRICS_OPTIONS.read(options)
+  const registry = new Registry()
+  if (settings.processMetrics) collectDefaultMetrics({ register: registry })
+  const instruments = createInstruments(registry)
+  const cleanups: Array<() => void> = []
+  const metrics: MetricsApi = { registry, observeRedis: redisObserver(instruments, cleanups) }
+  app.decorate('metrics', metrics)
+
+  // The other plugins may register after this one: their instruments and clients, and the redis
+  // plugin's decorator, are all known once the app is ready.
+  app.addHook('onReady', async () => {
+    const { metrics: adopted, clients } = appInstruments(app)
+    for (const instrument of adopted) adoptMetric(registry, instrument)
+    for (const { client, name } of clients) metrics.observeRedis(client, name)
+    if (app.hasDecorator('redis') && app.redis) metrics.observeRedis(app.redis, 'main')
+  })
+  app.addHook('onClose', async () => {
+    for (const cleanup of cleanups.splice(0)) cleanup()
+  })
+  timeResponses(app, instruments.httpDuration)
+  if (settings.path) serveRegistry(app, settings.path, registry)
 }
 
 export default fp(metricsPlugin, { name: 'fastify-redis-gateway/metrics', fastify: '5.x' })

@@ -51,7 +51,7 @@ function loader<T>(value: () => T, delayMs = 0) {
 describe('options', () => {
   const cases: Array<[CachePluginOptions, string]> = [
     [{ ttlMs: 0 }, 'cache plugin: `ttlMs` must be an integer of at least 1, got 0'],
-    [{ jitter: 1.5 }, 'cache plugin: `jitter` must be between 0 and 1, got 1.5'],
+    [{ jitter: 1.5 }, 'cache plugin: `jitter` must be a number from 0 to 1, got 1.5'],
     [
       { leaseWaitMs: 5000, leaseTtlMs: 1000 },
       'cache plugin: `leaseWaitMs` (5000) must not exceed `leaseTtlMs` (1000)',
@@ -61,7 +61,7 @@ describe('options', () => {
       "cache plugin: `keyPrefix` must not contain braces (they would change the hash tag), got 'a{b}:'",
     ],
     [{ maxConcurrentLoads: 0 }, 'cache plugin: `maxConcurrentLoads` must be an integer of at least 1, got 0'],
-    [{ earlyRefreshBeta: -1 }, 'cache plugin: `earlyRefreshBeta` must be between 0 and 10, got -1'],
+    [{ earlyRefreshBeta: -1 }, 'cache plugin: `earlyRefreshBeta` must be a number from 0 to 10, got -1'],
   ]
   for (const [options, message] of cases) {
     test(`rejects ${JSON.stringify(options)}`, async () => {

@@ -128,7 +128,7 @@ describe('arguments', () => {
     assert.throws(() => app.cache.set('item:1', 1, { ttlMs: 0 }), {
       name: 'InvalidOptionError',
       code: 'FRG_INVALID_OPTION',
-      message: 'cache: `ttlMs` must be an integer of at least 1, got 0',
+      message: 'cache: set options: `ttlMs` must be an integer of at least 1, got 0',
     })
   })
 })

@@ -106,15 +106,18 @@ describe('options', () => {
     const app = await cacheApp()
     const load = async () => 1
     const calls: Array<[object, string]> = [
-      [{ softTimeoutMs: -5 }, 'cache: `softTimeoutMs` must be an integer of at least 0, got -5'],
+      [
+        { softTimeoutMs: -5 },
+        'cache: getOrLoad options: `softTimeoutMs` must be an integer of at least 0, got -5',
+      ],
       [
         { hardTimeoutMs: '100' },
-        "cache: `hardTimeoutMs` must be an integer of at least 0, got a string ('100')",
+        "cache: getOrLoad options: `hardTimeoutMs` must be an integer of at least 0, got a string ('100')",
       ],
-      [{ ttlMs: 0 }, 'cache: `ttlMs` must be an integer of at least 1, got 0'],
+      [{ ttlMs: 0 }, 'cache: getOrLoad options: `ttlMs` must be an integer of at least 1, got 0'],
       [
         { onLoadError: 'ignore' },
-        "cache: `onLoadError` must be 'serve-stale' or 'fail', got a string ('ignore')",
+        "cache: getOrLoad options: `onLoadError` must be 'serve-stale' or 'fail', got a string ('ignore')",
       ],
     ]
     for (const [options, message] of calls)
