@@ -90,7 +90,6 @@ export const STORE_OPTIONS = {
   }),
   onRedisError: option.oneOf(['closed', 'open'] as const, {
     default: 'closed',
-    defaultText: "`'closed'`",
     doc: "when Redis fails: `'closed'` answers 503 with `Retry-After`; `'open'` runs the handler, for routes with their own guard (a unique constraint in the database)",
   }),
   keyPrefix: option.string({ default: 'idem:', doc: 'prefix of every key' }),
