@@ -34,7 +34,7 @@ import problemRoutes from './routes/problems.ts'
 import publicAccountRoutes from './routes/public-accounts.ts'
 import scheduledTransferRoutes from './routes/scheduled-transfers.ts'
 import sessionRoutes from './routes/session.ts'
-import transferRoutes, { noteKeyMismatches, transferAttemptCounts } from './routes/transfers.ts'
+import transferRoutes, { transferAttemptCounts } from './routes/transfers.ts'
 import { registerScheduler, type SchedulerTuning } from './scheduler/service.ts'
 
 export interface GatewayDependencies {
@@ -193,7 +193,6 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
         },
       ],
     })
-    noteKeyMismatches(app)
   }
 
   // After sessions: the default key scope is the session's principal.

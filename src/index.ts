@@ -50,6 +50,7 @@ export {
   IdempotencyKeyMismatchError,
   type IdempotencyKeySource,
   type IdempotencyLogger,
+  type IdempotencyOutcome,
   type IdempotencyPluginOptions,
   type IdempotencyReplay,
   type IdempotencyReplayHook,

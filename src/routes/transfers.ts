@@ -1,6 +1,5 @@
 import type { FastifyPluginAsyncTypebox } from '@fastify/type-provider-typebox'
-import type { FastifyInstance, FastifyReply, FastifyRequest, onSendHookHandler } from 'fastify'
-import { idempotencyKeyMismatch } from 'fastify-redis-gateway'
+import type { FastifyReply, FastifyRequest, onSendHookHandler } from 'fastify'
 import { Type } from 'typebox'
 import { invalidateAfterTransfer } from '../ledger/account-cache.ts'
 import { executeTransfer } from '../ledger/ledger.ts'
@@ -29,37 +28,15 @@ export const TransferCreated = Type.Object({
   createdAt: Timestamp,
 })
 
-const KEY_MISMATCH_TYPE = idempotencyKeyMismatch().type
-const keyMismatches = new WeakSet<FastifyRequest>()
-
-function problemType(payload: unknown): unknown {
-  if (typeof payload !== 'string') return undefined
-  try {
-    return (JSON.parse(payload) as { type?: unknown } | null)?.type
-  } catch {
-    return undefined
-  }
-}
-
 /**
  * The `transfers` rate limit's `countOnlyFailures` predicate: false gives the attempt back. A replay
- * (`Idempotent-Replayed`, from Redis or from the transfer row) and a key reused with another body
- * (422 `idempotency-key-mismatch`, see noteKeyMismatches) run nothing, so a client retrying its
- * transfer never spends its quota on them.
+ * and a key reused with another body run nothing, whether the idempotency plugin answered from
+ * Redis or the transfer row did (the plugin records both on `request.idempotency`), so a client
+ * retrying its transfer never spends its quota on them.
  */
-export const transferAttemptCounts = (reply: FastifyReply): boolean =>
-  reply.getHeader('idempotent-replayed') !== 'true' && !keyMismatches.has(reply.request)
-
-/**
- * A key mismatch shows only in the body (the idempotency plugin's or the transfer row's answer):
- * noted by this instance hook, which runs before every route's own onSend hooks, the rate limit's
- * refund among them.
- */
-export function noteKeyMismatches(app: FastifyInstance): void {
-  app.addHook('onSend', async (request, reply, payload) => {
-    if (reply.statusCode === 422 && problemType(payload) === KEY_MISMATCH_TYPE) keyMismatches.add(request)
-    return payload
-  })
+export const transferAttemptCounts = (reply: FastifyReply): boolean => {
+  const outcome = reply.request.idempotency?.outcome
+  return outcome !== 'replayed' && outcome !== 'mismatched'
 }
 
 /** `outbox: false` (OUTBOX=off) makes transfers without their outbox event, for comparing throughput. */

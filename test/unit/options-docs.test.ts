@@ -4,6 +4,8 @@ import { test } from 'node:test'
 import { COMPAT_OPTIONS } from '../../src/compat/fastify-rate-limit/params.ts'
 import { CACHE_OPTIONS } from '../../src/plugins/cache/options.ts'
 import type { Declarations, DeclaredOptions, OptionDocsRow } from '../../src/plugins/common/options.ts'
+import { MAKE_IDEMPOTENT_OPTIONS } from '../../src/plugins/idempotency/make-idempotent.ts'
+import { IDEMPOTENCY_OPTIONS, ROUTE_OPTIONS } from '../../src/plugins/idempotency/options.ts'
 import { METRICS_OPTIONS } from '../../src/plugins/metrics/options.ts'
 import { RATE_LIMIT_OPTIONS } from '../../src/plugins/rate-limit/options.ts'
 import { REDIS_OPTIONS } from '../../src/plugins/redis/options.ts'
@@ -15,6 +17,9 @@ import { SESSION_OPTIONS, SESSION_STORE_OPTIONS } from '../../src/plugins/sessio
 
 const PAGES: Array<[DeclaredOptions<Declarations>, string, string?]> = [
   [CACHE_OPTIONS, 'docs/cache.md'],
+  [IDEMPOTENCY_OPTIONS, 'docs/idempotency.md'],
+  [ROUTE_OPTIONS, 'docs/idempotency.md', '### Route options'],
+  [MAKE_IDEMPOTENT_OPTIONS, 'docs/idempotency.md', '## Beyond routes: `makeIdempotent`'],
   [METRICS_OPTIONS, 'docs/metrics.md', '## Options and API'],
   [REDIS_OPTIONS, 'docs/redis.md', '## Options'],
   [SESSION_OPTIONS, 'docs/session.md', '## Options'],

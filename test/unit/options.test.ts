@@ -372,10 +372,10 @@ describe('idempotency plugin options', () => {
       [{ replayHeaders: 'location' }, /`replayHeaders` must be an array of header names/],
       [{ replayHeaders: ['Set-Cookie'] }, /must not include Set-Cookie/],
       [{ scope: 'ip' }, /`scope` must be a function of the request/],
-      [{ onReplay: true }, /`onReplay` must be a function of the request and the reply, got true/],
-      [{ required: 'yes' }, /`required` must be a boolean/],
-      [{ connectTimeoutMs: 1.5 }, /`connectTimeoutMs` must be a whole number/],
-      [{ allowEviction: 'no' }, /`allowEviction` must be a boolean/],
+      [{ onReplay: true }, /`onReplay` must be a function of the request and the reply, got a boolean/],
+      [{ required: 'yes' }, /`required` must be true or false/],
+      [{ connectTimeoutMs: 1.5 }, /`connectTimeoutMs` must be an integer of at least 0/],
+      [{ allowEviction: 'no' }, /`allowEviction` must be true or false/],
     ]
     refusesEach(cases, (value) => resolveOptions(value as IdempotencyPluginOptions))
   })
@@ -388,8 +388,8 @@ describe('idempotency plugin options', () => {
       required: true,
       onRedisError: 'closed',
       anonymous: false,
-      keyFrom: null,
-      onReplay: null,
+      keyFrom: undefined,
+      onReplay: undefined,
     })
     const routeConfig = resolveRouteConfig({ required: false, onRedisError: 'open' }, defaults, 'POST /x')
     assert.equal(routeConfig?.required, false)
@@ -400,10 +400,10 @@ describe('idempotency plugin options', () => {
         { requried: true },
         /route POST \/x: config.idempotency: unknown option `requried`\. Did you mean `required`\?/,
       ],
-      [{ anonymous: 1 }, /`config.idempotency.anonymous` must be a boolean/],
-      [{ onRedisError: 'local' }, /`config.idempotency.onRedisError` must be 'closed' or 'open'/],
-      [{ keyFrom: 'header' }, /`config.idempotency.keyFrom` must be a function/],
-      [{ onReplay: 1 }, /`config.idempotency.onReplay` must be a function/],
+      [{ anonymous: 1 }, /config.idempotency: `anonymous` must be true or false/],
+      [{ onRedisError: 'local' }, /config.idempotency: `onRedisError` must be 'closed' or 'open'/],
+      [{ keyFrom: 'header' }, /config.idempotency: `keyFrom` must be a function/],
+      [{ onReplay: 1 }, /config.idempotency: `onReplay` must be a function/],
     ]
     refusesEach(cases, (value) => resolveRouteConfig(value, defaults, 'POST /x'))
   })

@@ -1,11 +1,11 @@
 import { setTimeout as sleep } from 'node:timers/promises'
 import type { FastifyInstance } from 'fastify'
 import { Counter, type Registry } from 'prom-client'
-import { type AnyRedisClient, checkRedisClient, type RedisClient } from '../../redis/client.ts'
+import type { AnyRedisClient, RedisClient } from '../../redis/client.ts'
 import { checkRedisServer, connectRedis } from '../../redis/server.ts'
 import { withTimeout } from '../../redis/timeout.ts'
 import { adoptMetric } from '../common/metrics.ts'
-import { optionChecker, optionKeys } from '../common/options.ts'
+import { type AnyOption, declareOptions, option, shown } from '../common/options.ts'
 import {
   IdempotencyFingerprintTooLargeError,
   IdempotencyInFlightError,
@@ -16,12 +16,11 @@ import {
 } from './errors.ts'
 import { FingerprintTooLargeError, valueFingerprint } from './key.ts'
 import {
+  byteCap,
+  checkRetention,
   IDEMPOTENCY_HINTS,
   type IdempotencyFailureMode,
-  resolveAllowEviction,
-  resolveByteCap,
-  resolveStoreOptions,
-  shown,
+  STORE_OPTIONS,
 } from './options.ts'
 import { type IdempotencyLogger, IdempotencyStore, ownerToken, type StoredResponse } from './store.ts'
 
@@ -82,23 +81,6 @@ export interface MakeIdempotentOptions<A extends unknown[]> {
 /** The wrapped function: the same arguments, the result (or a replay of it) as a promise. */
 export type IdempotentFunction<A extends unknown[], T> = (...args: A) => Promise<T>
 
-const OPTIONS = optionKeys<MakeIdempotentOptions<unknown[]>>({
-  redis: true,
-  allowEviction: true,
-  keyOf: true,
-  fingerprintOf: true,
-  name: true,
-  required: true,
-  waitMs: true,
-  maxResultBytes: true,
-  leaseMs: true,
-  retentionMs: true,
-  onRedisError: true,
-  keyPrefix: true,
-  logger: true,
-  registry: true,
-})
-
 const EVICTION_FIX =
   '; or, for a function with a guard of its own that can take an evicted record, pass `allowEviction: true` to makeIdempotent'
 
@@ -114,6 +96,91 @@ const RESULT_STATUS = 200
 const nowhere: IdempotencyLogger = { warn() {}, error() {} }
 /** How long calls wait for a client that is still connecting (a lazy one is connected) before Redis is asked. */
 const CONNECT_WAIT_MS = 5000
+
+type AnyFunction = (...args: unknown[]) => unknown
+const OF_THE_ARGUMENTS = 'a function of the arguments'
+/** A shared option with the words of a function's docs. */
+const worded = <O extends AnyOption>(shared: O, doc: string): O => ({ ...shared, doc })
+
+/** makeIdempotent's options, read once per wrapped function (`MakeIdempotentOptions` types them per function). */
+export const MAKE_IDEMPOTENT_OPTIONS = declareOptions(
+  'makeIdempotent',
+  {
+    redis: option.required(
+      option.redisClient({
+        doc: 'an ioredis `Redis` or `Cluster`; never closed; one that may evict any key is refused at the first call',
+      }),
+    ),
+    allowEviction: worded(
+      STORE_OPTIONS.allowEviction,
+      'run on a Redis whose `maxmemory-policy` may evict (anything but `noeviction`); only for functions with a guard of their own',
+    ),
+    keyOf: option.required(
+      option.function<AnyFunction>({
+        type: OF_THE_ARGUMENTS,
+        doc: "`(...args) => string, null or undefined`: the call's key",
+      }),
+    ),
+    fingerprintOf: option.function<AnyFunction>({
+      type: OF_THE_ARGUMENTS,
+      defaultText: 'all the arguments',
+      doc: '`(...args) => value`: what the key is bound to',
+    }),
+    name: option.custom({
+      type: `string of at most ${MAX_NAME_LENGTH} characters`,
+      default: '',
+      defaultText: "`''`",
+      read: (value, fail, name) => {
+        if (typeof value !== 'string' || value.length > MAX_NAME_LENGTH)
+          fail(`\`${name}\` must be a string of at most ${MAX_NAME_LENGTH} characters, got ${shown(value)}`)
+        return value as string
+      },
+      doc: 'names the function: its records and its metrics label',
+    }),
+    required: option.boolean({
+      default: true,
+      doc: 'a call without a key throws; `false` runs it unguarded',
+    }),
+    waitMs: option.integer({
+      min: 0,
+      max: MAX_WAIT_MS,
+      defaultText: '2 × `leaseMs`',
+      doc: 'how long a call waits for a running one (0: throw at once)',
+    }),
+    maxResultBytes: byteCap('larger results are returned, not kept'),
+    leaseMs: worded(STORE_OPTIONS.leaseMs, 'exclusive claim, renewed every `leaseMs / 3` while `fn` runs'),
+    retentionMs: worded(STORE_OPTIONS.retentionMs, 'how long a result is kept; larger than `leaseMs`'),
+    onRedisError: worded(
+      STORE_OPTIONS.onRedisError,
+      "`'closed'` throws `IdempotencyStoreUnavailableError`; `'open'` runs `fn`",
+    ),
+    keyPrefix: STORE_OPTIONS.keyPrefix,
+    logger: option.custom<IdempotencyLogger>({
+      type: 'logger',
+      read: (value, fail, name) => {
+        const logger = value as Partial<IdempotencyLogger> | null
+        if (typeof logger?.warn !== 'function' || typeof logger.error !== 'function')
+          fail(`\`${name}\` must have \`warn\` and \`error\` methods, got ${shown(value)}`)
+        return value as IdempotencyLogger
+      },
+      doc: '`{ warn(details, message), error(details, message) }` (`app.log`, pino, `console`): a lost lease, a result not stored or not kept',
+    }),
+    registry: option.custom<Registry>({
+      type: 'prom-client Registry',
+      read: (value, fail, name) => {
+        const registry = value as Partial<Registry> | null
+        if (typeof registry?.getSingleMetric !== 'function' || typeof registry.registerMetric !== 'function')
+          fail(`\`${name}\` must be a prom-client Registry, got ${shown(value)}`)
+        return value as Registry
+      },
+      doc: 'a prom-client `Registry` to count in (`app.metrics.registry`)',
+    }),
+  },
+  { hints: IDEMPOTENCY_HINTS, check: checkRetention },
+)
+
+// Every option of the public type is declared (a compile error otherwise).
+MAKE_IDEMPOTENT_OPTIONS.declarations satisfies Record<keyof MakeIdempotentOptions<unknown[]>, AnyOption>
 
 /** Resolves once the client is ready, or after CONNECT_WAIT_MS; never rejects (the claim then fails on its own). */
 async function settleConnection(redis: RedisClient): Promise<void> {
@@ -132,37 +199,18 @@ export function makeIdempotent<A extends unknown[], T>(
   fn: (...args: A) => T | PromiseLike<T>,
   options: MakeIdempotentOptions<A>,
 ): IdempotentFunction<A, T> {
-  const check = optionChecker('makeIdempotent', IDEMPOTENCY_HINTS)
-  const fail = check.fail
+  const fail = MAKE_IDEMPOTENT_OPTIONS.checker.fail
   if (typeof fn !== 'function') fail(`\`fn\` must be a function, got ${shown(fn)}`)
   if (typeof options !== 'object' || options === null)
     fail(`\`options\` must be an object with \`redis\` and \`keyOf\`, got ${shown(options)}`)
-  check.known(options, OPTIONS)
-  const { keyOf, fingerprintOf, logger = nowhere, registry } = options
-  const redis = checkRedisClient('makeIdempotent', options.redis)
-  if (typeof keyOf !== 'function') fail(`\`keyOf\` must be a function of the arguments, got ${shown(keyOf)}`)
-  if (fingerprintOf !== undefined && typeof fingerprintOf !== 'function')
-    fail(`\`fingerprintOf\` must be a function of the arguments, got ${shown(fingerprintOf)}`)
-  const name = options.name ?? ''
-  if (typeof name !== 'string' || name.length > MAX_NAME_LENGTH)
-    fail(`\`name\` must be a string of at most ${MAX_NAME_LENGTH} characters, got ${shown(name)}`)
-  const required = options.required ?? true
-  if (typeof required !== 'boolean') fail(`\`required\` must be a boolean, got ${shown(required)}`)
-  const stored = resolveStoreOptions(options, check)
-  const waitMs = options.waitMs ?? 2 * stored.leaseMs
-  if (!Number.isSafeInteger(waitMs) || waitMs < 0 || waitMs > MAX_WAIT_MS)
-    fail(`\`waitMs\` must be an integer from 0 to ${MAX_WAIT_MS}, got ${shown(waitMs)}`)
-  const maxResultBytes = resolveByteCap(options.maxResultBytes, 'maxResultBytes', check)
-  if (typeof logger?.warn !== 'function' || typeof logger.error !== 'function')
-    fail(`\`logger\` must have \`warn\` and \`error\` methods, got ${shown(logger)}`)
-  if (
-    registry !== undefined &&
-    (typeof registry?.getSingleMetric !== 'function' || typeof registry.registerMetric !== 'function')
-  )
-    fail(`\`registry\` must be a prom-client Registry, got ${shown(registry)}`)
-  const allowEviction = resolveAllowEviction(options.allowEviction, check)
+  const settings = MAKE_IDEMPOTENT_OPTIONS.read(options)
+  const { redis, name, required, maxResultBytes, allowEviction, registry } = settings
+  const keyOf = settings.keyOf as (...args: A) => string | null | undefined
+  const fingerprintOf = settings.fingerprintOf as ((...args: A) => unknown) | undefined
+  const logger = settings.logger ?? nowhere
+  const waitMs = settings.waitMs ?? 2 * settings.leaseMs
 
-  const store = new IdempotencyStore(redis, stored)
+  const store = new IdempotencyStore(redis, settings)
   // Route scopes start with `principal:` or `ip:`: a function's records never meet a route's.
   const scope = `function\n${name}`
   let calls = new Counter({
@@ -301,7 +349,7 @@ export function makeIdempotent<A extends unknown[], T>(
       } catch (err) {
         logger.warn({ err, key }, 'idempotency store unavailable')
         count('unavailable')
-        if (stored.onRedisError === 'closed') throw new IdempotencyStoreUnavailableError(key, err)
+        if (settings.onRedisError === 'closed') throw new IdempotencyStoreUnavailableError(key, err)
         return fn(...args)
       }
       switch (claim.kind) {

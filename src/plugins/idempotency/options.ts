@@ -1,7 +1,13 @@
 import type { FastifyReply, FastifyRequest } from 'fastify'
-import { type AnyRedisClient, describeValue } from '../../redis/client.ts'
 import { DEFAULT_CONNECT_TIMEOUT_MS } from '../../redis/server.ts'
-import { type OptionChecker, optionChecker, optionKeys } from '../common/options.ts'
+import {
+  declareOptions,
+  type Fail,
+  type OptionsOf,
+  option,
+  type SettingsOf,
+  shown,
+} from '../common/options.ts'
 import type { PrincipalFunction } from '../common/principal.ts'
 
 /** When Redis cannot be asked: 'closed' answers 503; 'open' runs the handler on its own guard. */
@@ -36,93 +42,6 @@ export type IdempotencyReplayHook = (
   replay: IdempotencyReplay,
 ) => void | Promise<void>
 
-export interface IdempotencyPluginOptions {
-  /**
-   * Any ioredis Redis or Cluster; defaults to the redis plugin's `app.redis`. Never closed by this
-   * plugin. A Redis that may evict (any maxmemory-policy but noeviction) is refused unless `allowEviction`.
-   */
-  redis?: AnyRedisClient
-  /**
-   * Boot on a Redis whose maxmemory-policy may evict (anything but noeviction): an evicted record lets a retry run the
-   * handler again, so only for routes with a guard of their own. Default false.
-   */
-  allowEviction?: boolean
-  /** How long registration waits for Redis to be ready (0: not at all). Default 5000. */
-  connectTimeoutMs?: number
-  /**
-   * Who the caller is; default: this suite's session plugin if registered, else nobody. With one of
-   * them, a key from a caller without a principal is refused (401) unless the route is `anonymous`.
-   */
-  principal?: PrincipalFunction
-  /** Request header carrying the key. Default `Idempotency-Key`. */
-  headerName?: string
-  /** The key from the request when the header is absent (e.g. a body field); a route may set its own. */
-  keyFrom?: IdempotencyKeySource
-  /** Called before each replay is sent (log, add a header); a route may set its own. */
-  onReplay?: IdempotencyReplayHook
-  /** 400 when an opted-in route gets no key. Default true; a route may override it. */
-  required?: boolean
-  /**
-   * Who may share a key; default the principal (else the client IP) + method + route pattern. A
-   * scope of your own decides alone: no caller is refused for lacking a principal.
-   */
-  scope?: (request: FastifyRequest) => string
-  /** How long a completed response is kept for replays. Default 24 h. */
-  retentionMs?: number
-  /** How long a claim stays exclusive without renewal; renewed every third of it while the handler runs. Default 10 s. */
-  leaseMs?: number
-  /** Larger responses are sent but not kept; a replay then answers 410. Default 64 KiB. */
-  maxResponseBytes?: number
-  /** Response headers stored and replayed (case-insensitive); Set-Cookie is refused. */
-  replayHeaders?: string[]
-  /**
-   * When Redis fails: 'closed' answers 503 (default, safe for any handler); 'open' runs the
-   * handler, for routes with their own guard such as a unique constraint in the database.
-   */
-  onRedisError?: IdempotencyFailureMode
-  /** Prepended to every record key. Default `idem:`. */
-  keyPrefix?: string
-}
-
-export interface IdempotencyRouteConfig {
-  required?: boolean
-  onRedisError?: IdempotencyFailureMode
-  /**
-   * Accept keys from callers without a principal, scoped by client IP (callers behind one NAT or
-   * proxy then share keys). Default false: when the app knows principals (the `principal` option or
-   * the session plugin), a key without one is refused with 401.
-   */
-  anonymous?: boolean
-  /** This route's key source when the header is absent; replaces the plugin-wide `keyFrom`. */
-  keyFrom?: IdempotencyKeySource
-  /** This route's replay hook; replaces the plugin-wide `onReplay`. */
-  onReplay?: IdempotencyReplayHook
-}
-
-export type ResolvedOptions = Required<
-  Omit<IdempotencyPluginOptions, 'redis' | 'principal' | 'scope' | 'keyFrom' | 'onReplay'>
-> & {
-  scope: ((request: FastifyRequest) => string) | null
-  keyFrom: IdempotencyKeySource | null
-  onReplay: IdempotencyReplayHook | null
-}
-
-export interface ResolvedRouteConfig {
-  required: boolean
-  onRedisError: IdempotencyFailureMode
-  anonymous: boolean
-  keyFrom: IdempotencyKeySource | null
-  onReplay: IdempotencyReplayHook | null
-}
-
-/** Options the plugin and makeIdempotent share, checked alike. */
-export interface StoreOptions {
-  leaseMs?: number
-  retentionMs?: number
-  onRedisError?: IdempotencyFailureMode
-  keyPrefix?: string
-}
-
 export const DEFAULT_REPLAY_HEADERS = [
   'content-type',
   'content-language',
@@ -133,33 +52,8 @@ export const DEFAULT_REPLAY_HEADERS = [
 ]
 
 const HEADER_NAME = /^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$/
-const FAILURE_MODES = ['closed', 'open']
-
-const PLUGIN_OPTIONS = optionKeys<IdempotencyPluginOptions>({
-  redis: true,
-  allowEviction: true,
-  connectTimeoutMs: true,
-  principal: true,
-  headerName: true,
-  keyFrom: true,
-  onReplay: true,
-  required: true,
-  scope: true,
-  retentionMs: true,
-  leaseMs: true,
-  maxResponseBytes: true,
-  replayHeaders: true,
-  onRedisError: true,
-  keyPrefix: true,
-})
-
-const ROUTE_OPTIONS = optionKeys<IdempotencyRouteConfig>({
-  required: true,
-  onRedisError: true,
-  anonymous: true,
-  keyFrom: true,
-  onReplay: true,
-})
+const OF_THE_REQUEST = 'a function of the request'
+const OF_THE_REQUEST_AND_REPLY = 'a function of the request and the reply'
 
 /** Names other idempotency libraries use, with what to write here instead. */
 export const IDEMPOTENCY_HINTS = {
@@ -176,103 +70,163 @@ export const IDEMPOTENCY_HINTS = {
     "`fingerprintOf(...args)` is what a call's key is bound to; a request's key is bound to the whole request",
 }
 
-const pluginCheck: OptionChecker = optionChecker('idempotency plugin', IDEMPOTENCY_HINTS)
+/** What the plugin and makeIdempotent share, read alike (see `checkRetention` for the rule across them). */
+export const STORE_OPTIONS = {
+  allowEviction: option.boolean({
+    default: false,
+    doc: 'boot on a Redis whose `maxmemory-policy` may evict (anything but `noeviction`); only for routes with a guard of their own (see [Boot checks](#boot-checks))',
+  }),
+  leaseMs: option.integer({
+    min: 100,
+    max: 60_000,
+    default: 10_000,
+    doc: 'exclusive claim, renewed every `leaseMs / 3` while the handler runs',
+  }),
+  retentionMs: option.integer({
+    min: 1,
+    default: 24 * 3_600_000,
+    defaultText: '24 h',
+    doc: 'how long a completed response is replayed; must exceed `leaseMs`',
+  }),
+  onRedisError: option.oneOf(['closed', 'open'] as const, {
+    default: 'closed',
+    doc: "when Redis fails: `'closed'` answers 503 with `Retry-After`; `'open'` runs the handler, for routes with their own guard (a unique constraint in the database)",
+  }),
+  keyPrefix: option.string({ default: 'idem:', doc: 'prefix of every key' }),
+}
 
-/** A value as a message shows it: a number or a boolean as written, anything else by its type. */
-export const shown = (value: unknown) =>
-  typeof value === 'number' || typeof value === 'boolean' ? String(value) : describeValue(value)
+/** A size cap in bytes (`maxResponseBytes`, makeIdempotent's `maxResultBytes`). */
+export const byteCap = (doc: string) =>
+  option.integer({ min: 1, max: 16 * 1024 * 1024, default: 64 * 1024, defaultText: '64 KiB', doc })
 
-const isInteger = (value: unknown, min: number, max: number) =>
-  Number.isSafeInteger(value) && (value as number) >= min && (value as number) <= max
+/** The rule across the shared options: a record is kept longer than a claim is exclusive. */
+export function checkRetention(
+  { leaseMs, retentionMs }: { leaseMs: number; retentionMs: number },
+  fail: Fail,
+) {
+  if (retentionMs <= leaseMs)
+    fail(`\`retentionMs\` must be an integer larger than \`leaseMs\` (${leaseMs}), got ${shown(retentionMs)}`)
+}
+
+function readHeaderName(value: unknown, fail: Fail, name: string): string {
+  if (typeof value !== 'string' || !HEADER_NAME.test(value))
+    fail(`\`${name}\` must be a valid HTTP header name of 1-64 characters, got ${shown(value)}`)
+  return value as string
+}
+
+/** Lower-cased, since headers are compared case-insensitively; Set-Cookie belongs to one response. */
+function readReplayHeaders(value: unknown, fail: Fail, name: string): readonly string[] {
+  if (!Array.isArray(value) || value.some((h) => typeof h !== 'string' || !HEADER_NAME.test(h)))
+    fail(`\`${name}\` must be an array of header names, got ${shown(value)}`)
+  const headers = (value as string[]).map((h) => h.toLowerCase())
+  if (headers.includes('set-cookie'))
+    fail(`\`${name}\` must not include Set-Cookie: a cookie belongs to one response`)
+  return headers
+}
+
+export const IDEMPOTENCY_OPTIONS = declareOptions(
+  'idempotency plugin',
+  {
+    redis: option.redisClient({
+      defaultText: '`app.redis` (the [redis plugin](redis.md))',
+      doc: 'an ioredis `Redis` or `Cluster`, never closed by this plugin; one that may evict any key is refused (see [Boot checks](#boot-checks))',
+    }),
+    allowEviction: STORE_OPTIONS.allowEviction,
+    connectTimeoutMs: option.integer({
+      min: 0,
+      default: DEFAULT_CONNECT_TIMEOUT_MS,
+      doc: 'how long registration waits for the client to be ready; 0: not at all (see [Boot checks](#boot-checks))',
+    }),
+    principal: option.function<PrincipalFunction>({
+      type: OF_THE_REQUEST,
+      defaultText: "the session plugin's principal, if registered",
+      doc: '`(request) => string, null or undefined`: who the caller is, for the default scope; with a principal source, keys from callers without a principal are refused (see [Anonymous callers](#anonymous-callers))',
+    }),
+    headerName: option.custom({
+      type: 'header name',
+      default: 'Idempotency-Key',
+      read: readHeaderName,
+      doc: 'request header carrying the key',
+    }),
+    keyFrom: option.function<IdempotencyKeySource>({
+      type: OF_THE_REQUEST,
+      doc: '`(request) => string, null or undefined`: the key when the header is absent, e.g. a body field (see [The key from the request](#the-key-from-the-request-keyfrom))',
+    }),
+    onReplay: option.function<IdempotencyReplayHook>({
+      type: OF_THE_REQUEST_AND_REPLY,
+      doc: '`(request, reply, replay) => void or a promise`: called before each replay is sent (see [Before a replay](#before-a-replay-onreplay))',
+    }),
+    required: option.boolean({
+      default: true,
+      doc: '400 when an opted-in route gets no key (a route may say `{ required: false }`)',
+    }),
+    scope: option.function<(request: FastifyRequest) => string>({
+      type: OF_THE_REQUEST,
+      defaultText: 'principal if there is one, else the client IP; plus the method and the route pattern',
+      doc: '`(request) => string`: who may share a key; a scope of your own decides alone (nobody is refused for lacking a principal)',
+    }),
+    retentionMs: STORE_OPTIONS.retentionMs,
+    leaseMs: STORE_OPTIONS.leaseMs,
+    maxResponseBytes: byteCap('larger responses are sent but not kept (a replay answers 410)'),
+    replayHeaders: option.custom<readonly string[], string[]>({
+      type: 'header names',
+      default: DEFAULT_REPLAY_HEADERS,
+      defaultText: DEFAULT_REPLAY_HEADERS.map((h) => `\`${h}\``).join(', '),
+      read: readReplayHeaders,
+      doc: 'response headers stored and replayed (any case); `Set-Cookie` is refused',
+    }),
+    onRedisError: STORE_OPTIONS.onRedisError,
+    keyPrefix: STORE_OPTIONS.keyPrefix,
+  },
+  { hints: IDEMPOTENCY_HINTS, check: checkRetention },
+)
+
+/** A route's `config.idempotency` object; what it leaves out is the plugin's. */
+export const ROUTE_OPTIONS = declareOptions(
+  'idempotency plugin',
+  {
+    required: option.boolean({ defaultText: "the plugin's", doc: '400 when the route gets no key' }),
+    onRedisError: option.oneOf(['closed', 'open'] as const, {
+      defaultText: "the plugin's",
+      doc: "when Redis fails: `'closed'` answers 503; `'open'` runs the handler",
+    }),
+    anonymous: option.boolean({
+      default: false,
+      doc: 'accept keys from callers without a principal, scoped by client IP (callers behind one NAT or proxy then share keys)',
+    }),
+    keyFrom: option.function<IdempotencyKeySource>({
+      type: OF_THE_REQUEST,
+      defaultText: "the plugin's",
+      doc: "this route's key source when the header is absent",
+    }),
+    onReplay: option.function<IdempotencyReplayHook>({
+      type: OF_THE_REQUEST_AND_REPLY,
+      defaultText: "the plugin's",
+      doc: "this route's replay hook",
+    }),
+  },
+  { hints: IDEMPOTENCY_HINTS },
+)
+
+export type IdempotencyPluginOptions = OptionsOf<typeof IDEMPOTENCY_OPTIONS>
+export type IdempotencyRouteConfig = OptionsOf<typeof ROUTE_OPTIONS>
+export type ResolvedOptions = SettingsOf<typeof IDEMPOTENCY_OPTIONS>
+
+export interface ResolvedRouteConfig {
+  required: boolean
+  onRedisError: IdempotencyFailureMode
+  anonymous: boolean
+  keyFrom: IdempotencyKeySource | undefined
+  onReplay: IdempotencyReplayHook | undefined
+}
 
 /** The principal if there is one, else the client IP; then method and route pattern. */
 export function defaultScope(request: FastifyRequest, who: string | null | undefined): string {
   return `${who ? `principal:${who}` : `ip:${request.ip}`}\n${request.method}\n${request.routeOptions.url}`
 }
 
-/** The lease, the retention, the failure mode and the key prefix, with their defaults. */
-export function resolveStoreOptions(options: StoreOptions, check: OptionChecker): Required<StoreOptions> {
-  const leaseMs = options.leaseMs ?? 10_000
-  if (!isInteger(leaseMs, 100, 60_000))
-    check.fail(`\`leaseMs\` must be an integer from 100 to 60000, got ${shown(leaseMs)}`)
-  const retentionMs = options.retentionMs ?? 24 * 3_600_000
-  if (!isInteger(retentionMs, leaseMs + 1, Number.MAX_SAFE_INTEGER))
-    check.fail(
-      `\`retentionMs\` must be an integer larger than \`leaseMs\` (${leaseMs}), got ${shown(retentionMs)}`,
-    )
-  const onRedisError = options.onRedisError ?? 'closed'
-  if (!FAILURE_MODES.includes(onRedisError))
-    check.fail(`\`onRedisError\` must be 'closed' or 'open', got ${shown(onRedisError)}`)
-  const keyPrefix = options.keyPrefix ?? 'idem:'
-  if (typeof keyPrefix !== 'string') check.fail(`\`keyPrefix\` must be a string, got ${shown(keyPrefix)}`)
-  return { leaseMs, retentionMs, onRedisError, keyPrefix }
-}
-
-/** A size cap in bytes (`maxResponseBytes`, `maxResultBytes`): 64 KiB by default, at most 16 MiB. */
-export function resolveByteCap(value: number | undefined, name: string, check: OptionChecker): number {
-  const bytes = value ?? 64 * 1024
-  if (!isInteger(bytes, 1, 16 * 1024 * 1024))
-    check.fail(`\`${name}\` must be an integer from 1 to 16777216, got ${shown(bytes)}`)
-  return bytes
-}
-
-/** `allowEviction`, false unless it is true. */
-export function resolveAllowEviction(value: unknown, check: OptionChecker): boolean {
-  if (value !== undefined && typeof value !== 'boolean')
-    check.fail(`\`allowEviction\` must be a boolean, got ${shown(value)}`)
-  return value === true
-}
-
-export function resolveOptions(options: IdempotencyPluginOptions): ResolvedOptions {
-  if (typeof options !== 'object' || options === null)
-    pluginCheck.fail(`options must be an object, got ${describeValue(options)}`)
-  pluginCheck.known(options, PLUGIN_OPTIONS)
-  const headerName = options.headerName ?? 'Idempotency-Key'
-  if (typeof headerName !== 'string' || !HEADER_NAME.test(headerName))
-    pluginCheck.fail(
-      `\`headerName\` must be a valid HTTP header name of 1-64 characters, got ${shown(headerName)}`,
-    )
-  const { leaseMs, retentionMs, onRedisError, keyPrefix } = resolveStoreOptions(options, pluginCheck)
-  const maxResponseBytes = resolveByteCap(options.maxResponseBytes, 'maxResponseBytes', pluginCheck)
-  const replayHeaders = options.replayHeaders ?? DEFAULT_REPLAY_HEADERS
-  if (
-    !Array.isArray(replayHeaders) ||
-    replayHeaders.some((h) => typeof h !== 'string' || !HEADER_NAME.test(h))
-  )
-    pluginCheck.fail(`\`replayHeaders\` must be an array of header names, got ${shown(replayHeaders)}`)
-  if (replayHeaders.some((h) => h.toLowerCase() === 'set-cookie'))
-    pluginCheck.fail('`replayHeaders` must not include Set-Cookie: a cookie belongs to one response')
-  for (const name of ['scope', 'principal', 'keyFrom'] as const) {
-    if (options[name] !== undefined && typeof options[name] !== 'function')
-      pluginCheck.fail(`\`${name}\` must be a function of the request, got ${shown(options[name])}`)
-  }
-  if (options.onReplay !== undefined && typeof options.onReplay !== 'function')
-    pluginCheck.fail(
-      `\`onReplay\` must be a function of the request and the reply, got ${shown(options.onReplay)}`,
-    )
-  if (options.required !== undefined && typeof options.required !== 'boolean')
-    pluginCheck.fail(`\`required\` must be a boolean, got ${shown(options.required)}`)
-  const connectTimeoutMs = options.connectTimeoutMs ?? DEFAULT_CONNECT_TIMEOUT_MS
-  if (!isInteger(connectTimeoutMs, 0, Number.MAX_SAFE_INTEGER))
-    pluginCheck.fail(
-      `\`connectTimeoutMs\` must be a whole number of milliseconds, 0 or more, got ${shown(connectTimeoutMs)}`,
-    )
-  return {
-    headerName,
-    required: options.required ?? true,
-    scope: options.scope ?? null,
-    retentionMs,
-    leaseMs,
-    maxResponseBytes,
-    replayHeaders: replayHeaders.map((h) => h.toLowerCase()),
-    onRedisError,
-    keyPrefix,
-    keyFrom: options.keyFrom ?? null,
-    onReplay: options.onReplay ?? null,
-    connectTimeoutMs,
-    allowEviction: resolveAllowEviction(options.allowEviction, pluginCheck),
-  }
-}
+/** The plugin's options, read: frozen, defaults applied. */
+export const resolveOptions = (options: unknown): ResolvedOptions => IDEMPOTENCY_OPTIONS.read(options)
 
 /** Route-level `config.idempotency`: true for the plugin defaults, or an object overriding them. */
 export function resolveRouteConfig(
@@ -281,40 +235,16 @@ export function resolveRouteConfig(
   route: string,
 ): ResolvedRouteConfig | null {
   if (config === undefined || config === false) return null
-  if (config === true)
-    return {
-      required: defaults.required,
-      onRedisError: defaults.onRedisError,
-      anonymous: false,
-      keyFrom: defaults.keyFrom,
-      onReplay: defaults.onReplay,
-    }
-  const where = `route ${route}: \`config.idempotency`
-  if (typeof config !== 'object' || config === null)
-    pluginCheck.fail(`${where}\` must be true, false or an object, got ${shown(config)}`)
-  pluginCheck.known(config, ROUTE_OPTIONS, `route ${route}: config.idempotency`)
-  const routeConfig = config as IdempotencyRouteConfig
-  for (const name of ['required', 'anonymous'] as const) {
-    if (routeConfig[name] !== undefined && typeof routeConfig[name] !== 'boolean')
-      pluginCheck.fail(`${where}.${name}\` must be a boolean, got ${shown(routeConfig[name])}`)
-  }
-  if (routeConfig.onRedisError !== undefined && !FAILURE_MODES.includes(routeConfig.onRedisError))
-    pluginCheck.fail(
-      `${where}.onRedisError\` must be 'closed' or 'open', got ${shown(routeConfig.onRedisError)}`,
+  if (config !== true && (typeof config !== 'object' || config === null || Array.isArray(config)))
+    ROUTE_OPTIONS.checker.fail(
+      `route ${route}: \`config.idempotency\` must be true, false or an object, got ${shown(config)}`,
     )
-  if (routeConfig.keyFrom !== undefined && typeof routeConfig.keyFrom !== 'function')
-    pluginCheck.fail(
-      `${where}.keyFrom\` must be a function of the request, got ${shown(routeConfig.keyFrom)}`,
-    )
-  if (routeConfig.onReplay !== undefined && typeof routeConfig.onReplay !== 'function')
-    pluginCheck.fail(
-      `${where}.onReplay\` must be a function of the request and the reply, got ${shown(routeConfig.onReplay)}`,
-    )
+  const own = ROUTE_OPTIONS.read(config === true ? {} : config, `route ${route}: config.idempotency`)
   return {
-    required: routeConfig.required ?? defaults.required,
-    onRedisError: routeConfig.onRedisError ?? defaults.onRedisError,
-    anonymous: routeConfig.anonymous ?? false,
-    keyFrom: routeConfig.keyFrom ?? defaults.keyFrom,
-    onReplay: routeConfig.onReplay ?? defaults.onReplay,
+    required: own.required ?? defaults.required,
+    onRedisError: own.onRedisError ?? defaults.onRedisError,
+    anonymous: own.anonymous,
+    keyFrom: own.keyFrom ?? defaults.keyFrom,
+    onReplay: own.onReplay ?? defaults.onReplay,
   }
 }

@@ -88,11 +88,11 @@ describe('makeIdempotent options', () => {
     ],
     [
       () => makeIdempotent(fn, { keyOf: () => 'k' } as unknown as MakeIdempotentOptions<[]>),
-      'makeIdempotent: `redis` must be an ioredis client (new Redis() or new Cluster()), got undefined',
+      'makeIdempotent: `redis` is required',
     ],
     [
       () => makeIdempotent(fn, { redis: shared } as unknown as MakeIdempotentOptions<[]>),
-      'makeIdempotent: `keyOf` must be a function of the arguments, got undefined',
+      'makeIdempotent: `keyOf` is required',
     ],
     [
       () => makeIdempotent(fn, { redis: shared, keyOf: () => 'k', fingerprintOf: 'args' as never }),
@@ -104,7 +104,7 @@ describe('makeIdempotent options', () => {
     ],
     [
       () => makeIdempotent(fn, { redis: shared, keyOf: () => 'k', required: 'yes' as never }),
-      "makeIdempotent: `required` must be a boolean, got a string ('yes')",
+      "makeIdempotent: `required` must be true or false, got a string ('yes')",
     ],
     [
       () => makeIdempotent(fn, { redis: shared, keyOf: () => 'k', leaseMs: 50 }),

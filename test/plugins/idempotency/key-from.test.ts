@@ -27,7 +27,7 @@ interface KeyFromApp {
   runs: Map<string, number>
   prefix: string
   /** Error lines the app logged. */
-  errors: Array<{ msg: string; err?: { message: string } }>
+  errors: Array<{ msg: string; plugin?: string; err?: { message: string } }>
 }
 
 /**
@@ -87,16 +87,16 @@ describe('keyFrom and onReplay options', () => {
     ],
     [
       { onReplay: true as never },
-      'idempotency plugin: `onReplay` must be a function of the request and the reply, got true',
+      'idempotency plugin: `onReplay` must be a function of the request and the reply, got a boolean',
     ],
     [{ keyPrefix: 7 as unknown as string }, 'idempotency plugin: `keyPrefix` must be a string, got 7'],
     [
       'route-keyFrom',
-      "idempotency plugin: route POST /x: `config.idempotency.keyFrom` must be a function of the request, got a string ('body.key')",
+      "idempotency plugin: route POST /x: config.idempotency: `keyFrom` must be a function of the request, got a string ('body.key')",
     ],
     [
       'route-onReplay',
-      'idempotency plugin: route POST /x: `config.idempotency.onReplay` must be a function of the request and the reply, got 1',
+      'idempotency plugin: route POST /x: config.idempotency: `onReplay` must be a function of the request and the reply, got 1',
     ],
   ]
   for (const [options, message] of cases) {
@@ -314,8 +314,9 @@ describe('onReplay', () => {
       assert.deepEqual([again.statusCode, again.body], [201, first.body])
       assert.equal(again.headers['idempotent-replayed'], 'true')
       assert.equal(runs.get('form'), 1)
-      const logged = errors.find((e) => e.msg === 'idempotency onReplay hook failed; the replay is sent')
+      const logged = errors.find((e) => e.msg === 'onReplay hook failed; the replay is sent')
       assert.equal(logged?.err?.message, 'hook broke')
+      assert.equal(logged?.plugin, 'idempotency')
       await app.close()
     }
   })

@@ -280,7 +280,7 @@ describe('anonymous callers', () => {
     await app.close()
   })
 
-  test('config.idempotency.anonymous must be a boolean', async () => {
+  test('config.idempotency.anonymous must be true or false', async () => {
     const app = Fastify()
     await assert.rejects(
       async () => {
@@ -291,7 +291,7 @@ describe('anonymous callers', () => {
       },
       {
         message:
-          "idempotency plugin: route POST /x: `config.idempotency.anonymous` must be a boolean, got a string ('yes')",
+          "idempotency plugin: route POST /x: config.idempotency: `anonymous` must be true or false, got a string ('yes')",
       },
     )
     await app.close()

@@ -426,9 +426,11 @@ describe('when Redis fails', () => {
     const ran = await post(proceed.app, '/echo', 'down-1', { x: 1 })
     assert.equal(ran.statusCode, 201)
     assert.deepEqual(ran.json().idempotency, {
+      outcome: 'unavailable',
       key: 'down-1',
       fingerprint: requestFingerprint('POST', '/echo', { x: 1 }),
       claimed: false,
+      stored: false,
     })
     assert.equal(await metricValue(proceed.app, 'idempotency_requests_total{outcome="unavailable"}'), 1)
     await reject.app.close()
