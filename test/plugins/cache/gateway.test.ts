@@ -13,15 +13,12 @@ import {
   createCustomer,
   createTestDatabase,
   login,
-  scanKeys,
-  startTcpProxy,
   type TestApp,
   type TestCustomer,
   type TestDatabase,
-  testRedisConnection,
   USE_PGLITE,
-  uniquePrefix,
-} from '../../helpers/index.ts'
+} from '../../helpers/gateway.ts'
+import { scanKeys, startTcpProxy, testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
 import { counter } from './fixtures.ts'
 
 let database: TestDatabase

@@ -13,12 +13,10 @@ import {
   buildTestApp,
   createCustomer,
   createTestDatabase,
-  listen,
   login,
-  startTcpProxy,
   type TestDatabase,
-  uniquePrefix,
-} from '../../helpers/index.ts'
+} from '../../helpers/gateway.ts'
+import { listen, startTcpProxy, uniquePrefix } from '../../helpers/index.ts'
 import { counter } from './fixtures.ts'
 
 let database: TestDatabase

@@ -10,11 +10,9 @@ import rateLimit from '../../../src/plugins/rate-limit/index.ts'
 import { connectRedis, createRedisClient, type RedisClient } from '../../../src/plugins/redis/index.ts'
 import sessionPlugin from '../../../src/plugins/session/index.ts'
 import { scriptSources } from '../../../src/redis/scripts.ts'
+import { buildTestApp, createCustomer, login } from '../../helpers/gateway.ts'
 import {
-  buildTestApp,
-  createCustomer,
   listen,
-  login,
   scanKeys,
   startTcpProxy,
   TEST_REDIS_URL,

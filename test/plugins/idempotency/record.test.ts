@@ -6,15 +6,9 @@ import idempotency, { requestFingerprint } from '../../../src/plugins/idempotenc
 import { ownerToken } from '../../../src/plugins/idempotency/store.ts'
 import redisPlugin, { createRedisClient } from '../../../src/plugins/redis/index.ts'
 import type { RedisClient } from '../../../src/redis/client.ts'
+import { buildTestApp, createCustomer, login } from '../../helpers/gateway.ts'
 import { readIdempotencyRecord } from '../../helpers/idempotency-record.ts'
-import {
-  buildTestApp,
-  createCustomer,
-  login,
-  scanKeys,
-  testRedisConnection,
-  uniquePrefix,
-} from '../../helpers/index.ts'
+import { scanKeys, testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
 
 /** What a completed record may cost in Redis: the bound asserted below. */
 const RECORD_BYTES_BOUND = 300

@@ -11,13 +11,10 @@ import {
   createCustomer,
   createTestDatabase,
   ledgerInvariants,
-  listen,
   login,
-  TEST_REDIS_URL,
-  TEST_SECRET,
   USE_PGLITE,
-  uniquePrefix,
-} from '../../helpers/index.ts'
+} from '../../helpers/gateway.ts'
+import { listen, TEST_REDIS_URL, TEST_SECRET, uniquePrefix } from '../../helpers/index.ts'
 
 // Each test runs its own redis-server: these flush it or stop it, which the shared one must never see.
 

@@ -6,11 +6,11 @@ import {
   buildTestApp,
   createCustomer,
   ledgerInvariants,
-  listen,
   login,
   type TestApp,
   type TestCustomer,
-} from '../../helpers/index.ts'
+} from '../../helpers/gateway.ts'
+import { listen } from '../../helpers/index.ts'
 
 let t: TestApp
 let url: string

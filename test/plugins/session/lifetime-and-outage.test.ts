@@ -6,10 +6,9 @@ import { type RedisServerProcess, startRedisServer } from '../../../src/embedded
 import { HttpProblem } from '../../../src/plugins/common/problem.ts'
 import { connectRedis, createRedisClient, type RedisClient } from '../../../src/plugins/redis/index.ts'
 import sessionPlugin, { SessionStore } from '../../../src/plugins/session/index.ts'
+import { buildTestApp, createCustomer } from '../../helpers/gateway.ts'
 import {
-  buildTestApp,
   cookieHeader,
-  createCustomer,
   scanKeys,
   TEST_SECRET,
   testRedisConnection,

@@ -7,16 +7,14 @@ import Fastify from 'fastify'
 import sessionPlugin from '../../../src/plugins/session/index.ts'
 import {
   buildTestApp,
-  cookieHeader,
   createCustomer,
   createTestDatabase,
   login,
-  scanKeys,
-  TEST_SECRET,
   type TestApp,
   type TestCustomer,
   type TestDatabase,
-} from '../../helpers/index.ts'
+} from '../../helpers/gateway.ts'
+import { cookieHeader, scanKeys, TEST_SECRET } from '../../helpers/index.ts'
 
 const OLD_SECRET = 'old-secret-abcdefghijklmnopqrstuvwxyz-0123'
 const NEW_SECRET = 'new-secret-abcdefghijklmnopqrstuvwxyz-0123'
