@@ -1,7 +1,6 @@
 import assert from 'node:assert/strict'
 import { after, before, describe, test } from 'node:test'
 import Fastify, { type FastifyInstance } from 'fastify'
-import { registerProblemHandlers } from '../../../src/errors.ts'
 import idempotency, { requestFingerprint } from '../../../src/plugins/idempotency/index.ts'
 import { ownerToken } from '../../../src/plugins/idempotency/store.ts'
 import redisPlugin, { createRedisClient } from '../../../src/plugins/redis/index.ts'
@@ -9,6 +8,7 @@ import type { RedisClient } from '../../../src/redis/client.ts'
 import { buildTestApp, createCustomer, login } from '../../helpers/gateway.ts'
 import { readIdempotencyRecord } from '../../helpers/idempotency-record.ts'
 import { scanKeys, testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
+import { answerProblems } from '../../helpers/plain-app.ts'
 
 /** What a completed record may cost in Redis: the bound asserted below. */
 const RECORD_BYTES_BOUND = 300
@@ -25,7 +25,7 @@ after(() => shared.quit())
 async function pluginApp() {
   const prefix = uniquePrefix('idem')
   const app = Fastify()
-  registerProblemHandlers(app)
+  answerProblems(app)
   await app.register(redisPlugin, { redis: shared })
   await app.register(idempotency, { keyPrefix: prefix, scope: (request) => `s ${request.routeOptions.url}` })
   let runs = 0
