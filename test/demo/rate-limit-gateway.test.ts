@@ -8,8 +8,8 @@ import {
   login,
   type TestApp,
   type TestDatabase,
-} from '../../helpers/gateway.ts'
-import { deleteKeys, keysWithoutTtl, listen } from '../../helpers/index.ts'
+} from '../helpers/gateway.ts'
+import { deleteKeys, keysWithoutTtl, listen } from '../helpers/index.ts'
 
 // The demo gateway's wiring (docs/demo/http-api.md): token bucket per IP on every route, sliding log per
 // username on POST /session counting failed logins only, fixed window per customer on POST /transfers.

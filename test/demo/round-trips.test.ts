@@ -3,7 +3,7 @@ import { AsyncLocalStorage } from 'node:async_hooks'
 import { randomUUID } from 'node:crypto'
 import { after, before, test } from 'node:test'
 import { Redis } from 'ioredis'
-import { buildTestApp, createCustomer, login, type TestApp, type TestCustomer } from './helpers/gateway.ts'
+import { buildTestApp, createCustomer, login, type TestApp, type TestCustomer } from '../helpers/gateway.ts'
 
 // Round trips as the client lives them: a new one starts whenever a command is sent while none of
 // the request's commands is in flight. Only the measured request's own commands and statements
