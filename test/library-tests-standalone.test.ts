@@ -122,3 +122,15 @@ test('the check follows helpers and fixtures to the demo, and lets the library a
     ],
   )
 })
+
+test('every test file a package.json script names exists', () => {
+  const { scripts } = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as {
+    scripts: Record<string, string>
+  }
+  const missing = Object.entries(scripts).flatMap(([name, command]) =>
+    (command.match(/test\/[^\s"'*]+\.test\.ts/g) ?? [])
+      .filter((file) => !existsSync(join(root, file)))
+      .map((file) => `${name}: ${file}`),
+  )
+  assert.deepEqual(missing, [])
+})
