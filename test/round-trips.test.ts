@@ -6,7 +6,7 @@ import Fastify, { type FastifyInstance, type FastifyRequest } from 'fastify'
 import { Redis } from 'ioredis'
 import { cache, idempotency, keyBy, rateLimit, session } from '../src/index.ts'
 import { connectRedis, createRedisClient, type RedisClient } from '../src/plugins/redis/index.ts'
-import { cookieHeader, TEST_SECRET, testRedisConnection, uniquePrefix } from './helpers/index.ts'
+import { cookieHeader, TEST_REDIS_URL, TEST_SECRET, uniquePrefix } from './helpers/index.ts'
 
 // The plugins' chain on one client, as an app registers it: sessions, a per-IP bucket for every
 // route and a per-principal window on writes, Idempotency-Key on writes, cache-aside reads with
@@ -47,7 +47,9 @@ before(async () => {
     return original.call(this, command, stream)
   }
   // Created once sendCommand is wrapped: a client's write batching holds on to the method it found.
-  redis = createRedisClient(testRedisConnection())
+  // One Redis server, even under test:cluster: on a Cluster a request's keys live on several nodes,
+  // each its own connection, and the counts below are those of one connection.
+  redis = createRedisClient({ url: TEST_REDIS_URL })
   await connectRedis(redis)
   const prefix = uniquePrefix('rt')
   app = Fastify()
