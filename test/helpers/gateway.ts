@@ -10,8 +10,9 @@ import type { RedisClient } from '../../src/redis/client.ts'
 import { cookieHeader, TEST_REDIS_URL, TEST_SECRET, uniquePrefix } from './index.ts'
 
 // The demo gateway's test helpers: its Postgres databases, the gateway built as server.ts builds it,
-// customers and logins, ledger invariants. Only the demo's suites (test/demo, test/model) use them;
-// the library's suites build plain Fastify apps on Redis alone (./index.ts, ./plain-app.ts).
+// customers and logins, ledger invariants. Only the demo's suites (test/demo, test/model,
+// test/openapi) and the soak use them; the library's suites build plain Fastify apps on Redis alone
+// (./index.ts, ./plain-app.ts), which test/library-tests-standalone.test.ts checks.
 
 export const TEST_ADMIN_DATABASE_URL =
   process.env.TEST_DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres'
