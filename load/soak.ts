@@ -9,7 +9,8 @@ import { parseArgs } from 'node:util'
 import { Redis } from 'ioredis'
 import { createPgDatabase } from '../src/db/database.ts'
 import { migrate } from '../src/db/migrate.ts'
-import { createCustomer, TEST_SECRET } from '../test/helpers/index.ts'
+import { createCustomer } from '../test/helpers/gateway.ts'
+import { TEST_SECRET } from '../test/helpers/index.ts'
 import {
   type Actor,
   mixedLoad,

@@ -1,5 +1,5 @@
 // Several gateway processes on one Redis and one Postgres, and a stampede on one cold key across
-// all of them. Used by test/plugins/cache/stampede.test.ts and the `cache` benchmark scenario.
+// all of them. Used by test/demo/cache-stampede.test.ts and the `cache` benchmark scenario.
 import { startServer } from '../lib/runner.ts'
 
 export const GATEWAY_ENTRY = new URL('./gateway.ts', import.meta.url).pathname

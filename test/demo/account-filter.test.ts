@@ -8,7 +8,7 @@ import {
   login,
   type TestApp,
   type TestCustomer,
-} from '../helpers/index.ts'
+} from '../helpers/gateway.ts'
 
 // The demo's account filter against accounts that appear behind the gateway's back: a bulk import
 // larger than one call of the Bloom filter's `add` takes, and a database replaced by another whose

@@ -19,14 +19,8 @@ import {
   transfer,
   until,
 } from '../helpers/campaigns.ts'
-import {
-  buildTestApp,
-  createCustomer,
-  listen,
-  login,
-  type TestApp,
-  type TestCustomer,
-} from '../helpers/index.ts'
+import { buildTestApp, createCustomer, login, type TestApp, type TestCustomer } from '../helpers/gateway.ts'
+import { listen } from '../helpers/index.ts'
 
 // The weekly leaderboard end to end: transfers over real HTTP, the outbox relay, the `leaderboard`
 // consumer group, and GET /leaderboard and /leaderboard/me checked against a recomputation from

@@ -4,15 +4,8 @@ import { utcDay } from '../../src/campaigns/periods.ts'
 import { dayCounter, STATS_SHARDS, STATS_TTL_MS } from '../../src/campaigns/stats.ts'
 import { createShardedCounter } from '../../src/index.ts'
 import { campaignsCaughtUp, closeAndClean, duplicateEveryEvent, transfer } from '../helpers/campaigns.ts'
-import {
-  buildTestApp,
-  createCustomer,
-  listen,
-  login,
-  scanKeys,
-  type TestApp,
-  type TestCustomer,
-} from '../helpers/index.ts'
+import { buildTestApp, createCustomer, login, type TestApp, type TestCustomer } from '../helpers/gateway.ts'
+import { listen, scanKeys } from '../helpers/index.ts'
 
 // Today's totals end to end: a burst of concurrent transfers over real HTTP, the `daily-stats`
 // consumer group writing to a sharded counter, and GET /stats/today checked against Postgres's own

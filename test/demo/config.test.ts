@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict'
-import { test } from 'node:test'
-import { loadConfig } from '../../src/config.ts'
+import { describe, test } from 'node:test'
+import { ConfigError, loadConfig, parseDuration as parseEnvDuration } from '../../src/config.ts'
 
 test('defaults follow docs/demo/http-api.md', () => {
   const config = loadConfig({})
@@ -117,4 +117,22 @@ test('a bad variable fails the boot with a message naming it', () => {
 test('production turns on Secure cookies', () => {
   const config = loadConfig({ NODE_ENV: 'production', SESSION_SECRET: 'x'.repeat(32) })
   assert.equal(config.session.secure, true)
+})
+
+describe("the gateway's environment durations", () => {
+  test('a whole number and one of ms, s, m, h', () => {
+    assert.equal(parseEnvDuration('250ms'), 250)
+    assert.equal(parseEnvDuration('15s'), 15_000)
+    assert.equal(parseEnvDuration('30m'), 1_800_000)
+    assert.equal(parseEnvDuration('168h'), 604_800_000)
+  })
+
+  test('anything else is a ConfigError naming the value', () => {
+    for (const text of ['', '10', '1.5s', '1 minute', '2d', ' 5s'])
+      assert.throws(
+        () => parseEnvDuration(text),
+        (err) => err instanceof ConfigError && err.message.includes(`invalid duration '${text}'`),
+        text,
+      )
+  })
 })

@@ -6,15 +6,8 @@ import { startRedisServer } from '../../src/embedded/redis-server.ts'
 import { createNotifier, notificationKeys } from '../../src/events/notifier.ts'
 import { createOutboxRelay } from '../../src/events/outbox-relay.ts'
 import { executeTransfer } from '../../src/ledger/ledger.ts'
-import {
-  buildTestApp,
-  createCustomer,
-  createTestDatabase,
-  scanKeys,
-  TEST_REDIS_URL,
-  USE_PGLITE,
-  uniquePrefix,
-} from '../helpers/index.ts'
+import { buildTestApp, createCustomer, createTestDatabase, USE_PGLITE } from '../helpers/gateway.ts'
+import { scanKeys, TEST_REDIS_URL, uniquePrefix } from '../helpers/index.ts'
 import { RUN_TYPESCRIPT } from '../helpers/tsx.ts'
 
 // Processes die at the worst moments: a relay SIGKILLed after its XADDs and before its COMMIT, a

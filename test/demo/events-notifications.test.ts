@@ -10,15 +10,12 @@ import {
   buildTestApp,
   createCustomer,
   createTestDatabase,
-  listen,
   login,
-  scanKeys,
-  TEST_REDIS_URL,
   type TestApp,
   type TestCustomer,
   type TestDatabase,
-  uniquePrefix,
-} from '../helpers/index.ts'
+} from '../helpers/gateway.ts'
+import { listen, scanKeys, TEST_REDIS_URL, uniquePrefix } from '../helpers/index.ts'
 
 // Live notifications end to end over real HTTP: two gateway instances on one Redis and one
 // database, A running the outbox relay and B the consumers (EVENT_WORKERS); a transfer on A reaches

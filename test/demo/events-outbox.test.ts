@@ -12,13 +12,11 @@ import {
   createCustomer,
   createTestDatabase,
   login,
-  scanKeys,
-  TEST_REDIS_URL,
   type TestApp,
   type TestCustomer,
   type TestDatabase,
-  uniquePrefix,
-} from '../helpers/index.ts'
+} from '../helpers/gateway.ts'
+import { scanKeys, TEST_REDIS_URL, uniquePrefix } from '../helpers/index.ts'
 
 // The transactional outbox and its relay, on real Postgres and Redis: one event row per committed
 // transfer (none for a refused one), relayed to the stream once, by parallel relays without

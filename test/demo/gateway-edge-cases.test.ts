@@ -8,10 +8,10 @@ import {
   createCustomer,
   createTestDatabase,
   login,
-  scanKeys,
   type TestApp,
   type TestDatabase,
-} from '../helpers/index.ts'
+} from '../helpers/gateway.ts'
+import { scanKeys } from '../helpers/index.ts'
 
 // Regressions of the demo gateway: what a key is bound to in Postgres, what a problem may disclose,
 // what reaches Postgres, and what a replay invalidates.

@@ -14,9 +14,9 @@ import {
   createTestDatabase,
   ledgerInvariants,
   login,
-  startTcpProxy,
   USE_PGLITE,
-} from '../helpers/index.ts'
+} from '../helpers/gateway.ts'
+import { startTcpProxy } from '../helpers/index.ts'
 
 describe('Redis down', () => {
   test('routes that need a session answer 503 with Retry-After; /health stays up; /ready names Redis; service returns', async (context) => {

@@ -3,14 +3,8 @@ import { randomUUID } from 'node:crypto'
 import { after, before, describe, test } from 'node:test'
 import type { FastifyInstance } from 'fastify'
 import { openSse } from '../helpers/events-sse.ts'
-import {
-  buildTestApp,
-  createCustomer,
-  listen,
-  login,
-  type TestApp,
-  type TestCustomer,
-} from '../helpers/index.ts'
+import { buildTestApp, createCustomer, login, type TestApp, type TestCustomer } from '../helpers/gateway.ts'
+import { listen } from '../helpers/index.ts'
 
 function postTransfer(
   app: FastifyInstance,

@@ -3,15 +3,8 @@ import { randomUUID } from 'node:crypto'
 import { after, before, describe, test } from 'node:test'
 import type { FastifyInstance } from 'fastify'
 import { executeTransfer } from '../../src/ledger/ledger.ts'
-import {
-  buildTestApp,
-  createCustomer,
-  listen,
-  login,
-  TEST_SECRET,
-  type TestApp,
-  type TestCustomer,
-} from '../helpers/index.ts'
+import { buildTestApp, createCustomer, login, type TestApp, type TestCustomer } from '../helpers/gateway.ts'
+import { listen, TEST_SECRET } from '../helpers/index.ts'
 
 // GET /accounts/:accountId/transactions (docs/demo/history.md): keyset pages that hold still while
 // transfers arrive, signed cursors bound to their account, limits, directions, ownership.

@@ -5,11 +5,11 @@ import {
   buildTestApp,
   createCustomer,
   ledgerInvariants,
-  listen,
   login,
   type TestApp,
   type TestCustomer,
-} from '../helpers/index.ts'
+} from '../helpers/gateway.ts'
+import { listen } from '../helpers/index.ts'
 
 const TRANSFERS = 2000
 const IN_FLIGHT = 100

@@ -9,13 +9,13 @@ import {
   createCustomer,
   createTestDatabase,
   ledgerInvariants,
-  listen,
   login,
   type TestApp,
   type TestCustomer,
   type TestDatabase,
   USE_PGLITE,
-} from '../helpers/index.ts'
+} from '../helpers/gateway.ts'
+import { listen } from '../helpers/index.ts'
 
 // A transfer is one Postgres statement on its own, whatever its outcome: t.db.queryCount counts
 // every statement sent (BEGIN and COMMIT included), so a delta of 1 is one round trip.

@@ -9,16 +9,8 @@ import { chromium } from 'playwright-core'
 import { buildApp } from '../../src/app.ts'
 import { loadConfig } from '../../src/config.ts'
 import { notificationKeys } from '../../src/events/notifier.ts'
-import {
-  createCustomer,
-  createTestDatabase,
-  listen,
-  login,
-  scanKeys,
-  TEST_REDIS_URL,
-  TEST_SECRET,
-  uniquePrefix,
-} from '../helpers/index.ts'
+import { createCustomer, createTestDatabase, login } from '../helpers/gateway.ts'
+import { listen, scanKeys, TEST_REDIS_URL, TEST_SECRET, uniquePrefix } from '../helpers/index.ts'
 
 // GET /notifications in a real browser: Chromium (Debian's `chromium`, driven by playwright-core)
 // logs in with fetch, opens an EventSource, and gets a transfer live. The server then ends the

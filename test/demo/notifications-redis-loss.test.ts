@@ -7,14 +7,8 @@ import { type RedisServerProcess, startRedisServer } from '../../src/embedded/re
 import { notificationKeys, notifyCustomers } from '../../src/events/notifier.ts'
 import { type SseClient, SseHub } from '../../src/events/sse-hub.ts'
 import { openSse, type SseConnection } from '../helpers/events-sse.ts'
-import {
-  buildTestApp,
-  createCustomer,
-  listen,
-  login,
-  type TestApp,
-  type TestCustomer,
-} from '../helpers/index.ts'
+import { buildTestApp, createCustomer, login, type TestApp, type TestCustomer } from '../helpers/gateway.ts'
+import { listen } from '../helpers/index.ts'
 
 // Notifications when Redis loses its data (FLUSHALL here; a restart without persistence or a
 // failover that dropped writes is the same to the gateway): the relay refills the stream with the

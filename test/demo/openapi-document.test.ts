@@ -5,14 +5,8 @@ import fc from 'fast-check'
 import * as Schema from 'typebox/schema'
 import { IDEMPOTENCY_KEY_PATTERN } from '../../src/routes/openapi.ts'
 import { PROBLEM_TYPES } from '../../src/routes/problem-types.ts'
-import {
-  buildTestApp,
-  cookieHeader,
-  createCustomer,
-  login,
-  startTcpProxy,
-  TEST_REDIS_URL,
-} from '../helpers/index.ts'
+import { buildTestApp, createCustomer, login } from '../helpers/gateway.ts'
+import { cookieHeader, startTcpProxy, TEST_REDIS_URL } from '../helpers/index.ts'
 import { type OpenApiDocument, operations, type RunningDemo, startDemo } from '../openapi/demo.ts'
 
 // Issue 17: what the served document says about each operation, and that real responses (problems

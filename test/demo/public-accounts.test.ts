@@ -3,14 +3,8 @@ import { randomUUID } from 'node:crypto'
 import { after, before, test } from 'node:test'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { type RedisServerProcess, startRedisServer } from '../../src/embedded/redis-server.ts'
-import {
-  buildTestApp,
-  createCustomer,
-  login,
-  scanKeys,
-  type TestApp,
-  type TestCustomer,
-} from '../helpers/index.ts'
+import { buildTestApp, createCustomer, login, type TestApp, type TestCustomer } from '../helpers/gateway.ts'
+import { scanKeys } from '../helpers/index.ts'
 
 // The demo's public accounts over HTTP: a relief fund owned by `charity`, followed by alice; its
 // movements reach her feed through the `feed` consumer group, masked; and the account filter that

@@ -12,14 +12,12 @@ import {
   buildTestApp,
   createCustomer,
   createTestDatabase,
-  listen,
   login,
-  scanKeys,
   type TestApp,
   type TestCustomer,
   type TestDatabase,
-  uniquePrefix,
-} from '../helpers/index.ts'
+} from '../helpers/gateway.ts'
+import { listen, scanKeys, uniquePrefix } from '../helpers/index.ts'
 
 // Every key bounded: the demo gateway, with every worker running (outbox relay, notifier,
 // leaderboard and daily totals, scheduled transfers and the reconciliation job) and its rate limits

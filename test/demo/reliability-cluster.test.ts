@@ -2,7 +2,8 @@ import assert from 'node:assert/strict'
 import { test } from 'node:test'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { startRedisCluster } from '../../scripts/redis-cluster.ts'
-import { buildTestApp, createCustomer, listen, login } from '../helpers/index.ts'
+import { buildTestApp, createCustomer, login } from '../helpers/gateway.ts'
+import { listen } from '../helpers/index.ts'
 import { type Actor, mixedLoad, moneyAndKeyInvariants, settle } from '../helpers/mixed-load.ts'
 
 test('six-node Redis Cluster: a primary killed mid-run fails over without losing or repeating a transfer', async (context) => {

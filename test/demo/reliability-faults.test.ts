@@ -10,12 +10,11 @@ import {
   buildTestApp,
   createCustomer,
   createTestDatabase,
-  listen,
   login,
-  startTcpProxy,
   type TestApp,
   USE_PGLITE,
-} from '../helpers/index.ts'
+} from '../helpers/gateway.ts'
+import { listen, startTcpProxy } from '../helpers/index.ts'
 import { type Actor, mixedLoad, moneyAndKeyInvariants, settle } from '../helpers/mixed-load.ts'
 
 const REQUESTS = 600

@@ -8,11 +8,11 @@ import {
   buildTestApp,
   createCustomer,
   ledgerInvariants,
-  listen,
   login,
   type TestApp,
   type TestCustomer,
-} from '../helpers/index.ts'
+} from '../helpers/gateway.ts'
+import { listen } from '../helpers/index.ts'
 
 // The fault suite's Redis data loss: a FLUSHALL of the gateway's Redis in the middle of a load of
 // transfers and scheduled transfers, with every customer's notification stream open. Sessions,

@@ -11,12 +11,11 @@ import {
   buildTestApp,
   createCustomer,
   login,
-  scanKeys,
   TEST_ADMIN_DATABASE_URL,
   type TestCustomer,
   USE_PGLITE,
-  uniquePrefix,
-} from '../helpers/index.ts'
+} from '../helpers/gateway.ts'
+import { scanKeys, uniquePrefix } from '../helpers/index.ts'
 
 // A gateway whose database goes back in time while Redis keeps its data: Postgres restored from an
 // older backup, or a new embedded database at each `npm start`. Transfer ids start again, and

@@ -8,14 +8,11 @@ import {
   createCustomer,
   createTestDatabase,
   ledgerInvariants,
-  scanKeys,
-  TEST_REDIS_URL,
-  TEST_SECRET,
   type TestCustomer,
   type TestDatabase,
   USE_PGLITE,
-  uniquePrefix,
-} from '../helpers/index.ts'
+} from '../helpers/gateway.ts'
+import { scanKeys, TEST_REDIS_URL, TEST_SECRET, uniquePrefix } from '../helpers/index.ts'
 import { RUN_TYPESCRIPT } from '../helpers/tsx.ts'
 
 // Three gateway processes share Postgres and Redis; one is SIGKILLed. Scheduled transfers still run

@@ -10,11 +10,11 @@ import {
   createCustomer,
   createTestDatabase,
   ledgerInvariants,
-  listen,
   login,
   type TestApp,
   type TestCustomer,
-} from '../helpers/index.ts'
+} from '../helpers/gateway.ts'
+import { listen } from '../helpers/index.ts'
 
 // Scheduled transfers through HTTP, and their execution bound to the schedule row: a schedule moves
 // money at most once whatever runs it (duplicate deliveries, a cancel racing its run).

@@ -1,7 +1,8 @@
 import assert from 'node:assert/strict'
 import { randomUUID } from 'node:crypto'
 import { describe, test } from 'node:test'
-import { buildTestApp, createCustomer, listen, login } from '../helpers/index.ts'
+import { buildTestApp, createCustomer, login } from '../helpers/gateway.ts'
+import { listen } from '../helpers/index.ts'
 
 const attempt = (app: Awaited<ReturnType<typeof buildTestApp>>['app'], username: string, password: string) =>
   app.inject({ method: 'POST', url: '/session', payload: { username, password } })

@@ -1,14 +1,8 @@
 import assert from 'node:assert/strict'
 import { after, before, test } from 'node:test'
 import fc from 'fast-check'
-import {
-  buildTestApp,
-  createCustomer,
-  login,
-  scanKeys,
-  type TestApp,
-  type TestCustomer,
-} from '../helpers/index.ts'
+import { buildTestApp, createCustomer, login, type TestApp, type TestCustomer } from '../helpers/gateway.ts'
+import { scanKeys } from '../helpers/index.ts'
 
 const RUNS = 400
 

@@ -2,7 +2,7 @@ import assert from 'node:assert/strict'
 import { randomUUID } from 'node:crypto'
 import { after, before, test } from 'node:test'
 import fc from 'fast-check'
-import { buildTestApp, createCustomer, login, type TestApp, type TestCustomer } from '../helpers/index.ts'
+import { buildTestApp, createCustomer, login, type TestApp, type TestCustomer } from '../helpers/gateway.ts'
 
 // Arbitrary JSON, as a hostile or broken client sends it, to every route of the demo: never a 5xx,
 // and a 4xx never writes (no transfer, no ledger entry, no balance change, no customer).

@@ -16,13 +16,11 @@ import {
   createTestDatabase,
   gatewayKeyPrefix,
   ledgerInvariants,
-  scanKeys,
-  TEST_SECRET,
   type TestCustomer,
   type TestDatabase,
   USE_PGLITE,
-  uniquePrefix,
-} from '../helpers/index.ts'
+} from '../helpers/gateway.ts'
+import { scanKeys, TEST_SECRET, uniquePrefix } from '../helpers/index.ts'
 import { RUN_TYPESCRIPT } from '../helpers/tsx.ts'
 
 // Rolling deploys (docs/demo/operations.md): real gateway processes get SIGTERM. /ready fails at once while

@@ -3,7 +3,8 @@ import { randomUUID } from 'node:crypto'
 import { Cluster, Redis } from 'ioredis'
 import { LEADERBOARD_GROUP } from '../../src/campaigns/leaderboard.ts'
 import { STATS_GROUP } from '../../src/campaigns/stats.ts'
-import { scanKeys, type TestApp, testRedisConnection } from './index.ts'
+import type { TestApp } from './gateway.ts'
+import { scanKeys, testRedisConnection } from './index.ts'
 
 // Shared by test/demo/campaigns-leaderboard.test.ts and test/demo/campaigns-stats-today.test.ts: transfers over real HTTP and
 // waiting (by polling outcomes, never by sleeping a fixed time) for the campaign groups to catch up.

@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto'
 import { setTimeout as sleep } from 'node:timers/promises'
 import type { Database } from '../../src/db/database.ts'
-import { ledgerInvariants } from './index.ts'
+import { ledgerInvariants } from './gateway.ts'
 
 /** A logged-in customer whose first account sends money. */
 export interface Actor {

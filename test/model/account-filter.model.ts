@@ -3,7 +3,7 @@ import { after } from 'node:test'
 import fc from 'fast-check'
 import type { Redis } from 'ioredis'
 import { type AccountFilter, createAccountFilter } from '../../src/ledger/account-filter.ts'
-import { createTestDatabase, type TestDatabase } from '../helpers/index.ts'
+import { createTestDatabase, type TestDatabase } from '../helpers/gateway.ts'
 import { type ModelCommand, modelTest } from './harness.ts'
 import { type ModelRedis, startModelRedis } from './redis.ts'
 

@@ -8,7 +8,7 @@ import { createNotifier, notificationKeys } from '../../src/events/notifier.ts'
 import { createOutboxRelay, type OutboxRelay } from '../../src/events/outbox-relay.ts'
 import type { StreamConsumer } from '../../src/index.ts'
 import { executeTransfer } from '../../src/ledger/ledger.ts'
-import { createTestDatabase, type TestDatabase } from '../helpers/index.ts'
+import { createTestDatabase, type TestDatabase } from '../helpers/gateway.ts'
 import { type ModelCommand, modelTest } from './harness.ts'
 import { type ModelRedis, startModelRedis } from './redis.ts'
 

@@ -1,6 +1,7 @@
 import { fileURLToPath } from 'node:url'
 import { seedDemo } from '../../src/ledger/seed.ts'
-import { buildTestApp, listen, type TestApp } from '../helpers/index.ts'
+import { buildTestApp, type TestApp } from '../helpers/gateway.ts'
+import { listen } from '../helpers/index.ts'
 
 export const ROOT = fileURLToPath(new URL('../../', import.meta.url))
 

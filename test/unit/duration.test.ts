@@ -1,6 +1,5 @@
 import assert from 'node:assert/strict'
 import { describe, test } from 'node:test'
-import { ConfigError, parseDuration as parseEnvDuration } from '../../src/config.ts'
 import { durationOption, parseDuration } from '../../src/plugins/rate-limit/duration.ts'
 
 // Durations as the rate-limit options take them ('10s', '1 minute', milliseconds) and as the
@@ -97,23 +96,5 @@ describe('durationOption (an option checked at registration)', () => {
       () => durationOption('windowMs', 0, 1, fail, true),
       /milliseconds, a duration string such as .*, or a function of the request$/,
     )
-  })
-})
-
-describe("the gateway's environment durations", () => {
-  test('a whole number and one of ms, s, m, h', () => {
-    assert.equal(parseEnvDuration('250ms'), 250)
-    assert.equal(parseEnvDuration('15s'), 15_000)
-    assert.equal(parseEnvDuration('30m'), 1_800_000)
-    assert.equal(parseEnvDuration('168h'), 604_800_000)
-  })
-
-  test('anything else is a ConfigError naming the value', () => {
-    for (const text of ['', '10', '1.5s', '1 minute', '2d', ' 5s'])
-      assert.throws(
-        () => parseEnvDuration(text),
-        (err) => err instanceof ConfigError && err.message.includes(`invalid duration '${text}'`),
-        text,
-      )
   })
 })

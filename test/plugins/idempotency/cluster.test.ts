@@ -3,13 +3,13 @@ import { test } from 'node:test'
 import Fastify from 'fastify'
 import type { Cluster } from 'ioredis'
 import { startRedisCluster } from '../../../scripts/redis-cluster.ts'
-import { registerProblemHandlers } from '../../../src/errors.ts'
 import idempotency, {
   IdempotencyKeyMismatchError,
   makeIdempotent,
 } from '../../../src/plugins/idempotency/index.ts'
 import redisPlugin, { createRedisClient } from '../../../src/plugins/redis/index.ts'
 import { uniquePrefix } from '../../helpers/index.ts'
+import { answerProblems } from '../../helpers/plain-app.ts'
 
 test('claims, replays, conflicts and mismatches work unchanged on a three-master Redis Cluster, for routes and functions', async (t) => {
   const cluster = await startRedisCluster()
@@ -20,7 +20,7 @@ test('claims, replays, conflicts and mismatches work unchanged on a three-master
     client.disconnect()
     await cluster.stop()
   })
-  registerProblemHandlers(app)
+  answerProblems(app)
   await app.register(redisPlugin, { redis: client })
   await app.register(idempotency, { keyPrefix: uniquePrefix('idem'), scope: () => 'one-principal' })
   let runs = 0

@@ -2,7 +2,6 @@ import assert from 'node:assert/strict'
 import { after, before, test } from 'node:test'
 import Fastify, { type FastifyInstance } from 'fastify'
 import { Redis } from 'ioredis'
-import { registerProblemHandlers } from '../../../src/errors.ts'
 import idempotency, {
   type IdempotencyContext,
   type IdempotencyPluginOptions,
@@ -18,6 +17,7 @@ import {
   testRedisConnection,
   uniquePrefix,
 } from '../../helpers/index.ts'
+import { answerProblems } from '../../helpers/plain-app.ts'
 import { gate } from './fixtures.ts'
 
 // `request.idempotency`, the plugin's decision, for each outcome: read by an onResponse hook (once
@@ -36,7 +36,7 @@ interface DecisionApp {
 async function decisionApp(redis: RedisClient, options: Partial<IdempotencyPluginOptions> = {}) {
   const prefix = uniquePrefix('idemdec')
   const app = Fastify()
-  registerProblemHandlers(app)
+  answerProblems(app)
   await app.register(idempotency, { redis, keyPrefix: prefix, maxResponseBytes: 100, ...options })
   const seen: DecisionApp['seen'] = new Map()
   const atSend = new Map<string, string | undefined>()

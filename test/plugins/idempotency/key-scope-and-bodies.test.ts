@@ -2,7 +2,6 @@ import assert from 'node:assert/strict'
 import { after, before, describe, test } from 'node:test'
 import fc from 'fast-check'
 import Fastify, { type FastifyInstance } from 'fastify'
-import { registerProblemHandlers } from '../../../src/errors.ts'
 import type { PrincipalFunction } from '../../../src/plugins/common/principal.ts'
 import idempotency, {
   canonicalJson,
@@ -12,6 +11,7 @@ import redisPlugin, { createRedisClient } from '../../../src/plugins/redis/index
 import session from '../../../src/plugins/session/index.ts'
 import type { RedisClient } from '../../../src/redis/client.ts'
 import { scanKeys, TEST_SECRET, testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
+import { answerProblems } from '../../helpers/plain-app.ts'
 
 let shared: RedisClient
 before(async () => {
@@ -36,7 +36,7 @@ async function hardeningApp(
 ): Promise<HardeningApp> {
   const prefix = uniquePrefix('idemh')
   const app = Fastify()
-  registerProblemHandlers(app)
+  answerProblems(app)
   await app.register(redisPlugin, { redis: shared })
   const { session: withSession, ...pluginOptions } = options
   if (withSession) await app.register(session, { secrets: [TEST_SECRET], keyPrefix: `${prefix}sess:` })
@@ -137,7 +137,7 @@ describe('a key is bound to the request target: path parameters and query string
 
   test('routes sharing a pattern but not a host constraint are different targets', async () => {
     const app = Fastify()
-    registerProblemHandlers(app)
+    answerProblems(app)
     await app.register(redisPlugin, { redis: shared })
     await app.register(idempotency, { keyPrefix: uniquePrefix('idemh'), ...byHeader })
     let runs = 0

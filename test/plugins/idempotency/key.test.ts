@@ -4,12 +4,12 @@ import type { AddressInfo } from 'node:net'
 import { after, before, describe, test } from 'node:test'
 import fc from 'fast-check'
 import Fastify from 'fastify'
-import { registerProblemHandlers } from '../../../src/errors.ts'
 import idempotency from '../../../src/plugins/idempotency/index.ts'
 import { parseIdempotencyKey, parseSfString } from '../../../src/plugins/idempotency/key.ts'
 import { createRedisClient } from '../../../src/plugins/redis/index.ts'
 import type { RedisClient } from '../../../src/redis/client.ts'
 import { testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
+import { answerProblems } from '../../helpers/plain-app.ts'
 
 // The string vectors of the HTTP Working Group's structured-field-tests (test/fixtures/structured-field-tests).
 interface Vector {
@@ -103,7 +103,7 @@ describe('a key with a space over HTTP', () => {
   test('Idempotency-Key: "order 42" runs once (201) and its retry is a replay; "" is a 400 saying why', async (t) => {
     const app = Fastify()
     t.after(() => app.close())
-    registerProblemHandlers(app)
+    answerProblems(app)
     await app.register(idempotency, { redis, keyPrefix: uniquePrefix('idemkey') })
     let runs = 0
     app.post('/orders', { config: { idempotency: true } }, async (request, reply) =>

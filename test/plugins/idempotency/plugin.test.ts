@@ -3,7 +3,6 @@ import { after, before, describe, test } from 'node:test'
 import Fastify, { type FastifyInstance } from 'fastify'
 import { Redis } from 'ioredis'
 import { startRedisServer } from '../../../src/embedded/redis-server.ts'
-import { registerProblemHandlers } from '../../../src/errors.ts'
 import idempotency, {
   type IdempotencyPluginOptions,
   parseIdempotencyKey,
@@ -13,6 +12,7 @@ import metrics from '../../../src/plugins/metrics/index.ts'
 import redisPlugin, { createRedisClient } from '../../../src/plugins/redis/index.ts'
 import type { RedisClient } from '../../../src/redis/client.ts'
 import { scanKeys, testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
+import { answerProblems } from '../../helpers/plain-app.ts'
 import { gate } from './fixtures.ts'
 
 interface PluginApp {
@@ -29,7 +29,7 @@ async function pluginApp(
   prefix = uniquePrefix('idem'),
 ): Promise<PluginApp> {
   const app = Fastify()
-  registerProblemHandlers(app)
+  answerProblems(app)
   await app.register(metrics, { processMetrics: false })
   await app.register(redisPlugin, { redis })
   await app.register(idempotency, {

@@ -1,23 +1,14 @@
 import assert from 'node:assert/strict'
 import { after, before, describe, test } from 'node:test'
 import Fastify, { type FastifyInstance } from 'fastify'
-import { registerProblemHandlers } from '../../../src/errors.ts'
 import idempotency, { requestFingerprint } from '../../../src/plugins/idempotency/index.ts'
 import { ownerToken } from '../../../src/plugins/idempotency/store.ts'
 import redisPlugin, { createRedisClient } from '../../../src/plugins/redis/index.ts'
 import type { RedisClient } from '../../../src/redis/client.ts'
 import { readIdempotencyRecord } from '../../helpers/idempotency-record.ts'
-import {
-  buildTestApp,
-  createCustomer,
-  login,
-  scanKeys,
-  testRedisConnection,
-  uniquePrefix,
-} from '../../helpers/index.ts'
+import { scanKeys, testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
+import { answerProblems } from '../../helpers/plain-app.ts'
 
-/** What a completed record may cost in Redis: the bound asserted below. */
-const RECORD_BYTES_BOUND = 300
 const DAY_MS = 86_400_000
 const JSON_TYPE = 'application/json; charset=utf-8'
 
@@ -31,7 +22,7 @@ after(() => shared.quit())
 async function pluginApp() {
   const prefix = uniquePrefix('idem')
   const app = Fastify()
-  registerProblemHandlers(app)
+  answerProblems(app)
   await app.register(redisPlugin, { redis: shared })
   await app.register(idempotency, { keyPrefix: prefix, scope: (request) => `s ${request.routeOptions.url}` })
   let runs = 0
@@ -64,49 +55,6 @@ const post = (app: FastifyInstance, url: string, key: string, payload: object) =
   app.inject({ method: 'POST', url, headers: { 'idempotency-key': key }, payload })
 
 describe('the record of a completed request', () => {
-  test(`a completed demo transfer's record takes at most ${RECORD_BYTES_BOUND} bytes (MEMORY USAGE)`, async (t) => {
-    const gateway = await buildTestApp({ RATE_LIMITS: 'off' })
-    t.after(() => gateway.close())
-    const alice = await createCustomer(gateway.db, 'alice', [1_000_000])
-    const bob = await createCustomer(gateway.db, 'bob', [1_000_000])
-    const cookie = await login(gateway.app, alice)
-    const send = (amount: number) =>
-      gateway.app.inject({
-        method: 'POST',
-        url: '/transfers',
-        headers: { cookie, 'idempotency-key': 'memory-1' },
-        payload: {
-          fromAccountId: alice.accountIds[0],
-          toAccountId: bob.accountIds[0],
-          amount,
-          currency: 'VND',
-        },
-      })
-    const first = await send(700)
-    assert.equal(first.statusCode, 201, first.body)
-    const [recordKey, ...others] = await scanKeys(gateway.redis, `${gateway.prefix}idem:`)
-    assert.deepEqual(others, [])
-    const record = await readIdempotencyRecord(gateway.redis, recordKey!)
-    assert.equal(record?.state, 'done')
-    assert.equal(record!.status, 201)
-    assert.deepEqual(record!.body, first.rawPayload)
-    const bytes = Number(await gateway.redis.call('MEMORY', 'USAGE', recordKey!, 'SAMPLES', '0'))
-    t.diagnostic(
-      `MEMORY USAGE of a completed transfer's record: ${bytes} bytes (body ${first.rawPayload.length} bytes, key ${recordKey!.length} characters, Redis ${await redisVersion(gateway.redis)}); ` +
-        `a day of retention at 100 transfers/s: ${((bytes * 8_640_000) / 2 ** 30).toFixed(2)} GiB`,
-    )
-    assert.ok(bytes <= RECORD_BYTES_BOUND, `${bytes} bytes`)
-    const ttl = await gateway.redis.pttl(recordKey!)
-    assert.ok(ttl > DAY_MS - 60_000 && ttl <= DAY_MS, String(ttl))
-    // The compact record answers as before: the same bytes, and 422 for another body.
-    const replay = await send(700)
-    assert.equal(replay.statusCode, 201)
-    assert.equal(replay.headers['idempotent-replayed'], 'true')
-    assert.equal(replay.headers['content-type'], JSON_TYPE)
-    assert.deepEqual(replay.rawPayload, first.rawPayload)
-    assert.equal((await send(701)).statusCode, 422)
-  })
-
   test('binary bodies, uncommon headers, newlines and empty bodies replay byte for byte', async () => {
     const { app, prefix, bytes, runs } = await pluginApp()
     const first = await post(app, '/bytes', 'bytes-1', { a: 1 })
@@ -232,8 +180,3 @@ test('a record naming a common header this version does not know is not replayed
   assert.deepEqual(await shared.getBuffer(recordKey), packed)
   await app.close()
 })
-
-async function redisVersion(redis: RedisClient): Promise<string> {
-  const node = 'nodes' in redis ? redis.nodes('master')[0]! : redis
-  return /redis_version:(\S+)/.exec(await node.info('server'))?.[1] ?? 'unknown'
-}

@@ -3,45 +3,86 @@ import { randomBytes } from 'node:crypto'
 import { after, before, describe, test } from 'node:test'
 import { setTimeout as sleep } from 'node:timers/promises'
 import fastifyCookie from '@fastify/cookie'
-import Fastify from 'fastify'
-import sessionPlugin from '../../../src/plugins/session/index.ts'
+import Fastify, { type FastifyInstance } from 'fastify'
+import { createRedisClient, type RedisClient } from '../../../src/plugins/redis/index.ts'
+import sessionPlugin, { type SessionPluginOptions } from '../../../src/plugins/session/index.ts'
 import {
-  buildTestApp,
   cookieHeader,
-  createCustomer,
-  createTestDatabase,
-  login,
   scanKeys,
   TEST_SECRET,
-  type TestApp,
-  type TestCustomer,
-  type TestDatabase,
+  testRedisConnection,
+  uniquePrefix,
 } from '../../helpers/index.ts'
 
 const OLD_SECRET = 'old-secret-abcdefghijklmnopqrstuvwxyz-0123'
 const NEW_SECRET = 'new-secret-abcdefghijklmnopqrstuvwxyz-0123'
 
-let t: TestApp
-let alice: TestCustomer
-
-before(async () => {
-  t = await buildTestApp({ RATE_LIMITS: 'off' })
-  alice = await createCustomer(t.db, 'alice')
+let redis: RedisClient
+const apps: FastifyInstance[] = []
+before(() => {
+  redis = createRedisClient(testRedisConnection())
 })
-after(() => t.close())
+after(async () => {
+  for (const app of apps) await app.close()
+  // The plugin never closes a client it was given.
+  await redis.quit()
+})
+
+interface SessionApp {
+  app: FastifyInstance
+  /** What the app's session keys start with. */
+  prefix: string
+}
+
+/**
+ * The session plugin on a plain app, with the routes an app's login needs: POST /session signs
+ * `principal` in (a new session, the presented one destroyed), GET /session answers 200 with a
+ * session, DELETE /session logs out (every session of the principal with `?everywhere=true`).
+ */
+async function sessionApp(options: Partial<SessionPluginOptions> = {}): Promise<SessionApp> {
+  const prefix = options.keyPrefix ?? uniquePrefix('sess')
+  const app = Fastify()
+  apps.push(app)
+  await app.register(sessionPlugin, { redis, secrets: [TEST_SECRET], keyPrefix: prefix, ...options })
+  app.post('/session', async (request, reply) => {
+    const { principal } = request.body as { principal: string }
+    await reply.regenerateSession(principal)
+    return { principal }
+  })
+  app.get('/session', { config: { session: 'required' } }, async (request) => ({
+    principal: request.session!.principal,
+  }))
+  app.delete('/session', { config: { session: 'required' } }, async (request, reply) => {
+    if ((request.query as { everywhere?: string }).everywhere === 'true')
+      await app.sessions.destroyAll(request.session!.principal)
+    await reply.destroySession()
+    return reply.code(204).send(null)
+  })
+  await app.ready()
+  return { app, prefix }
+}
+
+/** Signs `principal` in and returns the Cookie header value to send. */
+async function login(app: FastifyInstance, principal: string): Promise<string> {
+  const res = await app.inject({ method: 'POST', url: '/session', payload: { principal } })
+  assert.equal(res.statusCode, 200, res.body)
+  return cookieHeader(res.headers['set-cookie'])
+}
+
+let t: SessionApp
+const alice = 'alice'
+before(async () => {
+  t = await sessionApp()
+})
 
 const sessionIdOf = (cookie: string) => decodeURIComponent(cookie.split('=')[1]!).split('.')[0]!
 const whoami = (cookie: string) => t.app.inject({ url: '/session', headers: { cookie } })
 const sessionKeyExists = async (cookie: string) =>
-  (await t.redis.exists(t.app.sessions.sessionKey(sessionIdOf(cookie)))) === 1
+  (await redis.exists(t.app.sessions.sessionKey(sessionIdOf(cookie)))) === 1
 
 describe('cookie', () => {
   test('HttpOnly, SameSite, Path=/, signed, 256-bit id', async () => {
-    const res = await t.app.inject({
-      method: 'POST',
-      url: '/session',
-      payload: { username: alice.username, password: alice.password },
-    })
+    const res = await t.app.inject({ method: 'POST', url: '/session', payload: { principal: alice } })
     const setCookie = String(res.headers['set-cookie'])
     assert.match(setCookie, /HttpOnly/)
     assert.match(setCookie, /SameSite=Lax/)
@@ -51,19 +92,9 @@ describe('cookie', () => {
     assert.equal(Buffer.from(id, 'base64url').length, 32)
   })
 
-  test('production: Secure and the __Host- prefix', async (t) => {
-    const prod = await buildTestApp({
-      RATE_LIMITS: 'off',
-      NODE_ENV: 'production',
-      SESSION_SECRET: TEST_SECRET,
-    })
-    t.after(() => prod.close())
-    const carol = await createCustomer(prod.db, 'carol')
-    const res = await prod.app.inject({
-      method: 'POST',
-      url: '/session',
-      payload: { username: carol.username, password: carol.password },
-    })
+  test('secure: Secure and the __Host- prefix', async () => {
+    const prod = await sessionApp({ secure: true })
+    const res = await prod.app.inject({ method: 'POST', url: '/session', payload: { principal: 'carol' } })
     const setCookie = String(res.headers['set-cookie'])
     assert.match(setCookie, /^__Host-sid=/)
     assert.match(setCookie, /Secure/)
@@ -79,7 +110,7 @@ describe('fixation, logout and revocation', () => {
       method: 'POST',
       url: '/session',
       headers: { cookie: first },
-      payload: { username: alice.username, password: alice.password },
+      payload: { principal: alice },
     })
     assert.equal(res.statusCode, 200)
     const second = cookieHeader(res.headers['set-cookie'])
@@ -111,7 +142,7 @@ describe('fixation, logout and revocation', () => {
     })
     assert.equal(res.statusCode, 204)
     for (const cookie of cookies) assert.equal((await whoami(cookie)).statusCode, 401)
-    assert.equal(await t.redis.exists(t.app.sessions.indexKey(String(alice.customerId))), 0)
+    assert.equal(await redis.exists(t.app.sessions.indexKey(alice)), 0)
   })
 
   test('a write after logout cannot resurrect the session', async () => {
@@ -119,7 +150,7 @@ describe('fixation, logout and revocation', () => {
     const id = sessionIdOf(cookie)
     await t.app.inject({ method: 'DELETE', url: '/session', headers: { cookie } })
     assert.equal(await t.app.sessions.set(id, { theme: 'dark' }), false)
-    assert.equal(await t.redis.exists(t.app.sessions.sessionKey(id)), 0)
+    assert.equal(await redis.exists(t.app.sessions.sessionKey(id)), 0)
   })
 
   test('concurrent writes of different fields keep both', async () => {
@@ -136,9 +167,9 @@ describe('fixation, logout and revocation', () => {
     const principal = `p${randomBytes(4).toString('hex')}`
     const first = await t.app.sessions.create(principal)
     await t.app.sessions.create(principal)
-    await t.redis.del(t.app.sessions.sessionKey(first.id))
+    await redis.del(t.app.sessions.sessionKey(first.id))
     await t.app.sessions.pruneIndex(principal)
-    assert.equal(await t.redis.scard(t.app.sessions.indexKey(principal)), 1)
+    assert.equal(await redis.scard(t.app.sessions.indexKey(principal)), 1)
   })
 })
 
@@ -151,7 +182,7 @@ describe('forged and tampered cookies', () => {
     const neverIssued = randomBytes(32).toString('base64url')
     const signer = fastifyCookie.signerFactory([TEST_SECRET])
     const foreign = fastifyCookie.signerFactory(['someone-elses-secret-0123456789abcdef'])
-    const before = (await scanKeys(t.redis, t.prefix)).length
+    const before = (await scanKeys(redis, t.prefix)).length
     for (const forged of [
       flipped,
       sessionIdOf(real),
@@ -163,90 +194,52 @@ describe('forged and tampered cookies', () => {
       const res = await whoami(`${name}=${encodeURIComponent(forged)}`)
       assert.equal(res.statusCode, 401, forged.slice(0, 40))
     }
-    assert.equal((await scanKeys(t.redis, t.prefix)).length, before, 'no session created for a forged id')
+    assert.equal((await scanKeys(redis, t.prefix)).length, before, 'no session created for a forged id')
   })
 })
 
 describe('secret rotation', () => {
-  let database: TestDatabase
-  before(async () => {
-    database = await createTestDatabase()
-    await createCustomer(database.db, 'dave', [100], 'dave-password')
-  })
-  after(() => database.drop())
-
-  test('the first secret signs, all verify; a retired-secret cookie is re-signed', async (t) => {
-    const prefix = `rot${randomBytes(3).toString('hex')}:`
-    const oldApp = await buildTestApp(
-      { RATE_LIMITS: 'off', SESSION_SECRET: OLD_SECRET },
-      { testDatabase: database, keyPrefix: prefix },
-    )
-    const rotated = await buildTestApp(
-      { RATE_LIMITS: 'off', SESSION_SECRET: `${NEW_SECRET},${OLD_SECRET}` },
-      { testDatabase: database, keyPrefix: prefix },
-    )
-    const newOnly = await buildTestApp(
-      { RATE_LIMITS: 'off', SESSION_SECRET: NEW_SECRET },
-      { testDatabase: database, keyPrefix: prefix },
-    )
-    t.after(() => Promise.all([oldApp.close(), rotated.close(), newOnly.close()]))
-    const oldCookie = await login(oldApp.app, { username: 'dave', password: 'dave-password' })
-    const res = await rotated.app.inject({ url: '/session', headers: { cookie: oldCookie } })
+  test('the first secret signs, all verify; a retired-secret cookie is re-signed', async () => {
+    const keyPrefix = uniquePrefix('rot')
+    const { app: oldApp } = await sessionApp({ keyPrefix, secrets: [OLD_SECRET] })
+    const { app: rotated } = await sessionApp({ keyPrefix, secrets: [NEW_SECRET, OLD_SECRET] })
+    const { app: newOnly } = await sessionApp({ keyPrefix, secrets: [NEW_SECRET] })
+    const oldCookie = await login(oldApp, 'dave')
+    const res = await rotated.inject({ url: '/session', headers: { cookie: oldCookie } })
     assert.equal(res.statusCode, 200)
     const renewed = cookieHeader(res.headers['set-cookie'])
     assert.equal(sessionIdOf(renewed), sessionIdOf(oldCookie), 'same session, new signature')
     assert.notEqual(renewed, oldCookie)
     // Verified signatures are remembered per process: a second presentation is re-signed too,
     // and a cookie one character away from a remembered one is still refused.
-    const again = await rotated.app.inject({ url: '/session', headers: { cookie: oldCookie } })
+    const again = await rotated.inject({ url: '/session', headers: { cookie: oldCookie } })
     assert.equal(cookieHeader(again.headers['set-cookie']), renewed)
     const flipped = oldCookie.slice(0, -1) + (oldCookie.endsWith('A') ? 'B' : 'A')
-    assert.equal(
-      (await rotated.app.inject({ url: '/session', headers: { cookie: flipped } })).statusCode,
-      401,
-    )
-    assert.equal(
-      (await newOnly.app.inject({ url: '/session', headers: { cookie: renewed } })).statusCode,
-      200,
-    )
-    assert.equal(
-      (await newOnly.app.inject({ url: '/session', headers: { cookie: oldCookie } })).statusCode,
-      401,
-    )
+    assert.equal((await rotated.inject({ url: '/session', headers: { cookie: flipped } })).statusCode, 401)
+    assert.equal((await newOnly.inject({ url: '/session', headers: { cookie: renewed } })).statusCode, 200)
+    assert.equal((await newOnly.inject({ url: '/session', headers: { cookie: oldCookie } })).statusCode, 401)
   })
 })
 
 describe('expiry', () => {
-  test('idle expiry slides with activity using a TTL-only touch', async (t) => {
-    const app = await buildTestApp({
-      RATE_LIMITS: 'off',
-      SESSION_IDLE_TIMEOUT: '400ms',
-      SESSION_ABSOLUTE_TIMEOUT: '1h',
-    })
-    t.after(() => app.close())
-    const erin = await createCustomer(app.db, 'erin')
-    const cookie = await login(app.app, erin)
+  test('idle expiry slides with activity using a TTL-only touch', async () => {
+    const app = await sessionApp({ idleTimeoutMs: 400, absoluteTimeoutMs: 3_600_000 })
+    const cookie = await login(app.app, 'erin')
     const key = app.app.sessions.sessionKey(sessionIdOf(cookie))
-    const before = await app.redis.hgetall(key)
+    const before = await redis.hgetall(key)
     for (let i = 0; i < 4; i++) {
       await sleep(200)
       assert.equal((await app.app.inject({ url: '/session', headers: { cookie } })).statusCode, 200)
     }
-    assert.deepEqual(await app.redis.hgetall(key), before, 'touching does not rewrite the hash')
+    assert.deepEqual(await redis.hgetall(key), before, 'touching does not rewrite the hash')
     await sleep(600)
     assert.equal((await app.app.inject({ url: '/session', headers: { cookie } })).statusCode, 401)
-    assert.equal(await app.redis.exists(key), 0)
+    assert.equal(await redis.exists(key), 0)
   })
 
-  test('the absolute lifetime ends a session however active it is', async (t) => {
-    const app = await buildTestApp({
-      RATE_LIMITS: 'off',
-      SESSION_IDLE_TIMEOUT: '500ms',
-      SESSION_ABSOLUTE_TIMEOUT: '900ms',
-    })
-    t.after(() => app.close())
-    const fay = await createCustomer(app.db, 'fay')
-    const cookie = await login(app.app, fay)
+  test('the absolute lifetime ends a session however active it is', async () => {
+    const app = await sessionApp({ idleTimeoutMs: 500, absoluteTimeoutMs: 900 })
+    const cookie = await login(app.app, 'fay')
     const statuses: number[] = []
     for (let i = 0; i < 8; i++) {
       statuses.push((await app.app.inject({ url: '/session', headers: { cookie } })).statusCode)

@@ -5,13 +5,11 @@ import {
   buildTestApp,
   createCustomer,
   createTestDatabase,
-  deleteKeys,
-  keysWithoutTtl,
-  listen,
   login,
   type TestApp,
   type TestDatabase,
-} from '../../helpers/index.ts'
+} from '../helpers/gateway.ts'
+import { deleteKeys, keysWithoutTtl, listen } from '../helpers/index.ts'
 
 // The demo gateway's wiring (docs/demo/http-api.md): token bucket per IP on every route, sliding log per
 // username on POST /session counting failed logins only, fixed window per customer on POST /transfers.

@@ -1,15 +1,10 @@
 import assert from 'node:assert/strict'
 import { randomUUID } from 'node:crypto'
 import { after, before, test } from 'node:test'
-import { scriptSources } from '../../../src/redis/scripts.ts'
-import {
-  buildTestApp,
-  cookieHeader,
-  createCustomer,
-  type TestApp,
-  type TestCustomer,
-} from '../../helpers/index.ts'
-import { delta, scrape } from '../../helpers/metrics-scrape.ts'
+import { scriptSources } from '../../src/redis/scripts.ts'
+import { buildTestApp, createCustomer, type TestApp, type TestCustomer } from '../helpers/gateway.ts'
+import { cookieHeader } from '../helpers/index.ts'
+import { delta, scrape } from '../helpers/metrics-scrape.ts'
 
 let t: TestApp
 let alice: TestCustomer

@@ -1,16 +1,16 @@
 import assert from 'node:assert/strict'
 import { after, before, test } from 'node:test'
-import { executeTransfer } from '../../../src/ledger/ledger.ts'
-import { requestFingerprint } from '../../../src/plugins/idempotency/index.ts'
+import { executeTransfer } from '../../src/ledger/ledger.ts'
+import { requestFingerprint } from '../../src/plugins/idempotency/index.ts'
 import {
   buildTestApp,
   createCustomer,
   ledgerInvariants,
-  listen,
   login,
   type TestApp,
   type TestCustomer,
-} from '../../helpers/index.ts'
+} from '../helpers/gateway.ts'
+import { listen } from '../helpers/index.ts'
 
 let t: TestApp
 let url: string

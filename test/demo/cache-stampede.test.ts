@@ -8,9 +8,9 @@ import {
   stampede,
   startGateways,
   sumMetric,
-} from '../../../load/servers/cache-cluster.ts'
-import { type RedisServerProcess, startRedisServer } from '../../../src/embedded/redis-server.ts'
-import { createTestDatabase, type TestDatabase, USE_PGLITE } from '../../helpers/index.ts'
+} from '../../load/servers/cache-cluster.ts'
+import { type RedisServerProcess, startRedisServer } from '../../src/embedded/redis-server.ts'
+import { createTestDatabase, type TestDatabase, USE_PGLITE } from '../helpers/gateway.ts'
 
 // Four gateway processes share one Postgres database and one Redis (a dedicated redis-server).
 let database: TestDatabase

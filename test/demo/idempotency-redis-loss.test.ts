@@ -2,22 +2,19 @@ import assert from 'node:assert/strict'
 import { test } from 'node:test'
 import type { FastifyInstance } from 'fastify'
 import { Redis } from 'ioredis'
-import { buildTransferApp } from '../../../load/servers/idempotency-app.ts'
-import { createPgDatabase } from '../../../src/db/database.ts'
-import { startRedisServer } from '../../../src/embedded/redis-server.ts'
-import { connectRedis, createRedisClient } from '../../../src/plugins/redis/index.ts'
+import { buildTransferApp } from '../../load/servers/idempotency-app.ts'
+import { createPgDatabase } from '../../src/db/database.ts'
+import { startRedisServer } from '../../src/embedded/redis-server.ts'
+import { connectRedis, createRedisClient } from '../../src/plugins/redis/index.ts'
 import {
   buildTestApp,
   createCustomer,
   createTestDatabase,
   ledgerInvariants,
-  listen,
   login,
-  TEST_REDIS_URL,
-  TEST_SECRET,
   USE_PGLITE,
-  uniquePrefix,
-} from '../../helpers/index.ts'
+} from '../helpers/gateway.ts'
+import { listen, TEST_REDIS_URL, TEST_SECRET, uniquePrefix } from '../helpers/index.ts'
 
 // Each test runs its own redis-server: these flush it or stop it, which the shared one must never see.
 

@@ -3,26 +3,23 @@ import { randomUUID } from 'node:crypto'
 import { after, before, describe, test } from 'node:test'
 import { setTimeout as sleep } from 'node:timers/promises'
 import Fastify from 'fastify'
-import { createPgDatabase } from '../../../src/db/database.ts'
-import { getAccountWithOwner } from '../../../src/ledger/ledger.ts'
-import cachePlugin from '../../../src/plugins/cache/index.ts'
-import metrics from '../../../src/plugins/metrics/index.ts'
-import { createRedisClient } from '../../../src/plugins/redis/index.ts'
+import { createPgDatabase } from '../../src/db/database.ts'
+import { getAccountWithOwner } from '../../src/ledger/ledger.ts'
+import cachePlugin from '../../src/plugins/cache/index.ts'
+import metrics from '../../src/plugins/metrics/index.ts'
+import { createRedisClient } from '../../src/plugins/redis/index.ts'
 import {
   buildTestApp,
   createCustomer,
   createTestDatabase,
   login,
-  scanKeys,
-  startTcpProxy,
   type TestApp,
   type TestCustomer,
   type TestDatabase,
-  testRedisConnection,
   USE_PGLITE,
-  uniquePrefix,
-} from '../../helpers/index.ts'
-import { counter } from './fixtures.ts'
+} from '../helpers/gateway.ts'
+import { scanKeys, startTcpProxy, testRedisConnection, uniquePrefix } from '../helpers/index.ts'
+import { counter } from '../plugins/cache/fixtures.ts'
 
 let database: TestDatabase
 const closers: Array<() => Promise<unknown>> = []
