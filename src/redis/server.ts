@@ -7,7 +7,7 @@ import {
   redisAddress,
   sentBy,
 } from './client.ts'
-import { RedisConnectionError, RedisServerError } from './errors.ts'
+import { RedisServerError } from './errors.ts'
 import { withTimeout } from './timeout.ts'
 
 /**

@@ -2,7 +2,6 @@ import assert from 'node:assert/strict'
 import { describe, test } from 'node:test'
 import { InvalidOptionError, UnknownOptionError } from '../../src/plugins/common/errors.ts'
 import { closest, optionChecker, optionKeys } from '../../src/plugins/common/options.ts'
-import { checkPrincipalOption } from '../../src/plugins/common/principal.ts'
 import type { IdempotencyPluginOptions } from '../../src/plugins/idempotency/index.ts'
 import { resolveOptions, resolveRouteConfig } from '../../src/plugins/idempotency/options.ts'
 import type { RateLimitPolicy } from '../../src/plugins/rate-limit/index.ts'
@@ -122,16 +121,6 @@ test('checkedOptions refuses what is not a plain options object and unknown keys
   assert.throws(() => checkedOptions(check, { tttlMs: 1 }, ['ttlMs']), /Did you mean `ttlMs`\?/)
   const options = { ttlMs: 5 }
   assert.equal(checkedOptions(check, options, ['ttlMs']), options)
-})
-
-test('checkPrincipalOption accepts a function or nothing, and names the plugin otherwise', () => {
-  checkPrincipalOption('cache', undefined)
-  checkPrincipalOption('cache', () => 'alice')
-  assert.throws(
-    () => checkPrincipalOption('cache', 'alice'),
-    (err) =>
-      err instanceof InvalidOptionError && /^cache plugin: `principal` must be a function/.test(err.message),
-  )
 })
 
 describe('rate-limit policy options', () => {

@@ -96,35 +96,10 @@ export function appInstruments(app: FastifyInstance): {
 }
 
 /**
- * Older shape, kept until every plugin uses `pluginMetrics`: runs `register` with the metrics plugin's API once the app is ready, if the metrics plugin is
- * registered: before or after the calling plugin, either order works. Until then (and without the
- * metrics plugin) a plugin counts in metrics that nothing exports.
- */
-export function whenMetricsReady(app: FastifyInstance, register: (metrics: MetricsApi) => void): void {
-  app.addHook('onReady', async () => {
-    if (app.hasDecorator('metrics')) register(app.metrics)
-  })
-}
-
-/**
- * Observes a plugin's Redis client (the client behind its view): as `main` when it is the redis
- * plugin's, else under the plugin's name. The plugin's own commands are labelled by the plugin either way.
- */
-export function observePluginRedis(
-  app: FastifyInstance,
-  metrics: MetricsApi,
-  client: RedisClient,
-  plugin: string,
-) {
-  const raw = rawClient(client)
-  metrics.observeRedis(raw, app.hasDecorator('redis') && app.redis === raw ? 'main' : plugin)
-}
-
-/**
  * The registry's metric of this name if one exists (a second instance of a plugin in one app shares
  * it), else `metric`, registered now. The one way a metric of the library enters a registry: every
- * metric is created unregistered (`registers: []`) and adopted here, by its plugin once the metrics
- * plugin is ready (`whenMetricsReady`) or by the metrics plugin itself.
+ * metric is created unregistered (`registers: []`) and adopted here, by the metrics plugin when the app is
+ * ready, or at once by a function given a registry (`makeIdempotent`).
  */
 export function adoptMetric<T>(registry: Registry, metric: T): T {
   // prom-client's types leave `name` off its metric classes; every instance has it.

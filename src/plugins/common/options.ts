@@ -29,6 +29,13 @@ import { InvalidOptionError, UnknownOptionError } from './errors.ts'
 export const shown = (value: unknown): string =>
   typeof value === 'number' ? String(value) : describeValue(value)
 
+/**
+ * A value a user's function returned or a request carried, shown without its content (a key, a
+ * principal or a handle may be a secret): a number as written, anything else by its type.
+ */
+export const shownType = (value: unknown): string =>
+  typeof value === 'number' ? String(value) : value === null ? 'null' : `a ${typeof value}`
+
 /** Throws an InvalidOptionError `<owner>: <where>: <message>`. */
 export type Fail = (message: string) => never
 

@@ -1,6 +1,5 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify'
-import { describeValue } from '../../redis/client.ts'
-import { option, optionChecker } from './options.ts'
+import { option } from './options.ts'
 
 /** Who the caller is (a customer id, a user name); null or undefined for an anonymous request. */
 export type PrincipalFunction = (request: FastifyRequest) => string | null | undefined
@@ -33,11 +32,3 @@ export function resolvePrincipal(
  */
 export const principalOption = (doc: string) =>
   option.function<PrincipalFunction>({ type: 'a function of the request returning who the caller is', doc })
-
-/** Throws an InvalidOptionError unless `option` is a function of the request (or not given). */
-export function checkPrincipalOption(plugin: string, option: unknown): void {
-  if (option !== undefined && typeof option !== 'function')
-    optionChecker(`${plugin} plugin`).fail(
-      `\`principal\` must be a function of the request returning who the caller is, got ${describeValue(option)}`,
-    )
-}

@@ -213,22 +213,25 @@ export function makeIdempotent<A extends unknown[], T>(
   const store = new IdempotencyStore(redis, settings)
   // Route scopes start with `principal:` or `ip:`: a function's records never meet a route's.
   const scope = `function\n${name}`
-  let calls = new Counter({
-    name: 'idempotent_function_calls_total',
-    help: 'Calls of functions wrapped with makeIdempotent, by outcome',
-    labelNames: ['name', 'outcome'] as const,
-    registers: [],
-  })
-  let results = new Counter({
-    name: 'idempotent_function_results_total',
-    help: 'What happened to the results of calls that ran the wrapped function',
-    labelNames: ['name', 'result'] as const,
-    registers: [],
-  })
-  if (registry) {
-    calls = adoptMetric(registry, calls)
-    results = adoptMetric(registry, results)
-  }
+  // Counted in `registry` when one is given (a second wrapper of the same name shares its counters).
+  const counter = <T extends Counter<string>>(metric: T): T =>
+    registry ? adoptMetric(registry, metric) : metric
+  const calls = counter(
+    new Counter({
+      name: 'idempotent_function_calls_total',
+      help: 'Calls of functions wrapped with makeIdempotent, by outcome',
+      labelNames: ['name', 'outcome'] as const,
+      registers: [],
+    }),
+  )
+  const results = counter(
+    new Counter({
+      name: 'idempotent_function_results_total',
+      help: 'What happened to the results of calls that ran the wrapped function',
+      labelNames: ['name', 'result'] as const,
+      registers: [],
+    }),
+  )
   // A client that has not connected yet (a lazy one, or one still connecting) is waited for once,
   // by every call that comes meanwhile, as the plugin does at boot; a client that lost Redis is not.
   let connecting: Promise<void> | null = null

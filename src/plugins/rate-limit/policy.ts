@@ -1,5 +1,6 @@
 import type { FastifyReply, FastifyRequest } from 'fastify'
 import { describeValue } from '../../redis/client.ts'
+import { shownType } from '../common/options.ts'
 import { durationOption, parseDuration } from './duration.ts'
 import { DEFAULT_IPV6_SUBNET, ipKey, type KeyFunction, keyBy, needsPreHandler } from './keys.ts'
 import { allowListPredicate, BAN_KEYS, POLICY_KEYS, policyCheck } from './options.ts'
@@ -227,8 +228,8 @@ export function checkDynamic(
   return resolve(policy, limit, window, local)
 }
 
-/** A returned value in an error message, without calling anything of it. */
-export const shown = (value: unknown) => (typeof value === 'number' ? String(value) : `a ${typeof value}`)
+/** A returned value in an error message, without calling anything of it or showing its content. */
+export const shown = shownType
 
 /**
  * Every option of a policy with its value when not given. Typed so that an option added to

@@ -1,4 +1,5 @@
 import { createHash } from 'node:crypto'
+import { shownType } from '../common/options.ts'
 import { SessionHandleError, SessionLifetimeError, SessionPrincipalError } from './errors.ts'
 
 // What the session store checks of what its caller hands it: a session's id or handle, a
@@ -23,9 +24,7 @@ export function sessionHandle(id: string): string {
 export const isWellFormedHandle = (handle: unknown): handle is string =>
   typeof handle === 'string' && SESSION_HANDLE.test(handle)
 
-/** A wrong value as a message shows it: a number as written, anything else by its type. */
-const shown = (value: unknown) =>
-  typeof value === 'number' ? String(value) : value === null ? 'null' : `a ${typeof value}`
+const shown = shownType
 
 export function checkPrincipal(principal: unknown): asserts principal is string {
   if (typeof principal !== 'string' || principal.length === 0 || principal.length > 128)
