@@ -1,5 +1,6 @@
 import { createHash } from 'node:crypto'
 import type { FastifyRequest } from 'fastify'
+import { InvalidOptionError } from '../../plugins/common/errors.ts'
 import {
   type AnyOption,
   declareOptions,
@@ -366,7 +367,7 @@ export function mergeParams(base: Params, options: RateLimitOptions): Params {
   result.ipv6Subnet = subnetOf(result.ipv6Subnet)
   if (typeof options.keyGenerator !== 'function') result.keyGenerator = base.keyGenerator
   if (result.groupId !== undefined && typeof result.groupId !== 'string')
-    throw new Error('groupId must be a string')
+    throw new InvalidOptionError('groupId must be a string')
   return result
 }
 
