@@ -15,7 +15,7 @@ import {
   session,
 } from 'fastify-redis-gateway'
 import campaigns from './campaigns/plugin.ts'
-import { type Config, NO_EVENT_WORKERS, WORKER_STOP_DEADLINE_MS } from './config.ts'
+import { type Config, NO_EVENT_WORKERS } from './config.ts'
 import type { Database } from './db/database.ts'
 import { settleDatabaseIdentity } from './db/identity.ts'
 import postgres from './db/plugin.ts'
@@ -231,7 +231,6 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
     closeWith(app, accountFilter, {
       name: 'account filter',
       start: true,
-      deadlineMs: WORKER_STOP_DEADLINE_MS,
     })
   await app.register(accountRoutes)
   // History cursors are signed with keys derived from the session secrets (src/routes/history.ts).

@@ -119,16 +119,6 @@ export interface EventWorkers {
   feed: boolean
 }
 
-/**
- * How long each worker (relay, consumers, fan-out, scheduler, account filter) gets to stop when the
- * app closes: what it holds finishes, the rest is handed back; past it, it is left to finish and what
- * it held comes back after its timeouts. A stop takes milliseconds, a little more on a loaded
- * machine; this keeps one stuck worker (a reconciliation run still reading the ledger) from holding
- * up the others' hand-back for long. The whole shutdown stays bounded by CLOSE_MARGIN_MS after its
- * grace period (src/shutdown.ts), whatever the workers do.
- */
-export const WORKER_STOP_DEADLINE_MS = 4000
-
 export const NO_EVENT_WORKERS: EventWorkers = { relay: false, notifier: false, campaigns: false, feed: false }
 
 function parseEventWorkers(value: string): EventWorkers {

@@ -28,7 +28,7 @@ export interface ShutdownOptions {
  *    so its keep-alive connection ends after it; SSE streams end (preClose); requests still running
  *    after `graceMs` are cut (their sockets destroyed; the idempotency plugin releases their claims);
  * 3. stop: the app's onClose hooks stop the workers (each tied to the app with `closeWith`: current
- *    item finished or handed back, within WORKER_STOP_DEADLINE_MS each), then close Redis and
+ *    item finished or handed back; no deadline of their own, so nothing is left for a timeout), then close Redis and
  *    Postgres; exit 0. A second signal exits at once (130), unless it comes within
  *    SAME_SIGNAL_WINDOW_MS of the first (ignored); hanging past the grace period and CLOSE_MARGIN_MS
  *    exits 1.

@@ -3,7 +3,6 @@ import { hostname } from 'node:os'
 import type { FastifyInstance } from 'fastify'
 import fp from 'fastify-plugin'
 import { closeWith, createLeaderboard, type Leaderboard, type StreamConsumer } from 'fastify-redis-gateway'
-import { WORKER_STOP_DEADLINE_MS } from '../config.ts'
 import { createLeaderboardConsumer, LEADERBOARD_GROUP } from './leaderboard.ts'
 import { createStatsConsumer, STATS_GROUP } from './stats.ts'
 
@@ -65,7 +64,6 @@ async function campaignsPlugin(app: FastifyInstance, options: CampaignsPluginOpt
     closeWith(app, consumer, {
       name: 'campaign events consumer',
       start: true,
-      deadlineMs: WORKER_STOP_DEADLINE_MS,
     })
 }
 

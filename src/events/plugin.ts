@@ -4,7 +4,7 @@ import type { FastifyInstance } from 'fastify'
 import fp from 'fastify-plugin'
 import { closeWith, type RedisClient, type StreamConsumer } from 'fastify-redis-gateway'
 import { Gauge, type Registry } from 'prom-client'
-import { type EventWorkers, WORKER_STOP_DEADLINE_MS } from '../config.ts'
+import type { EventWorkers } from '../config.ts'
 import { createPgDatabase, type Database } from '../db/database.ts'
 import { createNotifier, NOTIFIER_GROUP } from './notifier.ts'
 import { createOutboxRelay, type OutboxRelay } from './outbox-relay.ts'
@@ -218,11 +218,10 @@ async function eventsPlugin(app: FastifyInstance, options: EventsPluginOptions):
   })
   // Closed in reverse order: the relay's connection after the relay.
   if (relayDb) app.addHook('onClose', async () => await relayDb.close())
-  const deadlineMs = WORKER_STOP_DEADLINE_MS
-  closeWith(app, relay, { name: 'outbox relay', start: options.workers.relay, deadlineMs })
-  if (notifier) closeWith(app, notifier, { name: 'notifier', start: true, deadlineMs })
+  closeWith(app, relay, { name: 'outbox relay', start: options.workers.relay })
+  if (notifier) closeWith(app, notifier, { name: 'notifier', start: true })
   // Before the server closes: open streams would hold it up.
-  closeWith(app, hub, { name: 'notification streams', hook: 'preClose', deadlineMs })
+  closeWith(app, hub, { name: 'notification streams', hook: 'preClose' })
 }
 
 export default fp(eventsPlugin, { name: 'transfer-events' })

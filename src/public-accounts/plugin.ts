@@ -10,7 +10,6 @@ import {
   type FeedItem,
   type StreamConsumer,
 } from 'fastify-redis-gateway'
-import { WORKER_STOP_DEADLINE_MS } from '../config.ts'
 import { createTransferEventsConsumer } from '../events/consumer.ts'
 import type { TransferEvent } from '../events/outbox-relay.ts'
 import { feedItemId, feedSource, publicAmong } from './store.ts'
@@ -108,9 +107,8 @@ async function publicAccountsPlugin(
   app.decorate('publicAccounts', { feed, consumer, fanout })
 
   // Redis unreachable at the start: each loop creates its group once Redis answers.
-  const deadlineMs = WORKER_STOP_DEADLINE_MS
-  if (consumer) closeWith(app, consumer, { name: 'public accounts feed consumer', start: true, deadlineMs })
-  if (fanout) closeWith(app, fanout, { name: 'feed fan-out', start: true, deadlineMs })
+  if (consumer) closeWith(app, consumer, { name: 'public accounts feed consumer', start: true })
+  if (fanout) closeWith(app, fanout, { name: 'feed fan-out', start: true })
 }
 
 export default fp(publicAccountsPlugin, { name: 'public-accounts', dependencies: ['transfer-events'] })

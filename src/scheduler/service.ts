@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto'
 import { hostname } from 'node:os'
 import type { FastifyInstance } from 'fastify'
 import { closeWith } from 'fastify-redis-gateway'
-import { type Config, WORKER_STOP_DEADLINE_MS } from '../config.ts'
+import type { Config } from '../config.ts'
 import { invalidateAfterTransfer } from '../ledger/account-cache.ts'
 import type { DescribeRefusal } from '../ledger/ledger.ts'
 import {
@@ -78,7 +78,6 @@ export async function registerScheduler(app: FastifyInstance, options: Scheduler
     ...tuning.reconciliation,
   })
   app.scheduler.job = job
-  const deadlineMs = WORKER_STOP_DEADLINE_MS
-  closeWith(app, worker, { name: 'scheduled transfers', start: true, deadlineMs })
-  closeWith(app, job, { name: 'reconciliation job', start: true, deadlineMs })
+  closeWith(app, worker, { name: 'scheduled transfers', start: true })
+  closeWith(app, job, { name: 'reconciliation job', start: true })
 }
