@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict'
 import { randomUUID } from 'node:crypto'
-import { readFileSync } from 'node:fs'
 import { after, before, test } from 'node:test'
+import { documentedKeys } from '../../load/lib/redis-keys.ts'
 import { LEADERBOARD_GROUP } from '../../src/campaigns/leaderboard.ts'
 import { STATS_GROUP } from '../../src/campaigns/stats.ts'
 import { NOTIFIER_GROUP, notificationKeys } from '../../src/events/notifier.ts'
@@ -25,7 +25,6 @@ import { listen, scanKeys, uniquePrefix } from '../helpers/index.ts'
 // or be one that docs/demo/redis-keys.md documents as capped or as a fixed number per deployment or
 // instance. A key that docs/demo/redis-keys.md does not list fails the test with its name.
 
-const DOCS = new URL('../../docs/demo/redis-keys.md', import.meta.url)
 const DEAD_LETTER_RETENTION = 5
 const NOTIFICATIONS_TTL_MS = 3 * 3_600_000
 
@@ -266,47 +265,13 @@ test('poison events: the dead-letter stream keeps about EVENTS_DEAD_LETTER_RETEN
   assert.ok(newest![1].includes('not json'))
 })
 
-interface DocumentedKey {
-  pattern: string
-  regex: RegExp
-  bound: string
-  /** True when the key has no TTL of its own: capped, or a fixed number per deployment or instance. */
-  withoutTtl: boolean
-}
-
-/** The rows of docs/demo/redis-keys.md's table: the patterns of the first column and the bound column. */
-function documentedKeys(): DocumentedKey[] {
-  const lines = readFileSync(DOCS, 'utf8').split('\n')
-  const cells = (line: string) =>
-    line
-      .replace(/^\s*\|/, '')
-      .replace(/\|\s*$/, '')
-      .split(/(?<!\\)\|/)
-      .map((cell) => cell.trim())
-  const header = lines.findIndex((line) => line.startsWith('|') && /\|\s*bound\s*\|/.test(line))
-  assert.ok(header >= 0, 'docs/demo/redis-keys.md has a table with a `bound` column')
-  const boundAt = cells(lines[header]!).indexOf('bound')
-  const keys: DocumentedKey[] = []
-  for (const line of lines.slice(header + 2)) {
-    if (!line.startsWith('|')) break
-    const row = cells(line)
-    const bound = row[boundAt] ?? ''
-    const withoutTtl = /^(cap|one per deployment|one per instance)\b/i.test(bound)
-    assert.ok(withoutTtl || /^TTL\b/.test(bound), `a bound that is a TTL, a cap or a fixed count: ${line}`)
-    for (const [, pattern] of row[0]!.matchAll(/`([^`]+)`/g)) {
-      const source = pattern!
-        .split('*')
-        .map((part) => part.replace(/[.*+?^${}()|[\]\\]/g, '\\$&'))
-        .join('.+')
-      keys.push({ pattern: pattern!, regex: new RegExp(`^${source}$`), bound, withoutTtl })
-    }
-  }
-  assert.ok(keys.length > 0, 'docs/demo/redis-keys.md lists key patterns')
-  return keys
-}
-
 test('every key the gateway wrote expires, or is documented in docs/demo/redis-keys.md as capped or one per deployment', async () => {
   const documented = documentedKeys()
+  for (const key of documented)
+    assert.ok(
+      key.withoutTtl || /^TTL\b/.test(key.bound),
+      `a bound that is a TTL, a cap or a fixed count: ${key.pattern}`,
+    )
   const keys = await scanKeys(t.redis, prefix)
   assert.ok(keys.length > 0)
   const problems: string[] = []
