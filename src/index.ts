@@ -74,6 +74,7 @@ export {
   type FailureMode,
   type KeyFunction,
   keyBy,
+  type LeaseReport,
   type PrincipalFunction,
   RateLimitArgumentError,
   type RateLimitDecorator,
@@ -85,6 +86,7 @@ export {
   type RateLimitResult,
   RateLimitUnknownPolicyError,
   type RouteRateLimit,
+  type SyncOptions,
 } from './plugins/rate-limit/index.ts'
 export {
   type AnyRedisClient,

@@ -52,6 +52,7 @@ const SCRIPT_NAMES = [
   'lockRelease',
   'rateLimitFixedWindow',
   'rateLimitGcra',
+  'rateLimitInstances',
   'rateLimitSlidingCounter',
   'rateLimitSlidingLog',
   'rateLimitTokenBucket',

@@ -3,6 +3,7 @@ import { describeValue } from '../../redis/client.ts'
 import type { RateLimitContext } from './context.ts'
 import { type Duration, durationOption } from './duration.ts'
 import { RateLimitArgumentError } from './errors.ts'
+import type { LeaseReport } from './leases.ts'
 import type { RateLimitResult } from './outcome.ts'
 import type { Decision } from './types.ts'
 
@@ -20,6 +21,13 @@ export interface RateLimitDecorator {
   reset(policy: string, key: string, request?: FastifyRequest): Promise<void>
   /** Rejects `key` under a policy (one with `blockMs`) for `ms` from now, on every instance. */
   block(policy: string, key: string, ms: Duration): Promise<void>
+  /**
+   * Buffered policies: renews this instance's heartbeat and gives back its idle leases now (the
+   * sync timer does it every `sync.intervalMs`).
+   */
+  sync(): Promise<void>
+  /** Buffered policies: the live instances this one counts, and the unused units it holds per policy. */
+  leases(): LeaseReport
 }
 
 export function rateLimiterApi({ engine, policies }: RateLimitContext): RateLimitDecorator {
@@ -53,6 +61,8 @@ export function rateLimiterApi({ engine, policies }: RateLimitContext): RateLimi
       })
       await engine.block(policy, key, duration)
     },
+    sync: async () => engine.buffered?.sync(),
+    leases: () => engine.buffered?.leaseReport() ?? { instances: 1, policies: {} },
   }
 }
 

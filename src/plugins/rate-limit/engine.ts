@@ -4,9 +4,10 @@ import { commandTimeoutOf } from '../../redis/command-bounds.ts'
 import { withTimeout } from '../../redis/timeout.ts'
 import type { PrincipalFunction } from '../common/principal.ts'
 import { askPolicies, capCost, resolveFor } from './asked.ts'
+import { BufferedPolicies, type ExactPath, type Taken } from './buffered.ts'
 import { RateLimitError } from './errors.ts'
 import { FALLBACK_MAX_KEYS, RedisFallback } from './fallback.ts'
-import { addToGroup, callOf, type Group, type KeyNames, nonceFor } from './groups.ts'
+import { addToGroup, callOf, type Group, nonceFor } from './groups.ts'
 import { identityTag, MAX_CACHED_IDENTITY } from './keys.ts'
 import { acquireStore, type MemoryStore, memoryStoreId, releaseStore } from './memory.ts'
 import type { RateLimitMetrics } from './metrics.ts'
@@ -17,6 +18,7 @@ import {
   type RateLimitResult,
   type Refund,
   type RequestOperation,
+  resultOf,
   settleRejection,
 } from './outcome.ts'
 import { decodeReply, encodeCall, runEncoded, type ScriptCall, type ScriptReply } from './protocol.ts'
@@ -75,7 +77,7 @@ function redisUnavailable(err: unknown): boolean {
 }
 
 /** Decides requests against policies: one script call per key identity, with fallbacks. */
-export class RateLimitEngine implements KeyNames {
+export class RateLimitEngine implements ExactPath {
   private readonly redis: RedisClient | null
   private readonly options: EngineOptions
   /** `store: 'memory'`: the store every decision is made in. */
@@ -94,6 +96,8 @@ export class RateLimitEngine implements KeyNames {
   private readonly scriptErrorsLogged = new Set<string>()
   private readonly metrics: RateLimitMetrics
   private readonly principal: PrincipalFunction
+  /** Buffered policies' leases (Redis store only: in memory every decision is exact and as cheap). */
+  readonly buffered: BufferedPolicies | null
 
   constructor(redis: RedisClient | null, options: EngineOptions) {
     this.redis = redis
@@ -106,6 +110,9 @@ export class RateLimitEngine implements KeyNames {
     this.memory = redis
       ? null
       : acquireStore(this.memoryId, options.memoryMaxKeys ?? FALLBACK_MAX_KEYS, this.now)
+    this.buffered = redis
+      ? new BufferedPolicies(this, this.metrics, redis, options.keyPrefix, this.now, options.log)
+      : null
     // Without a command timeout on the client, a stalled Redis would hold requests: bound it here.
     this.ownTimeout = redis !== null && !commandTimeoutOf(redis)
   }
@@ -141,14 +148,40 @@ export class RateLimitEngine implements KeyNames {
       addToGroup(groups, asked, this.tagOf(asked.identity), this)
     if (groups.size === 0) return null
     const outcome = emptyOutcome()
-    for (const group of groups.values()) {
-      await this.decideGroup(group, operation, outcome)
-      if (outcome.rejected || outcome.unavailable) break
+    if (groups.size === 1) {
+      await this.decideGroup(groups.values().next().value!, operation, outcome, null)
+      return outcome
+    }
+    // Buffered groups first: decided in this process, they refuse without a Redis call, and what
+    // they took goes back to the lease when an exact policy after them refuses.
+    const ordered = [...groups.values()].sort((a, b) => +this.isBuffered(b) - +this.isBuffered(a))
+    const taken: Taken[] = []
+    for (const group of ordered) {
+      await this.decideGroup(group, operation, outcome, taken)
+      if (outcome.rejected || outcome.unavailable) {
+        this.buffered?.giveBack(taken)
+        break
+      }
     }
     return outcome
   }
 
-  private async decideGroup(group: Group, operation: RequestOperation, outcome: Outcome): Promise<void> {
+  /** Decided from a lease: a buffered policy on Redis. */
+  private isBuffered(group: Group): boolean {
+    return this.buffered !== null && group.policies[0]!.sync !== null
+  }
+
+  /** ExactPath: the fallback, for buffered decisions. */
+  fallBack(group: Group, outcome: Outcome): void {
+    this.fallback.decide(group, 'consume', outcome, this.metrics, this)
+  }
+
+  private async decideGroup(
+    group: Group,
+    operation: RequestOperation,
+    outcome: Outcome,
+    taken: Taken[] | null,
+  ): Promise<void> {
     const { metrics } = this
     const cached =
       operation === 'consume' && this.overLimit.size > 0 ? this.overLimit.get(cacheKey(group)) : undefined
@@ -165,8 +198,8 @@ export class RateLimitEngine implements KeyNames {
     }
     const algorithm = group.policies[0]!.algorithm
     const nonce = nonceFor(group)
-    const call = callOf(group, operation, nonce, this)
     if (this.memory) {
+      const call = callOf(group, operation, nonce, this)
       let reply: ScriptReply
       try {
         reply = this.memory.answer(algorithm, call)
@@ -179,37 +212,49 @@ export class RateLimitEngine implements KeyNames {
       }
       return this.apply(group, operation, outcome, reply, call)
     }
+    if (operation === 'consume' && this.isBuffered(group)) return this.buffered!.decide(group, outcome, taken)
+    const reply = await this.send(group, callOf(group, operation, nonce, this))
+    if (reply === null) return this.fallback.decide(group, operation, outcome, this.metrics, this)
+    this.apply(group, operation, outcome, reply.reply, reply.call)
+  }
+
+  /**
+   * One script call to Redis for a group: its reply, or null when Redis cannot answer (down,
+   * failed within retryRedisAfterMs, or refusing the script), and the group's policies must be
+   * decided by their onRedisError.
+   */
+  async send(group: Group, call: ScriptCall): Promise<{ reply: ScriptReply; call: ScriptCall } | null> {
     const redis = this.redis!
     if (redis.status !== 'ready') {
       this.noteUnavailable(`Redis connection is ${redis.status}`)
-      return this.fallback.decide(group, operation, outcome, this.metrics, this)
+      return null
     }
     if (this.now() < this.redisDownUntil) {
       this.noteUnavailable('Redis failed within retryRedisAfterMs')
-      return this.fallback.decide(group, operation, outcome, this.metrics, this)
+      return null
     }
+    const algorithm = group.policies[0]!.algorithm
     const encoded = encodeCall(algorithm, call)
-    const { keys } = encoded
-    let reply: number[]
+    let wire: number[]
     const started = performance.now()
     try {
       const sent = runEncoded(redis, algorithm, encoded)
-      reply = await (this.ownTimeout ? answeredWithin(sent, this.options.timeoutMs) : sent)
+      wire = await (this.ownTimeout ? answeredWithin(sent, this.options.timeoutMs) : sent)
     } catch (err) {
       if (!redisUnavailable(err)) {
-        this.noteScriptError(group, keys, err as Error)
-        return this.fallback.decide(group, operation, outcome, this.metrics, this)
+        this.noteScriptError(group, encoded.keys, err as Error)
+        return null
       }
       this.redisDownUntil = this.now() + this.options.retryRedisAfterMs
       this.noteUnavailable((err as Error).message, err)
-      return this.fallback.decide(group, operation, outcome, this.metrics, this)
+      return null
     }
-    metrics.scriptSeconds(algorithm).observe((performance.now() - started) / 1000)
-    this.apply(group, operation, outcome, decodeReply(reply, call.policies.length), call)
+    this.metrics.scriptSeconds(algorithm).observe((performance.now() - started) / 1000)
+    return { reply: decodeReply(wire, call.policies.length), call }
   }
 
   /** Turns a script reply into decisions, refunds and the over-limit cache entry. */
-  private apply(
+  apply(
     group: Group,
     operation: RequestOperation,
     outcome: Outcome,
@@ -300,10 +345,11 @@ export class RateLimitEngine implements KeyNames {
     )
   }
 
-  /** Lets go of the in-process stores this engine used (the app is closing). */
-  close(): void {
+  /** Lets go of the in-process stores this engine used, and gives back its leases (the app is closing). */
+  async close(): Promise<void> {
     if (this.memory) releaseStore(this.memoryId)
     this.fallback.close()
+    await this.buffered?.close()
   }
 
   /**
@@ -353,32 +399,8 @@ export class RateLimitEngine implements KeyNames {
     const group = groups.values().next().value!
     const outcome = emptyOutcome()
     // Cost 0 asks without consuming: a peek.
-    await this.decideGroup(group, cost === 0 ? 'peek' : 'consume', outcome)
-    if (outcome.unavailable) {
-      return {
-        allowed: false,
-        remaining: null,
-        retryAfterMs: 1000,
-        limit: resolved ? resolved.quota.limit : policy.limit,
-        resetMs: 0,
-        delayMs: 0,
-        degraded: true,
-        banned: false,
-        banReached: false,
-      }
-    }
-    const decision = outcome.decisions[0]!
-    return {
-      allowed: decision.allowed,
-      remaining: decision.remaining,
-      retryAfterMs: decision.allowed ? 0 : Math.max(1, decision.retryMs),
-      limit: decision.limit,
-      resetMs: decision.resetMs,
-      delayMs: outcome.delayMs,
-      degraded: outcome.degraded,
-      banned: decision.isBanned,
-      banReached: outcome.banReached !== null,
-    }
+    await this.decideGroup(group, cost === 0 ? 'peek' : 'consume', outcome, null)
+    return resultOf(outcome, resolved ? resolved.quota.limit : policy.limit)
   }
 
   /** `app.rateLimiter.reset`: deletes the key's counter and block (and what this process remembers of them). */
@@ -391,6 +413,7 @@ export class RateLimitEngine implements KeyNames {
     const prefix = `${policy.script}${tag}`
     for (const id of this.overLimit.keys()) if (id.startsWith(prefix)) this.overLimit.delete(id)
     this.fallback.delete(keys)
+    this.buffered?.forget(keys[0]!)
     if (this.memory) return this.memory.delete(keys)
     const call = this.redis!.del(...keys)
     await (this.ownTimeout ? answeredWithin(call, this.options.timeoutMs) : call)

@@ -19,6 +19,7 @@ export {
   RateLimitUnknownPolicyError,
 } from './errors.ts'
 export { clientAddress, type KeyFunction, keyBy } from './keys.ts'
+export type { LeaseReport } from './leases.ts'
 export type { RateLimitPluginOptions } from './options.ts'
 export type { RateLimitResult } from './outcome.ts'
 export type { Algorithm } from './protocol.ts'
@@ -34,6 +35,7 @@ export type {
   LimitFunction,
   RateLimitPolicy,
   RouteRateLimit,
+  SyncOptions,
 } from './types.ts'
 export type { PrincipalFunction }
 
@@ -62,7 +64,10 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
   app.decorate<RateLimitDecorator>('rateLimiter', rateLimiterApi(context))
   app.addHook('onRoute', limitRoute(app, context))
   limitNotFound(app, context)
-  app.addHook('onReady', async () => checkReady(app, context))
+  app.addHook('onReady', async () => {
+    checkReady(app, context)
+    await context.engine.buffered?.startSync(context.policies.all)
+  })
   app.addHook('onClose', async () => context.engine.close())
 }
 

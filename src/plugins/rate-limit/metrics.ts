@@ -15,6 +15,9 @@ export interface RateLimitMetrics {
   scriptSeconds(algorithm: string): HistogramSeries
   /** Counts one group of policies decided without Redis. */
   unavailable(): void
+  readonly leaseCalls: Counter<'call'>
+  /** Counts one Redis call of buffered mode: a lease acquired, a lease returned, or a heartbeat. */
+  leaseCall(call: 'acquire' | 'return' | 'heartbeat'): void
 }
 
 type Tallies = Map<string, Map<string, { labels: { policy: string; outcome: string }; n: number }>>
@@ -55,8 +58,24 @@ export function createRateLimitMetrics(): RateLimitMetrics {
     help: 'Rate limit checks decided without Redis (not connected, failed or timed out), by each policy onRedisError',
     registers: [],
   })
+  // Tallied like the decisions: buffered mode exists to keep per-request work low.
+  const leaseCounts = { acquire: 0, return: 0, heartbeat: 0 }
+  const leaseCalls: Counter<'call'> = new Counter({
+    name: 'rate_limit_lease_calls_total',
+    help: 'Redis calls of buffered policies: leases acquired and returned, and heartbeats',
+    labelNames: ['call'] as const,
+    registers: [],
+    collect() {
+      for (const call of ['acquire', 'return', 'heartbeat'] as const) {
+        if (leaseCounts[call] > 0) leaseCalls.inc({ call }, leaseCounts[call])
+        leaseCounts[call] = 0
+      }
+    },
+  })
   const scriptSeries = new Map<string, HistogramSeries>()
   return {
+    leaseCalls,
+    leaseCall: (call) => void leaseCounts[call]++,
     decisions: decisionsCounter(byPolicy),
     scriptDuration,
     redisUnavailable,

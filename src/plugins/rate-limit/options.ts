@@ -39,6 +39,7 @@ export const POLICY_KEYS = optionKeys<RateLimitPolicy>({
   cost: true,
   hook: true,
   countOnlyFailures: true,
+  sync: true,
   onRedisError: true,
   localShare: true,
   maxDelayMs: true,

@@ -81,3 +81,32 @@ export function addDecision(outcome: Outcome, decision: Decision, ban: BanState,
 export function settleRejection(outcome: Outcome, allowed: boolean): void {
   if (!allowed && !outcome.rejected) outcome.rejected = outcome.decisions[outcome.decisions.length - 1]!
 }
+
+/** `app.rateLimiter.consume`'s answer from the outcome of its one policy (`limit`: the policy's, for a 503). */
+export function resultOf(outcome: Outcome, limit: number): RateLimitResult {
+  if (outcome.unavailable) {
+    return {
+      allowed: false,
+      remaining: null,
+      retryAfterMs: 1000,
+      limit,
+      resetMs: 0,
+      delayMs: 0,
+      degraded: true,
+      banned: false,
+      banReached: false,
+    }
+  }
+  const decision = outcome.decisions[0]!
+  return {
+    allowed: decision.allowed,
+    remaining: decision.remaining,
+    retryAfterMs: decision.allowed ? 0 : Math.max(1, decision.retryMs),
+    limit: decision.limit,
+    resetMs: decision.resetMs,
+    delayMs: outcome.delayMs,
+    degraded: outcome.degraded,
+    banned: decision.isBanned,
+    banReached: outcome.banReached !== null,
+  }
+}

@@ -35,6 +35,11 @@ export class PolicyBook {
     return this.global.length === 0 && this.named.size === 0
   }
 
+  /** Every policy defined so far, once each. */
+  get all(): Policy[] {
+    return [...this.known.values()].map(({ policy }) => policy)
+  }
+
   /** Checks a policy and keeps it under its name; `where` says where it was written. */
   define(raw: RateLimitPolicy, where = ''): Policy {
     const policy = normalizePolicy(raw, this.defaults, this.context, where)

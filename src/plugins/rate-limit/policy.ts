@@ -13,7 +13,47 @@ import type {
   Policy,
   RateLimitPolicy,
   Resolved,
+  SyncOptions,
+  SyncSettings,
 } from './types.ts'
+
+/** A buffered policy's defaults: a sync every 250 ms, leases of at most 100 units. */
+export const DEFAULT_SYNC: SyncSettings = { intervalMs: 250, batch: 100 }
+/** Most units one lease may take. */
+const MAX_BATCH = 1_000_000
+/** The algorithms buffered mode supports (docs/rate-limit.md says why not the sliding ones). */
+const BUFFERED_ALGORITHMS = new Set(['fixed-window', 'token-bucket', 'gcra'])
+
+/** `sync` checked: null for exact mode; the reasons a policy cannot be buffered, each with its cause. */
+function syncSettings(
+  raw: unknown,
+  p: RateLimitPolicy,
+  fail: (message: string) => never,
+): SyncSettings | null {
+  if (raw === undefined || raw === false) return null
+  if (raw !== true && (typeof raw !== 'object' || raw === null || Array.isArray(raw)))
+    fail(`\`sync\` must be true, false or { intervalMs?, batch? }, got ${describeValue(raw)}`)
+  const given = raw === true ? {} : (raw as SyncOptions)
+  policyCheck.known(given, ['intervalMs', 'batch'], `policy '${p.name}': sync`)
+  const intervalMs = durationOption('sync.intervalMs', given.intervalMs ?? DEFAULT_SYNC.intervalMs, 1, fail)
+  if (intervalMs < 10) fail('`sync.intervalMs` must be at least 10 ms (every sync is a Redis call)')
+  const batch = given.batch ?? DEFAULT_SYNC.batch
+  if (!Number.isSafeInteger(batch) || batch < 1 || batch > MAX_BATCH)
+    fail(`\`sync.batch\` must be a whole number of units from 1 to ${MAX_BATCH}`)
+  if (!BUFFERED_ALGORITHMS.has(p.algorithm))
+    fail(
+      `\`sync\` applies to fixed-window, token-bucket and gcra: a ${p.algorithm} policy weighs each request by its own time, which a lease taken earlier cannot keep`,
+    )
+  if (p.countOnlyFailures)
+    fail('`sync` and `countOnlyFailures` exclude each other: a refund needs the exact count')
+  if (p.maxDelayMs)
+    fail('`sync` and `maxDelayMs` exclude each other: a delay is computed from the exact state')
+  if (p.ban !== undefined || p.exponentialBackoff || p.continueExceeding)
+    fail(
+      '`sync` excludes `ban`, `exponentialBackoff` and `continueExceeding`: they count each rejection in Redis',
+    )
+  return { intervalMs, batch }
+}
 
 /** Most rejections `ban.after` may wait for. */
 const MAX_BAN_AFTER = 1_000_000
@@ -136,6 +176,7 @@ export function normalizePolicy(
     if (p[option] !== undefined && typeof p[option] !== 'function')
       fail(`\`${option}\` must be a function of (request, decision)`)
   }
+  const sync = syncSettings(p.sync, p, fail)
   const failures = p.countOnlyFailures
   const isFailure =
     typeof failures === 'function'
@@ -157,6 +198,7 @@ export function normalizePolicy(
     cost,
     hook,
     isFailure,
+    sync,
     onRedisError,
     localShare,
     maxDelayMs,
@@ -244,6 +286,7 @@ const OPTION_DEFAULTS: { [K in keyof Omit<RateLimitPolicy, 'name'>]-?: unknown }
   cost: 1,
   hook: 'onRequest',
   countOnlyFailures: false,
+  sync: false,
   onRedisError: 'open',
   localShare: 1,
   maxDelayMs: 0,
@@ -282,6 +325,10 @@ export function signature(raw: RateLimitPolicy, defaults: Partial<RateLimitPolic
     // A duration compares by its milliseconds: '1 minute' is 60000.
     if (DURATIONS.has(option) && typeof value === 'string') value = parseDuration(value) ?? value
     // Its hook compares by identity like any other function.
+    if (option === 'sync' && value) {
+      const { intervalMs, batch } = value === true ? {} : (value as SyncOptions)
+      return [parseDuration(intervalMs ?? DEFAULT_SYNC.intervalMs) ?? intervalMs, batch ?? DEFAULT_SYNC.batch]
+    }
     if (option === 'ban' && value && typeof value === 'object') {
       const { after, onBanReach } = value as BanOptions
       return [after, onBanReach ? functionId(onBanReach) : null]

@@ -11,7 +11,7 @@ import type { Algorithm, Quota, RateLimitScript } from './protocol.ts'
 //
 // The parts import one way only, each from those listed before it: protocol, types, options,
 // policy, policies, asked, groups, memory-keyspace, memory-windows and memory-buckets, memory,
-// outcome, fallback, engine, responses, context, api, hooks, index (and the leaves errors,
+// outcome, fallback, leases, buffered, engine, responses, context, api, hooks, index (and the leaves errors,
 // duration, keys and metrics, which import no other part). test/boundaries.test.ts fails on any
 // circle of imports inside a folder.
 
@@ -46,6 +46,12 @@ export interface RateLimitPolicy {
   hook?: 'onRequest' | 'preHandler'
   /** Count a request only if its response is a failure (default predicate: status >= 400). */
   countOnlyFailures?: boolean | ((reply: FastifyReply) => boolean)
+  /**
+   * Buffered mode: this instance admits requests from a lease of the remaining quota and talks to
+   * Redis once per lease and per sync, not per request (`true`: the defaults). Fixed window, token
+   * bucket and GCRA; see "Buffered mode" in docs/rate-limit.md for its error bounds. Default: exact.
+   */
+  sync?: boolean | SyncOptions
   /** Default 'open'. */
   onRedisError?: FailureMode
   /** With onRedisError 'local': this process's share of the limit, in (0, 1]. Default 1. */
@@ -72,6 +78,23 @@ export interface RateLimitPolicy {
   onExceeded?: ExceededHandler
   /** Builds the body of this policy's 429 (status and headers stay). Overrides the plugin's. */
   errorResponse?: ErrorResponseBuilder
+}
+
+/** How a buffered policy leases its quota. */
+export interface SyncOptions {
+  /**
+   * How often an instance returns the unused part of its idle leases and renews its heartbeat
+   * (default 250 ms); a crashed instance stops counting toward the others' shares after three.
+   */
+  intervalMs?: Duration
+  /** Most units one lease takes (default 100): the most one instance may hold unused per key. */
+  batch?: number
+}
+
+/** A buffered policy's settings, checked. */
+export interface SyncSettings {
+  intervalMs: number
+  batch: number
 }
 
 /** A per-request limit: a positive whole number, or a promise of one. */
@@ -121,6 +144,8 @@ export interface Policy {
   cost: number | ((request: FastifyRequest) => number)
   hook: 'onRequest' | 'preHandler'
   isFailure: ((reply: FastifyReply) => boolean) | null
+  /** Buffered mode's settings; null: exact (every request decided by Redis). */
+  sync: SyncSettings | null
   onRedisError: FailureMode
   localShare: number
   maxDelayMs: number
