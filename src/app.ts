@@ -168,6 +168,9 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
           algorithm: 'token-bucket',
           limit: limits.ip.capacity,
           refillPerSecond: limits.ip.refillPerSecond,
+          // A flood limit: decided from leases, with the error bounds docs/rate-limit.md states.
+          // The money and security limits below stay exact.
+          sync: limits.ip.sync,
         },
       ],
       namedPolicies: [

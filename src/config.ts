@@ -30,6 +30,7 @@ const EnvSchema = Type.Object({
   RATE_LIMIT_LOGIN: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*/[0-9]+(ms|s|m|h)$' })),
   RATE_LIMIT_LOGIN_IP: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*/[0-9]+(ms|s|m|h)$' })),
   RATE_LIMIT_IP: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*,[0-9]+(\\.[0-9]+)?$' })),
+  RATE_LIMIT_IP_SYNC: Type.Optional(Type.String({ pattern: '^(exact|[1-9][0-9]*(ms|s),[1-9][0-9]*)$' })),
   RATE_LIMITS: Type.Optional(Type.Union([Type.Literal('on'), Type.Literal('off')])),
   SEED_DEMO: Type.Optional(Type.Union([Type.Literal('true'), Type.Literal('false')])),
   SCHEDULER: Type.Optional(Type.Union([Type.Literal('on'), Type.Literal('off')])),
@@ -76,6 +77,7 @@ const HINTS: Record<string, string> = {
   RATE_LIMIT_LOGIN: 'LIMIT/WINDOW like 5/60s',
   RATE_LIMIT_LOGIN_IP: 'LIMIT/WINDOW like 20/60s',
   RATE_LIMIT_IP: 'CAPACITY,REFILL_PER_SECOND like 100,50',
+  RATE_LIMIT_IP_SYNC: 'exact, or INTERVAL,BATCH like 250ms,100',
   RATE_LIMITS: 'on or off',
   SEED_DEMO: 'true or false',
   SCHEDULER: 'on or off',
@@ -152,7 +154,8 @@ export interface Config {
     login: WindowLimit
     /** Every login attempt from one IP, whatever the username: bounds the password-hashing CPU one client gets. */
     loginIp: WindowLimit
-    ip: { capacity: number; refillPerSecond: number }
+    /** `sync`: false for exact, else the buffered policy's interval and batch. */
+    ip: { capacity: number; refillPerSecond: number; sync: { intervalMs: number; batch: number } | false }
   }
   seedDemo: boolean
   /**
@@ -210,6 +213,13 @@ export function parseDuration(text: string): number {
 function parseWindowLimit(text: string): WindowLimit {
   const [limit, window] = text.split('/') as [string, string]
   return { limit: Number(limit), windowMs: parseDuration(window) }
+}
+
+/** `exact`, or a buffered policy's sync interval and batch. */
+function parseSync(text: string): { intervalMs: number; batch: number } | false {
+  if (text === 'exact') return false
+  const [interval, batch] = text.split(',') as [string, string]
+  return { intervalMs: parseDuration(interval), batch: Number(batch) }
 }
 
 /** The listen address as clients on this machine reach it (a wildcard address is not one to connect to). */
@@ -284,7 +294,11 @@ export function loadConfig(env: Record<string, string | undefined> = process.env
       transfers: parseWindowLimit(e.RATE_LIMIT_TRANSFERS ?? '10/60s'),
       login: parseWindowLimit(e.RATE_LIMIT_LOGIN ?? '5/60s'),
       loginIp: parseWindowLimit(e.RATE_LIMIT_LOGIN_IP ?? '20/60s'),
-      ip: { capacity: Number(capacity), refillPerSecond: Number(refill) },
+      ip: {
+        capacity: Number(capacity),
+        refillPerSecond: Number(refill),
+        sync: parseSync(e.RATE_LIMIT_IP_SYNC ?? '250ms,100'),
+      },
     },
     seedDemo: e.SEED_DEMO !== 'false',
     feed: {

@@ -9,7 +9,11 @@ test('defaults follow docs/demo/http-api.md', () => {
   assert.equal(config.databaseUrl, undefined)
   assert.deepEqual(config.rateLimits.transfers, { limit: 10, windowMs: 60_000 })
   assert.deepEqual(config.rateLimits.login, { limit: 5, windowMs: 60_000 })
-  assert.deepEqual(config.rateLimits.ip, { capacity: 100, refillPerSecond: 50 })
+  assert.deepEqual(config.rateLimits.ip, {
+    capacity: 100,
+    refillPerSecond: 50,
+    sync: { intervalMs: 250, batch: 100 },
+  })
   assert.equal(config.rateLimits.enabled, true)
   assert.equal(config.seedDemo, true)
   assert.equal(config.session.secrets.length, 1)
@@ -32,6 +36,7 @@ test('parses every variable', () => {
     RATE_LIMIT_TRANSFERS: '3/500ms',
     RATE_LIMIT_LOGIN: '7/2m',
     RATE_LIMIT_IP: '10,2.5',
+    RATE_LIMIT_IP_SYNC: '1s,20',
     RATE_LIMITS: 'off',
     SEED_DEMO: 'false',
     NOTIFICATIONS_DEDUP: '90m',
@@ -43,7 +48,12 @@ test('parses every variable', () => {
   assert.deepEqual(config.session.secrets, ['a'.repeat(32), 'b'.repeat(40)])
   assert.deepEqual(config.rateLimits.transfers, { limit: 3, windowMs: 500 })
   assert.deepEqual(config.rateLimits.login, { limit: 7, windowMs: 120_000 })
-  assert.deepEqual(config.rateLimits.ip, { capacity: 10, refillPerSecond: 2.5 })
+  assert.deepEqual(config.rateLimits.ip, {
+    capacity: 10,
+    refillPerSecond: 2.5,
+    sync: { intervalMs: 1000, batch: 20 },
+  })
+  assert.equal(loadConfig({ RATE_LIMIT_IP_SYNC: 'exact' }).rateLimits.ip.sync, false)
   assert.equal(config.rateLimits.enabled, false)
   assert.equal(config.seedDemo, false)
   assert.equal(config.events.notificationsDedupMs, 5_400_000)
@@ -69,6 +79,10 @@ test('a bad variable fails the boot with a message naming it', () => {
   const cases: Array<[Record<string, string>, string]> = [
     [{ PORT: 'eighty' }, "Invalid environment variable PORT: expected a port number, got 'eighty'"],
     [{ PORT: '70000' }, "Invalid environment variable PORT: expected a port number, got '70000'"],
+    [
+      { RATE_LIMIT_IP_SYNC: '250ms' },
+      "Invalid environment variable RATE_LIMIT_IP_SYNC: expected exact, or INTERVAL,BATCH like 250ms,100, got '250ms'",
+    ],
     [
       { RATE_LIMIT_TRANSFERS: '10 per minute' },
       "Invalid environment variable RATE_LIMIT_TRANSFERS: expected LIMIT/WINDOW like 10/60s, got '10 per minute'",
