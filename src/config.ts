@@ -284,7 +284,7 @@ export function loadConfig(env: Record<string, string | undefined> = process.env
     cache: {
       enabled: (e.CACHE ?? 'on') === 'on',
       ttlMs: parseDuration(e.CACHE_TTL ?? '60s'),
-      l1TtlMs: parseDuration(e.CACHE_L1_TTL ?? '0s'),
+      l1TtlMs: parseDuration(e.CACHE_L1_TTL ?? '5s'),
       leaseWaitMs: parseDuration(e.CACHE_LEASE_WAIT ?? '2s'),
     },
     databaseUrl: e.DATABASE_URL,

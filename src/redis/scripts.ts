@@ -124,6 +124,14 @@ export interface ScriptClient {
  * server does not know the script (first use, a restart, SCRIPT FLUSH, a failover to a node that
  * never saw it) EVAL, which also caches it there. `buffers` returns bulk strings as Buffers, byte-exact.
  */
+let reloads = 0
+
+/**
+ * How many times this process sent a script's text because Redis no longer had it (NOSCRIPT,
+ * after a restart or SCRIPT FLUSH): such a call runs after the commands sent behind it.
+ */
+export const scriptReloads = () => reloads
+
 function runScript(
   client: ScriptClient,
   name: ScriptName,
@@ -138,6 +146,7 @@ function runScript(
   const send = (buffers ? client.callBuffer : client.call) as (...args: Arg[]) => Promise<unknown>
   return send.call(client, 'evalsha', script.sha, keys.length, ...tail).catch((err: Error) => {
     if (!err?.message?.startsWith('NOSCRIPT')) throw err
+    reloads++
     return send.call(client, 'eval', script.lua, keys.length, ...tail)
   })
 }

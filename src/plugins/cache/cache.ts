@@ -1,4 +1,5 @@
 import { describeValue } from '../../redis/client.ts'
+import { scriptReloads } from '../../redis/scripts.ts'
 import { encodeValue, lifetimes } from './entry.ts'
 import { checkSet, type EntryOptions, NO_OPTIONS, resolveSetOptions } from './entry-options.ts'
 import { CacheKeyInvalidError } from './errors.ts'
@@ -163,8 +164,18 @@ export class RedisCache implements CacheApi {
 
   private async invalidateInRedis(keys: readonly string[]): Promise<void> {
     this.store.requireUp()
-    await this.store.invalidate(keys)
-    await this.parts.broadcast?.(keys)
+    const { broadcast, broadcastInOrder } = this.parts
+    if (!broadcast || !broadcastInOrder) {
+      await this.store.invalidate(keys)
+      await broadcast?.(keys)
+      return
+    }
+    // Sent behind the invalidation on one connection: run after it, in the same round trip. But a
+    // script Redis no longer had (after a restart) is sent again, after the PUBLISH ran: then a
+    // second one reaches an instance that refilled its L1 from the old entry in between.
+    const reloaded = scriptReloads()
+    await Promise.all([this.store.invalidate(keys), broadcast(keys)])
+    if (scriptReloads() !== reloaded) await broadcast(keys)
   }
 
   async invalidateTags(tags: readonly string[]): Promise<boolean> {

@@ -8,7 +8,7 @@ import type {
   RouteOptions,
 } from 'fastify'
 import fp from 'fastify-plugin'
-import type { RedisClient } from '../../redis/client.ts'
+import { isCluster, type RedisClient } from '../../redis/client.ts'
 import { pluginContext, type RedisPluginContext, redisPluginContext } from '../common/context.ts'
 import { pluginRegistered, routeCovered } from '../common/route-coverage.ts'
 import { addRouteHook } from '../common/route-hooks.ts'
@@ -203,6 +203,7 @@ async function redisCache(app: FastifyInstance, context: CacheContext, settings:
     l1,
     // Keys as a JSON array, tags as {"tags": [...]}.
     broadcast: subscriber ? (message) => redis.publish(channel, JSON.stringify(message)) : undefined,
+    broadcastInOrder: !isCluster(redis),
   })
   if (subscriber && l1) {
     app.addHook('onClose', async () => subscriber.disconnect())

@@ -99,4 +99,9 @@ export interface CacheParts {
   readonly l1?: L1Cache
   /** Tells the other instances to drop these keys (or every key of these tags) from their L1. */
   readonly broadcast?: (message: InvalidationMessage) => Promise<unknown>
+  /**
+   * The broadcast travels on the connection of the invalidation (one Redis, not a Cluster): Redis
+   * runs it after the invalidation sent before it, so both go in one round trip.
+   */
+  readonly broadcastInOrder?: boolean
 }

@@ -9,6 +9,7 @@ import { RateLimitError } from './errors.ts'
 import { FALLBACK_MAX_KEYS, RedisFallback } from './fallback.ts'
 import { addToGroup, callOf, type Group, nonceFor } from './groups.ts'
 import { identityTag, MAX_CACHED_IDENTITY } from './keys.ts'
+import { monotonicNow } from './leases.ts'
 import { acquireStore, type MemoryStore, memoryStoreId, releaseStore } from './memory.ts'
 import type { RateLimitMetrics } from './metrics.ts'
 import {
@@ -111,7 +112,14 @@ export class RateLimitEngine implements ExactPath {
       ? null
       : acquireStore(this.memoryId, options.memoryMaxKeys ?? FALLBACK_MAX_KEYS, this.now)
     this.buffered = redis
-      ? new BufferedPolicies(this, this.metrics, redis, options.keyPrefix, this.now, options.log)
+      ? new BufferedPolicies(
+          this,
+          this.metrics,
+          redis,
+          options.keyPrefix,
+          leaseClock(options.now),
+          options.log,
+        )
       : null
     // Without a command timeout on the client, a stalled Redis would hold requests: bound it here.
     this.ownTimeout = redis !== null && !commandTimeoutOf(redis)
@@ -427,6 +435,9 @@ export class RateLimitEngine implements ExactPath {
     await (this.ownTimeout ? answeredWithin(call, this.options.timeoutMs) : call)
   }
 }
+
+/** The plugin's clock when a test gives one; else a clock that never jumps. */
+const leaseClock = (now: (() => number) | undefined) => (!now || now === Date.now ? monotonicNow : now)
 
 /** A script call bounded by the plugin's `timeoutMs`, for a client without a commandTimeout of its own. */
 const answeredWithin = <T>(call: Promise<T>, ms: number) =>

@@ -26,6 +26,12 @@ const INSTANCES = defineScript({
   reply: integer,
 })
 
+/**
+ * Leases are timed on a clock that never jumps (a wall clock stepped back would stretch a fixed
+ * window's lease into the next window): ms, in the epoch's range, from the monotonic clock.
+ */
+export const monotonicNow = () => performance.timeOrigin + performance.now()
+
 /** A lease is given back after this many sync intervals even while in use: no unit is held longer. */
 const LEASE_TICKS = 4
 /** An instance counts toward the others' shares until this many intervals without a heartbeat. */
@@ -279,7 +285,8 @@ export class LeaseBook {
     const policies: LeaseReport['policies'] = {}
     const now = this.now()
     for (const lease of this.leases.values()) {
-      if (now >= lease.expiresAt) continue
+      // Units of a lease past its age stay held until given back; those of an ended window are gone.
+      if (lease.policy.algorithm === 'fixed-window' && now >= lease.resetAt) continue
       const entry = policies[lease.policy.name] ?? { keys: 0, unitsHeld: 0 }
       policies[lease.policy.name] = entry
       entry.keys++

@@ -255,7 +255,7 @@ const PLUGIN_DECLARATIONS = {
     type: 'a function returning ms since the epoch',
     default: Date.now,
     defaultText: '`Date.now`',
-    doc: "this process's clock, `() => ms since the epoch`: what `store: 'memory'`, the `local` fallback and the over-limit cache read. Scripts on Redis read Redis's clock (`TIME`). Tests pass a clock they move",
+    doc: "this process's clock, `() => ms since the epoch`: what `store: 'memory'`, the `local` fallback and the over-limit cache read. Scripts on Redis read Redis's clock (`TIME`). Buffered leases are timed on the monotonic clock unless this is given. Tests pass a clock they move",
   }),
 }
 
