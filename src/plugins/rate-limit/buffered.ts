@@ -17,6 +17,8 @@ export interface Taken {
 export interface ExactPath extends KeyNames {
   /** The script call's reply, or null when Redis cannot answer (the fallback must decide). */
   send(group: Group, call: ScriptCall): Promise<{ reply: ScriptReply; call: ScriptCall } | null>
+  /** Rejects the group when this process remembers it over its limit. */
+  rejectedFromCache(group: Group, outcome: Outcome): boolean
   /** Decides the group by its policies' onRedisError. */
   fallBack(group: Group, outcome: Outcome): void
   /** Decisions from a reply, as for any exact call (a refusal is cached as over-limit). */
@@ -65,6 +67,8 @@ export class BufferedPolicies {
       const pending = book.pending.get(key)
       if (!pending) break
       await pending
+      // The lease it waited for was refused: the key is over its limit, and this request too.
+      if (this.exact.rejectedFromCache(group, outcome)) return
     }
     const acquired = this.acquire(book, group, cost, outcome, taken)
     book.pending.set(key, acquired)

@@ -179,6 +179,22 @@ export class RateLimitEngine implements ExactPath {
     return this.buffered !== null && group.policies[0]!.sync !== null
   }
 
+  /** A group over its limit until a retry time this process remembers: rejected without Redis (ExactPath). */
+  rejectedFromCache(group: Group, outcome: Outcome): boolean {
+    const cached = this.overLimit.size > 0 ? this.overLimit.get(cacheKey(group)) : undefined
+    if (!cached) return false
+    const now = this.now()
+    if (now < cached.until && Math.max(...group.costs) >= cached.cost) {
+      const left = cached.until - now
+      outcome.rejected = { ...cached.decision, resetMs: left, retryMs: left }
+      outcome.decisions.push(outcome.rejected)
+      this.metrics.decision(cached.decision.policy.name, 'rejected_cached')
+      return true
+    }
+    this.overLimit.delete(cacheKey(group))
+    return false
+  }
+
   /** ExactPath: the fallback, for buffered decisions. */
   fallBack(group: Group, outcome: Outcome): void {
     this.fallback.decide(group, 'consume', outcome, this.metrics, this)
@@ -190,20 +206,7 @@ export class RateLimitEngine implements ExactPath {
     outcome: Outcome,
     taken: Taken[] | null,
   ): Promise<void> {
-    const { metrics } = this
-    const cached =
-      operation === 'consume' && this.overLimit.size > 0 ? this.overLimit.get(cacheKey(group)) : undefined
-    if (cached) {
-      const now = this.now()
-      if (now < cached.until && Math.max(...group.costs) >= cached.cost) {
-        const left = cached.until - now
-        outcome.rejected = { ...cached.decision, resetMs: left, retryMs: left }
-        outcome.decisions.push(outcome.rejected)
-        metrics.decision(cached.decision.policy.name, 'rejected_cached')
-        return
-      }
-      this.overLimit.delete(cacheKey(group))
-    }
+    if (operation === 'consume' && this.rejectedFromCache(group, outcome)) return
     const algorithm = group.policies[0]!.algorithm
     const nonce = nonceFor(group)
     if (this.memory) {

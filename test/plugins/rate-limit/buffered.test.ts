@@ -252,3 +252,18 @@ test('a policy that cannot be buffered says why', async () => {
     client.disconnect()
   }
 })
+
+test('a burst on a key at its limit: the requests waiting on a refused lease are refused without a call of their own', async () => {
+  const prefix = uniquePrefix('rlb')
+  const one = await instance(prefix, fixed('burst', 10, { intervalMs: 60_000, batch: 10 }))
+  const before = one.commands()
+  const statuses = await Promise.all(
+    Array.from({ length: 200 }, () =>
+      one.app.inject({ url: '/', headers: { 'x-key': 'k' } }).then((r) => r.statusCode),
+    ),
+  )
+  assert.equal(statuses.filter((s) => s === 200).length, 10)
+  assert.equal(statuses.filter((s) => s === 429).length, 190)
+  // One lease of ten, then one refused lease; every other request waited on one of them.
+  assert.ok(one.commands() - before <= 3, `${one.commands() - before} Redis calls for 200 requests`)
+})
