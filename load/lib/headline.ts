@@ -60,7 +60,8 @@ const HEADLINES: Record<string, (data: never) => Row[]> = {
   chain: (data: { summaries: Summary[] }) => {
     const named = (name: string) => data.summaries.find((s) => s.name === name)
     return [
-      ...fromSummary('ours', named('gateway chain'), 'gateway chain (every plugin)'),
+      ...fromSummary('ours', named('gateway chain'), 'gateway chain (every plugin; IP limit buffered, L1s)'),
+      ...fromSummary('ours', named('gateway chain, exact'), 'gateway chain, every decision on Redis'),
       ...fromSummary('peer', named('peer stack')),
       ...fromSummary('baseline', named('bare route')),
       ...fromSummary('baseline', named('bare route + one Redis GET')),
