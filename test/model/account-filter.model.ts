@@ -5,7 +5,7 @@ import type { Redis } from 'ioredis'
 import { type AccountFilter, createAccountFilter } from '../../src/ledger/account-filter.ts'
 import { createTestDatabase, type TestDatabase } from '../helpers/gateway.ts'
 import { type ModelCommand, modelTest } from './harness.ts'
-import { type ModelRedis, startModelRedis } from './redis.ts'
+import { dataLosses, type ModelRedis, startModelRedis } from './redis.ts'
 
 // The demo's account filter (src/ledger/account-filter.ts) on a real Postgres and a private Redis,
 // against the one thing it promises: no account that exists is ever reported missing. Accounts come
@@ -158,22 +158,6 @@ class StillFilters implements ModelCommand<Model, Real> {
   toString = () => 'stillFilters()'
 }
 
-class FlushAll implements ModelCommand<Model, Real> {
-  check = () => true
-  async run(_model: Model, real: Real) {
-    await real.server.flushAll()
-  }
-  toString = () => 'flushAll()'
-}
-
-class RestartRedis implements ModelCommand<Model, Real> {
-  check = () => true
-  async run(_model: Model, real: Real) {
-    await real.server.restart()
-  }
-  toString = () => 'restartRedis()'
-}
-
 class Lose implements ModelCommand<Model, Real> {
   constructor(readonly what: 'bits' | 'marker') {}
   check = () => true
@@ -217,8 +201,7 @@ modelTest<Model, Real>({
     fc.constant(new CatchUp()),
     fc.boolean().map((settle) => new RestartInstance(settle)),
     fc.constant(new StillFilters()),
-    fc.constant(new FlushAll()),
-    fc.constant(new RestartRedis()),
+    ...dataLosses<Model, Real>(),
     fc.constantFrom<'bits' | 'marker'>('bits', 'marker').map((what) => new Lose(what)),
     fc.tuple(fc.integer({ min: 0, max: 30 }), fc.boolean()).map(([n, beyond]) => new Restore(n, beyond)),
   ],

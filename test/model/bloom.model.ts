@@ -12,7 +12,7 @@ import {
 } from '../../src/index.ts'
 import { hashSlot } from '../../src/redis/keys.ts'
 import { type ModelCommand, modelTest } from './harness.ts'
-import { type ModelRedis, startModelRedis } from './redis.ts'
+import { dataLosses, type ModelRedis, startModelRedis } from './redis.ts'
 
 // The Bloom filter (src/primitives/bloom.ts, docs/bloom.md) against a model of what it promises:
 // an item it was given answers "maybe" while its shard's bits live; a shard whose bits Redis lost
@@ -200,24 +200,6 @@ class Rebuild implements ModelCommand<Model, Real> {
     `rebuild(${this.midway.kind === 'none' ? '' : `${this.midway.kind}${'shard' in this.midway ? ` ${this.midway.shard}` : ''}${'item' in this.midway ? ` ${this.midway.item}` : ''} midway`})`
 }
 
-class FlushAll implements ModelCommand<Model, Real> {
-  check = () => true
-  async run(model: Model, real: Real) {
-    await real.server.flushAll()
-    for (let s = 0; s < real.filter.shards; s++) model.lost.add(s)
-  }
-  toString = () => 'flushAll()'
-}
-
-class Restart implements ModelCommand<Model, Real> {
-  check = () => true
-  async run(model: Model, real: Real) {
-    await real.server.restart()
-    for (let s = 0; s < real.filter.shards; s++) model.lost.add(s)
-  }
-  toString = () => 'restart()'
-}
-
 class DropSlot implements ModelCommand<Model, Real> {
   constructor(readonly shard: number) {}
   check = () => true
@@ -258,8 +240,9 @@ modelTest<Model, Real>({
         fc.constant<Midway>({ kind: 'rebuild' }),
       )
       .map((midway) => new Rebuild(midway)),
-    fc.constant(new FlushAll()),
-    fc.constant(new Restart()),
+    ...dataLosses<Model, Real>((model, real) => {
+      for (let s = 0; s < real.filter.shards; s++) model.lost.add(s)
+    }),
     shard.map((s) => new DropSlot(s)),
   ],
   async setup() {

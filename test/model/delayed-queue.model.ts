@@ -4,7 +4,7 @@ import fc from 'fast-check'
 import type { Redis } from 'ioredis'
 import { createDelayedQueue, type DelayedQueue } from '../../src/primitives/delayed-queue.ts'
 import { type ModelCommand, modelTest } from './harness.ts'
-import { MODEL_EPOCH_MS, type ModelRedis, startModelRedis } from './redis.ts'
+import { dataLosses, MODEL_EPOCH_MS, type ModelRedis, startModelRedis } from './redis.ts'
 
 // The delayed queue against a plain model on a Redis whose clock the model moves. Two instances
 // ('a' and 'b', stable ids; b's own clock 1.5 s ahead of Redis's) schedule, cancel, move, take,
@@ -344,24 +344,6 @@ function loseAll(model: Model) {
   }
 }
 
-class FlushAll implements ModelCommand<Model, Real> {
-  check = () => true
-  async run(model: Model, real: Real) {
-    await real.server.flushAll()
-    loseAll(model)
-  }
-  toString = () => 'flushAll()'
-}
-
-class Restart implements ModelCommand<Model, Real> {
-  check = () => true
-  async run(model: Model, real: Real) {
-    await real.server.restart()
-    loseAll(model)
-  }
-  toString = () => 'restart()'
-}
-
 const instance = fc.constantFrom(...INSTANCES)
 const id = fc.constantFrom(...IDS)
 
@@ -386,8 +368,7 @@ modelTest<Model, Real>({
     instance.map((i) => new Stop(i)),
     instance.map((i) => new Crash(i)),
     fc.constantFrom(1, 499, 500, 999, 1000, 1001, 3000, 3001).map((ms) => new Advance(ms)),
-    fc.constant(new FlushAll()),
-    fc.constant(new Restart()),
+    ...dataLosses<Model, Real>(loseAll),
   ],
   async setup() {
     if (!shared) {

@@ -4,7 +4,7 @@ import Fastify, { type FastifyInstance } from 'fastify'
 import type { Redis } from 'ioredis'
 import rateLimit, { type RateLimitPolicy } from '../../src/plugins/rate-limit/index.ts'
 import { type ModelCommand, modelTest } from './harness.ts'
-import { type ModelRedis, startModelRedis } from './redis.ts'
+import { dataLosses, type ModelRedis, startModelRedis } from './redis.ts'
 
 /**
  * Buffered mode against a plain model: three instances (`a`, `b`, `c`) share one Redis (the model's
@@ -173,41 +173,14 @@ class Advance implements ModelCommand<Model, Real> {
 }
 
 /** Every key lost: the window and the bucket start again, with what instances hold still spendable. */
-async function loseData(model: Model, real: Real) {
+function loseData(model: Model, real: Real) {
   // A lease ends with the window it was taken in, at the latest a window's length from now.
   model.taintedUntil = model.now + WINDOW_MS
   model.window = null
   model.strandedFixed = 0
   model.bucket = { since: model.now, admitted: 0, heldAtStart: held(real, 'bucket') }
-}
-
-class FlushAll implements ModelCommand<Model, Real> {
-  check() {
-    return true
-  }
-  async run(model: Model, real: Real) {
-    await loseData(model, real)
-    await real.server.flushAll()
-    // The instances' heartbeats went too: each renews its own at its next sync.
-    model.ghosts = []
-  }
-  toString() {
-    return 'flushAll()'
-  }
-}
-
-class RestartRedis implements ModelCommand<Model, Real> {
-  check() {
-    return true
-  }
-  async run(model: Model, real: Real) {
-    await loseData(model, real)
-    await real.server.restart()
-    model.ghosts = []
-  }
-  toString() {
-    return 'restartRedis()'
-  }
+  // The instances' heartbeats went too: each renews its own at its next sync.
+  model.ghosts = []
 }
 
 /** An instance dies with its leases: its client is cut, its app never closed; a new one takes its place. */
@@ -248,8 +221,7 @@ modelTest<Model, Real>({
     fc.constantFrom(...INSTANCES).map((instance) => new Sync(instance)),
     fc.constantFrom(1, 100, 250, 500, 999, 1000, 1500).map((ms) => new Advance(ms)),
     fc.constant(new Advance(HEARTBEAT_MS + 1)),
-    fc.constant(new FlushAll()),
-    fc.constant(new RestartRedis()),
+    ...dataLosses<Model, Real>(loseData),
     fc.constantFrom(...INSTANCES).map((instance) => new Crash(instance)),
   ],
   async setup() {

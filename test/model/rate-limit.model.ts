@@ -6,7 +6,7 @@ import rateLimit, { type RateLimitPolicy, type RateLimitResult } from '../../src
 import { identityTag } from '../../src/plugins/rate-limit/keys.ts'
 import { hashSlot } from '../../src/redis/keys.ts'
 import { type ModelCommand, modelTest } from './harness.ts'
-import { type ModelRedis, startModelRedis } from './redis.ts'
+import { dataLosses, type ModelRedis, startModelRedis } from './redis.ts'
 
 /**
  * Every rate-limit algorithm against an exact reference on a controlled clock. Three plugin
@@ -434,32 +434,6 @@ function loseRedis(model: Model) {
   for (const key of [...model.history.keys()]) if (key.startsWith('r|')) model.history.delete(key)
 }
 
-class FlushAll implements ModelCommand<Model, Real> {
-  check() {
-    return true
-  }
-  async run(model: Model, real: Real) {
-    loseRedis(model)
-    await real.server.flushAll()
-  }
-  toString() {
-    return 'flushAll()'
-  }
-}
-
-class RestartRedis implements ModelCommand<Model, Real> {
-  check() {
-    return true
-  }
-  async run(model: Model, real: Real) {
-    loseRedis(model)
-    await real.server.restart()
-  }
-  toString() {
-    return 'restartRedis()'
-  }
-}
-
 /** One identity's hash slot loses its keys (as one Cluster node losing its data); an identity sharing the slot loses them too. */
 class DropSlot implements ModelCommand<Model, Real> {
   constructor(readonly identity: string) {}
@@ -583,8 +557,7 @@ modelTest<Model, Real>({
       )
       .map((ms) => new Advance(ms)),
     ...Array.from({ length: 3 }, () => toEdges),
-    fc.constant(new FlushAll()),
-    fc.constant(new RestartRedis()),
+    ...dataLosses<Model, Real>(loseRedis),
     identities.map((identity) => new DropSlot(identity)),
     fc.constantFrom(-5000, -700, 0, 300, 5000).map((ms) => new SkewB(ms)),
     fc.tuple(instances, algorithms, fc.constantFrom<0 | 1>(0, 1)).map(([i, a, s]) => new Deploy(i, a, s)),

@@ -3,9 +3,11 @@ import { createHash } from 'node:crypto'
 import { closeSync, existsSync, mkdtempSync, openSync, readFileSync, rmSync, writeSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
+import fc from 'fast-check'
 import { Redis, type RedisOptions } from 'ioredis'
 import { freePort, redisAnswers } from '../../src/embedded/redis-server.ts'
 import { hashSlot } from '../../src/redis/keys.ts'
+import type { ModelCommand } from './harness.ts'
 
 /**
  * A private redis-server for a model run: no persistence, its own port, a wall clock the model sets
@@ -178,3 +180,34 @@ export async function startModelRedis({ startMs = MODEL_EPOCH_MS } = {}): Promis
     },
   }
 }
+
+/**
+ * A data loss as a model command: FLUSHALL, or a restart (a crash: every key lost, clients
+ * reconnect). `lose` first tells the model what went (and may read the real system as it stood).
+ */
+export class DataLoss<Model extends object, Real extends { server: ModelRedis }>
+  implements ModelCommand<Model, Real>
+{
+  constructor(
+    readonly kind: 'flushAll' | 'restart',
+    readonly lose: (model: Model, real: Real) => unknown = () => {},
+  ) {}
+  check() {
+    return true
+  }
+  async run(model: Model, real: Real) {
+    await this.lose(model, real)
+    await (this.kind === 'flushAll' ? real.server.flushAll() : real.server.restart())
+  }
+  toString() {
+    return `${this.kind}()`
+  }
+}
+
+/** Both data losses, drawn like any command. */
+export const dataLosses = <Model extends object, Real extends { server: ModelRedis }>(
+  lose?: (model: Model, real: Real) => unknown,
+) => [
+  fc.constant(new DataLoss<Model, Real>('flushAll', lose)),
+  fc.constant(new DataLoss<Model, Real>('restart', lose)),
+]
