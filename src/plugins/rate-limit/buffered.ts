@@ -172,7 +172,7 @@ export class BufferedPolicies {
 
   /** `app.rateLimiter.sync()`: the sync tick, now. */
   async sync(): Promise<void> {
-    await this.book.tick()
+    await this.book.tick(true)
   }
 
   /** `app.rateLimiter.leases()`. */

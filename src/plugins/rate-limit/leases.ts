@@ -14,8 +14,8 @@ import type { Policy, SyncSettings } from './types.ts'
  * with an ordinary refund. Each lease takes a share of the remaining quota that follows the live
  * number of instances (a heartbeat per key prefix), at most the policy's `batch`.
  *
- * The sync timer (the smallest interval of the buffered policies seen) renews the heartbeat and
- * gives back every lease idle since the previous tick or held for LEASE_TICKS intervals; a fixed
+ * The sync timer (the smallest interval of the buffered policies seen) renews the heartbeat (at
+ * most every second) and gives back every lease idle since the previous tick or held for LEASE_TICKS intervals; a fixed
  * window's lease also ends with its window (what it held is gone with it).
  */
 
@@ -34,8 +34,12 @@ export const monotonicNow = () => performance.timeOrigin + performance.now()
 
 /** A lease is given back after this many sync intervals even while in use: no unit is held longer. */
 const LEASE_TICKS = 4
-/** An instance counts toward the others' shares until this many intervals without a heartbeat. */
-const HEARTBEAT_TICKS = 3
+/**
+ * The heartbeat is renewed at most every second (each one is a script call, and every instance
+ * sends them), and an instance counts toward the others' shares until three go missing.
+ */
+const HEARTBEAT_MIN_MS = 1000
+const HEARTBEATS_MISSED = 3
 /** Keys one instance holds leases on at most; past it the oldest lease is given back. */
 export const MAX_LEASES = 10_000
 
@@ -87,6 +91,8 @@ export class LeaseBook {
   private readonly instancesKey: string
   private timer: NodeJS.Timeout | null = null
   private intervalMs = Number.POSITIVE_INFINITY
+  /** When the next tick renews the heartbeat (this process's clock). */
+  private nextHeartbeat = 0
   /** Live instances of the key prefix, this one included, as the last heartbeat said. */
   instances = 1
   private closed = false
@@ -187,10 +193,11 @@ export class LeaseBook {
     this.lastRemaining.set(key, remaining)
   }
 
-  /** The sync tick: the heartbeat, and every idle, aged or ended lease given back. */
-  async tick(): Promise<void> {
+  /** The sync tick: the heartbeat when due (`renew`: now), and every idle, aged or ended lease given back. */
+  async tick(renew = false): Promise<void> {
     const now = this.now()
-    const returns: Array<Promise<void>> = [this.heartbeat()]
+    const returns: Array<Promise<void>> = []
+    if (renew || now >= this.nextHeartbeat) returns.push(this.heartbeat())
     for (const lease of [...this.leases.values()]) {
       if (lease.spent === 0 || now >= lease.expiresAt) returns.push(this.retire(lease))
       else lease.spent = 0
@@ -235,8 +242,14 @@ export class LeaseBook {
     }
   }
 
+  private get heartbeatMs(): number {
+    return Math.max(this.intervalMs, HEARTBEAT_MIN_MS)
+  }
+
   private async heartbeat(): Promise<void> {
     if (this.closed || this.redis.status !== 'ready') return
+    // A tick may come a little early: the next heartbeat is due within half a tick of a period.
+    this.nextHeartbeat = this.now() + this.heartbeatMs - this.intervalMs / 2
     this.metrics.leaseCall('heartbeat')
     try {
       this.instances = Math.max(
@@ -245,7 +258,7 @@ export class LeaseBook {
           this.redis,
           INSTANCES,
           { instances: this.instancesKey },
-          { instance: this.id, ttlMs: HEARTBEAT_TICKS * this.intervalMs },
+          { instance: this.id, ttlMs: HEARTBEATS_MISSED * this.heartbeatMs },
         ),
       )
     } catch (err) {
