@@ -12,6 +12,7 @@ import {
 } from './checks.ts'
 import type { LoadResult } from './decision.ts'
 import { SessionTooLargeError } from './errors.ts'
+import { type L1Counters, newOrigin, publishInvalidation, SessionL1 } from './l1.ts'
 import { SESSION_STORE_OPTIONS, type SessionStoreOptions, type SessionStoreSettings } from './options.ts'
 import { SESSION_CREATE, SESSION_DESCRIBE, SESSION_INDEX_ADD, SESSION_SET } from './scripts.ts'
 import {
@@ -91,13 +92,43 @@ export class SessionStore implements SessionSaver {
   readonly #now: () => number
   /** When this process last slid each session's idle expiry (its own touches only), and by how much. */
   readonly #touchedAt = new Map<string, { at: number; idle: number }>()
+  /** The loaded sessions this instance answers without Redis (the `l1` option), or null. */
+  readonly l1: SessionL1 | null
+  /** Names this store in the invalidations it publishes (its L1, if any, skips them). */
+  readonly #origin: string
 
-  /** Throws an InvalidOptionError (or UnknownOptionError) for options the plugin would refuse. */
-  constructor(redis: RedisClient, options: SessionStoreOptions = {}) {
+  /**
+   * Throws an InvalidOptionError (or UnknownOptionError) for options the plugin would refuse.
+   * `counters` (internal) counts the L1's hits, misses and invalidations.
+   */
+  constructor(redis: RedisClient, options: SessionStoreOptions = {}, counters?: L1Counters) {
     this.redis = redis
     this.options = SESSION_STORE_OPTIONS.read(options)
     this.#touchAfterMs = this.options.touchAfterMs ?? Math.floor(this.options.idleTimeoutMs / 20)
     this.#now = this.options.now
+    const l1 = this.options.l1
+    this.l1 = l1 === false ? null : new SessionL1(redis, this.options.keyPrefix, l1, counters)
+    this.#origin = this.l1?.origin ?? newOrigin()
+  }
+
+  /** Closes the L1's subscriber connection (never the client it was given). */
+  close(): void {
+    this.l1?.close()
+  }
+
+  /**
+   * Runs a write that changes or ends the sessions `ids`, then publishes them on the invalidation
+   * channel, awaited: when this resolves, every subscribed L1 is at most the message's delivery
+   * away from dropping them. This L1 drops them before (its loads in flight keep nothing) and
+   * after (a load that started meanwhile read the old value). A failed publish rejects like a
+   * failed write (the 503 problem), and the caller's request does not report success.
+   */
+  async #changing<T>(ids: readonly string[], write: () => Promise<T>): Promise<T> {
+    for (const id of ids) this.l1?.drop(id)
+    const result = await write()
+    for (const id of ids) this.l1?.drop(id)
+    if (ids.length > 0) await publishInvalidation(this.redis, this.options.keyPrefix, this.#origin, ids)
+    return result
   }
 
   /**
@@ -154,25 +185,36 @@ export class SessionStore implements SessionSaver {
   /** @internal `load`, saying what it found: how the plugin decides about a presented cookie. */
   async loadPresented(id: string): Promise<LoadResult> {
     if (!isWellFormedId(id)) return { decision: 'forged', session: null }
+    const cached = this.l1 && (await this.#loadCached(this.l1, id))
+    if (cached) return cached
     const key = this.sessionKey(id)
     const sentAt = this.#now()
     const last = this.#touchedAt.get(id)
     const touch = last === undefined || sentAt - last.at >= this.#touchAfter(last.idle)
     const slidBy = last?.idle ?? this.options.idleTimeoutMs
-    const fields = await guarded(() =>
-      touch
-        ? Promise.all([this.redis.hgetall(key), this.redis.pexpire(key, slidBy)]).then(([f]) => f)
-        : this.redis.hgetall(key),
-    )
+    const pending = this.l1?.begin(id)
+    let fields: Record<string, string>
+    try {
+      fields = await guarded(() =>
+        touch
+          ? Promise.all([this.redis.hgetall(key), this.redis.pexpire(key, slidBy)]).then(([f]) => f)
+          : this.redis.hgetall(key),
+      )
+    } catch (err) {
+      if (pending) this.l1!.end(pending, null, sentAt)
+      throw err
+    }
     const absoluteExpiresAt = Number(fields._absoluteExpiresAt)
+    const now = this.#now()
+    // Kept as read at its sending: its `ttlMs` runs from before Redis answered.
+    if (pending) this.l1!.end(pending, absoluteExpiresAt > now ? fields : null, sentAt)
     if (!absoluteExpiresAt) {
       this.#touchedAt.delete(id)
       return { decision: 'ended', session: null }
     }
-    const now = this.#now()
     if (now >= absoluteExpiresAt) {
       this.#touchedAt.delete(id)
-      await this.redis.del(key).catch(() => {})
+      await this.#changing([id], () => this.redis.del(key)).catch(() => {})
       return { decision: 'expired', session: null }
     }
     const idleTimeoutMs = Number(fields[IDLE_FIELD]) || this.options.idleTimeoutMs
@@ -185,6 +227,54 @@ export class SessionStore implements SessionSaver {
     // the session at its absolute end whatever its TTL, so this only frees the memory on time.
     if (touch && now + idleTimeoutMs > absoluteExpiresAt)
       this.redis.pexpireat(key, absoluteExpiresAt).catch(() => {})
+    const expiresAt = Math.min((touch ? sentAt : last!.at) + idleTimeoutMs, absoluteExpiresAt)
+    const session = this.#session(id, fields, expiresAt, absoluteExpiresAt)
+    return { decision: touch ? 'slid' : 'found', session }
+  }
+
+  /**
+   * A presented session from the L1: loaded less than `ttlMs` ago, within its absolute lifetime
+   * and within the idle expiry this instance last slid (past it, another instance may not have
+   * slid it either: Redis answers). No command unless the idle expiry is due to slide: a PEXPIRE
+   * then, whose answer also says whether the key still exists. Null when the L1 cannot answer.
+   */
+  async #loadCached(l1: SessionL1, id: string): Promise<LoadResult | null> {
+    const now = this.#now()
+    const last = this.#touchedAt.get(id)
+    if (last === undefined || now >= last.at + last.idle) l1.drop(id)
+    const fields = l1.get(id, now)
+    if (fields === undefined || last === undefined) return null
+    const absoluteExpiresAt = Number(fields._absoluteExpiresAt)
+    if (now >= absoluteExpiresAt) {
+      l1.drop(id)
+      return null
+    }
+    const key = this.sessionKey(id)
+    const touch = now - last.at >= this.#touchAfter(last.idle)
+    if (touch) {
+      const slid = await guarded(() => this.redis.pexpire(key, last.idle))
+      if (slid === 0) {
+        l1.drop(id)
+        this.#touchedAt.delete(id)
+        return { decision: 'ended', session: null }
+      }
+      this.#touched(id, now, last.idle)
+      if (now + last.idle > absoluteExpiresAt) this.redis.pexpireat(key, absoluteExpiresAt).catch(() => {})
+    }
+    const expiresAt = Math.min((touch ? now : last.at) + last.idle, absoluteExpiresAt)
+    return {
+      decision: touch ? 'slid' : 'found',
+      session: this.#session(id, fields, expiresAt, absoluteExpiresAt),
+    }
+  }
+
+  /** A loaded session from its hash's fields. */
+  #session(
+    id: string,
+    fields: Readonly<Record<string, string>>,
+    expiresAt: number,
+    absoluteExpiresAt: number,
+  ): Session {
     let principal = ''
     let createdAt = 0
     let raw: Map<string, string> | null = null
@@ -197,9 +287,7 @@ export class SessionStore implements SessionSaver {
         raw.set(name, value)
       }
     }
-    const expiresAt = Math.min((touch ? sentAt : last!.at) + idleTimeoutMs, absoluteExpiresAt)
-    const session = new Session(this, { id, principal, createdAt, expiresAt, absoluteExpiresAt }, raw)
-    return { decision: touch ? 'slid' : 'found', session }
+    return new Session(this, { id, principal, createdAt, expiresAt, absoluteExpiresAt }, raw)
   }
 
   /**
@@ -308,8 +396,12 @@ export class SessionStore implements SessionSaver {
       deleteCount: deleted.length,
       changes: [...deleted, ...set.flat()],
     }
+    // Fields changed: every L1 drops the session (a touch alone changes nothing an L1 holds).
+    const changed = set.length + deleted.length > 0 ? [id] : []
     const reply = await guarded(() =>
-      callScript(this.redis, SESSION_SET, { session: this.sessionKey(id) }, args),
+      this.#changing(changed, () =>
+        callScript(this.redis, SESSION_SET, { session: this.sessionKey(id) }, args),
+      ),
     )
     if (reply.saved) return reply.expiresAt
     if (reply.failure === 'gone') return null
@@ -319,10 +411,12 @@ export class SessionStore implements SessionSaver {
   async destroy(id: string, principal?: string): Promise<void> {
     this.#touchedAt.delete(id)
     await guarded(() =>
-      Promise.all([
-        this.redis.del(this.sessionKey(id)),
-        principal ? this.redis.srem(this.indexKey(principal), id) : undefined,
-      ]),
+      this.#changing([id], () =>
+        Promise.all([
+          this.redis.del(this.sessionKey(id)),
+          principal ? this.redis.srem(this.indexKey(principal), id) : undefined,
+        ]),
+      ),
     )
   }
 
@@ -337,7 +431,9 @@ export class SessionStore implements SessionSaver {
     return guarded(async () => {
       const ids = await this.redis.smembers(index)
       if (ids.length === 0) return 0
-      const deleted = await Promise.all(ids.map((id) => this.redis.del(this.sessionKey(id))))
+      const deleted = await this.#changing(ids, () =>
+        Promise.all(ids.map((id) => this.redis.del(this.sessionKey(id)))),
+      )
       await this.redis.srem(index, ...ids)
       return deleted.reduce((sum, n) => sum + n, 0)
     })
@@ -409,7 +505,9 @@ export class SessionStore implements SessionSaver {
       const id = ids.find((candidate) => sessionHandle(candidate) === handle)
       if (id === undefined) return false
       this.#touchedAt.delete(id)
-      const [deleted] = await Promise.all([this.redis.del(this.sessionKey(id)), this.redis.srem(index, id)])
+      const [deleted] = await this.#changing([id], () =>
+        Promise.all([this.redis.del(this.sessionKey(id)), this.redis.srem(index, id)]),
+      )
       return deleted === 1
     })
   }
