@@ -101,7 +101,7 @@ const hasSessions = (model: Readonly<Model>) => model.sessions.length > 0
  * Each instance still remembers its last slide, until a load of its own finds the session gone:
  * with a loaded copy in its L1, that memory is what an L1 answer is checked against.
  */
-function end(model: Model, s: ModelSession) {
+function end(s: ModelSession) {
   s.gone = true
 }
 
@@ -196,7 +196,7 @@ class Load implements ModelCommand<Model, Real> {
       // The slide found no key (lost), or a message the model could not name dropped the entry.
       assert.ok(entry.uncertain || !exists(model, s), 'an L1 refuses only a session that is gone')
       l1.delete(s.id)
-      if (!s.gone) end(model, s)
+      if (!s.gone) end(s)
       touched.delete(s.id)
       return
     }
@@ -207,7 +207,7 @@ class Load implements ModelCommand<Model, Real> {
       // Past its lifetime, its key is deleted now, and its id published.
       if (exists(model, s)) invalidate(model, s)
       // Its key is gone (or deleted now, past its lifetime): no instance slides it again.
-      if (!s.gone) end(model, s)
+      if (!s.gone) end(s)
       touched.delete(s.id)
       return
     }
@@ -256,7 +256,7 @@ class Save implements ModelCommand<Model, Real> {
     if (!alive(model, s)) {
       // Never recreated: a save after logout, expiry or a loss writes nothing.
       assert.equal(saved, null)
-      if (!s.gone && model.now >= s.absolute) end(model, s)
+      if (!s.gone && model.now >= s.absolute) end(s)
       return
     }
     assert.notEqual(saved, null)
@@ -277,7 +277,7 @@ class Logout implements ModelCommand<Model, Real> {
     await real.stores[this.instance].destroy(s.id, s.principal)
     s.revoked = true
     invalidate(model, s)
-    end(model, s)
+    end(s)
   }
   toString = () => `logout(${this.instance}, #${this.index})`
 }
@@ -294,7 +294,7 @@ class Regenerate implements ModelCommand<Model, Real> {
     await real.stores[this.instance].destroy(s.id, s.principal)
     s.revoked = true
     invalidate(model, s)
-    end(model, s)
+    end(s)
     await new Create(this.instance, s.principal, undefined).run(model, real)
     await real.stores[this.instance].pruneIndex(s.principal)
   }
@@ -314,7 +314,7 @@ class LogoutEverywhere implements ModelCommand<Model, Real> {
     for (const s of model.sessions)
       if (s.principal === this.principal) {
         revokeByIndex(model, s)
-        end(model, s)
+        end(s)
       }
   }
   toString = () => `logoutEverywhere(${this.instance}, ${this.principal})`
@@ -329,7 +329,7 @@ class EndDevice implements ModelCommand<Model, Real> {
     const ended = await real.stores[1].destroySession(s.principal, sessionHandle(s.id))
     assert.equal(ended, exists(model, s))
     revokeByIndex(model, s)
-    end(model, s)
+    end(s)
   }
   toString = () => `endDevice(#${this.index})`
 }
@@ -481,7 +481,7 @@ modelTest<Model, Real>({
       const listed = await real.stores[0].listSessions(principal)
       // The listing deletes sessions past their lifetime, as a load does.
       for (const s of model.sessions)
-        if (s.principal === principal && exists(model, s) && model.now >= s.absolute) end(model, s)
+        if (s.principal === principal && exists(model, s) && model.now >= s.absolute) end(s)
       const expected = model.sessions
         .filter((s) => s.principal === principal && alive(model, s))
         .map((s) => ({
