@@ -1,9 +1,11 @@
 import assert from 'node:assert/strict'
 import { after, before, describe, test } from 'node:test'
 import Fastify, { type FastifyInstance, type LightMyRequestResponse } from 'fastify'
+import metricsPlugin from '../../../src/plugins/metrics/index.ts'
 import { connectRedis, createRedisClient, type RedisClient } from '../../../src/plugins/redis/index.ts'
 import sessionPlugin, { type SessionValue, sessionHandle } from '../../../src/plugins/session/index.ts'
 import { scanKeys, TEST_SECRET, testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
+import { delta, scrape } from '../../helpers/metrics-scrape.ts'
 
 // Three instances of a gateway (three apps in this process, each with its own client and its own
 // L1), one key prefix. A session loaded on an instance is answered from its L1 with no command; a
@@ -39,6 +41,7 @@ async function startInstance(): Promise<Instance> {
   }
   const { app } = instance
   await app.register(sessionPlugin, { redis: client, secrets: [TEST_SECRET], keyPrefix })
+  await app.register(metricsPlugin, { processMetrics: false })
   app.post<{ Body: { user: string; data?: Record<string, SessionValue> } }>(
     '/login',
     async (request, reply) => {
@@ -210,6 +213,24 @@ describe('the L1', () => {
         assert.equal((await me(on, cookie)).statusCode, 401)
       }
     })
+
+  test('session_l1_lookups_total counts hits and misses, session_l1_invalidations_total the ids received', async () => {
+    const [a, b] = instances as [Instance, Instance]
+    const before = await scrape(b.app)
+    const cookie = await login(a)
+    await me(b, cookie)
+    const res = await me(b, cookie)
+    assert.equal(res.json().decision, 'found')
+    await a.app.inject({ method: 'POST', url: '/logout', headers: { cookie } })
+    await settled()
+    const moved = delta(before, await scrape(b.app))
+    assert.equal(moved('session_l1_lookups_total', { result: 'miss' }), 1)
+    assert.equal(moved('session_l1_lookups_total', { result: 'hit' }), 1)
+    // The login (regenerateSession destroys no presented session) published nothing; the logout one id.
+    assert.equal(moved('session_l1_invalidations_total'), 1)
+    assert.equal(moved('session_decisions_total', { decision: 'found' }), 1)
+    assert.equal(moved('session_decisions_total', { decision: 'slid' }), 1)
+  })
 
   test('a store of its own (no L1) publishes its changes too', async () => {
     const [a, b] = instances as [Instance, Instance]
