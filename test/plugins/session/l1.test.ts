@@ -297,3 +297,74 @@ describe('while the invalidation channel is down', () => {
     assert.deepEqual(await commandsOf(b, () => me(b, again)), [], 'the L1 serves again')
   })
 })
+
+describe('the L1 of a store, on its own clock', () => {
+  /** A store with an L1 on instance A's client (its commands counted), its clock moved by hand. */
+  async function clockedStore(l1: { maxEntries: number; ttlMs: number }, touchAfterMs: number) {
+    const clock = { now: 5_000_000 }
+    const { SessionStore } = await import('../../../src/plugins/session/index.ts')
+    const store = new SessionStore(instances[0]!.client, {
+      keyPrefix,
+      idleTimeoutMs: 30_000,
+      touchAfterMs,
+      now: () => clock.now,
+      l1,
+    })
+    await store.l1!.whenSubscribed()
+    return { store, clock }
+  }
+
+  test('a hit slides the idle expiry when due with a PEXPIRE alone, which also finds a session gone', async () => {
+    const a = instances[0]!
+    const { store, clock } = await clockedStore({ maxEntries: 10, ttlMs: 5000 }, 1000)
+    try {
+      const { id } = await store.create('zoe')
+      const key = store.sessionKey(id)
+      clock.now += 10
+      const decide = async () => (await store.loadPresented(id)).decision
+      assert.deepEqual(await commandsOf(a, decide), ['hgetall'], 'a miss: read, not slid (created just now)')
+      clock.now += 10
+      assert.deepEqual(await commandsOf(a, decide), [], 'a hit')
+      assert.equal(await decide(), 'found')
+      clock.now += 1000
+      let decision = ''
+      assert.deepEqual(await commandsOf(a, async () => (decision = await decide())), ['pexpire'])
+      assert.equal(decision, 'slid')
+      assert.ok((await admin.pttl(key)) > 29_000, 'slid by the idle timeout')
+      // Deleted by hand: nothing published, so the L1 answers until its ttl or the next slide.
+      await admin.del(key)
+      clock.now += 10
+      assert.equal(await decide(), 'found')
+      clock.now += 1000
+      assert.deepEqual(await commandsOf(a, async () => (decision = await decide())), ['pexpire'])
+      assert.equal(decision, 'ended', 'the slide found no key')
+      assert.equal(store.l1!.holds(id), false)
+    } finally {
+      store.close()
+    }
+  })
+
+  test('an entry serves for ttlMs after its load, and maxEntries bounds the L1 (the oldest load goes)', async () => {
+    const a = instances[0]!
+    const { store, clock } = await clockedStore({ maxEntries: 2, ttlMs: 5000 }, 20_000)
+    try {
+      const sessions = [await store.create('yan'), await store.create('yan'), await store.create('yan')]
+      await store.load(sessions[0]!.id)
+      clock.now += 4999
+      assert.deepEqual(await commandsOf(a, () => store.load(sessions[0]!.id)), [], 'within ttlMs: a hit')
+      clock.now += 1
+      assert.deepEqual(
+        await commandsOf(a, () => store.load(sessions[0]!.id)),
+        ['hgetall'],
+        'ttlMs after: read',
+      )
+      await store.load(sessions[1]!.id)
+      await store.load(sessions[2]!.id)
+      assert.equal(store.l1!.size, 2)
+      assert.equal(store.l1!.holds(sessions[0]!.id), false, 'the oldest load evicted')
+      assert.ok(store.l1!.holds(sessions[2]!.id))
+    } finally {
+      store.close()
+    }
+  })
+})
