@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto'
-import type { Cluster, Redis } from 'ioredis'
+import type { Redis } from 'ioredis'
 import { isCluster, type RedisClient, rawClient } from '../../redis/client.ts'
 
 // The per-instance L1 of loaded sessions, and the Pub/Sub channel that keeps it honest. Every store
@@ -49,7 +49,7 @@ export class SessionL1 {
   /** Oldest load first: the first key is the one to evict. */
   readonly #entries = new Map<string, Entry>()
   readonly #pending = new Map<string, Set<PendingLoad>>()
-  readonly #subscriber: Redis | Cluster
+  #subscriber: Redis | null = null
   /** This L1's store's origin in the messages it publishes. */
   readonly origin: string
   #subscribed = false
@@ -64,17 +64,32 @@ export class SessionL1 {
     this.#counters = counters
     this.origin = newOrigin()
     const source = rawClient(redis)
-    // A connection of its own (subscribe mode holds it), retrying for ever: while it is down the L1
-    // is only bypassed. Named, so that CLIENT LIST shows which connection it is.
-    const sub = isCluster(source)
-      ? source.duplicate(undefined, { enableOfflineQueue: true, lazyConnect: false })
-      : source.duplicate({
-          lazyConnect: false,
-          enableOfflineQueue: true,
-          commandTimeout: undefined,
-          maxRetriesPerRequest: null,
-          connectionName: `${keyPrefix}session-l1`.replace(/[^\x21-\x7e]/g, '_'),
-        })
+    if (!isCluster(source)) this.#attach(source, keyPrefix)
+    else {
+      // On a Cluster, a plain connection to one of its masters: a PUBLISH reaches every node's
+      // subscribers, and a drop of this one connection is what takes the L1 down (a Cluster
+      // client's own subscriber moves between nodes without saying so). Until the Cluster knows
+      // its nodes, the L1 is bypassed.
+      const attach = () => {
+        const node = source.nodes('master')[0]
+        if (node && !this.#subscriber && !this.#closed) this.#attach(node, keyPrefix)
+      }
+      attach()
+      if (!this.#subscriber) source.once('ready', attach)
+    }
+  }
+
+  /** Opens the subscriber on `node`'s address: a connection of its own (subscribe mode holds it). */
+  #attach(node: Redis, keyPrefix: string): void {
+    // Retrying for ever: while it is down the L1 is only bypassed. Named, so that CLIENT LIST
+    // shows which connection it is.
+    const sub = node.duplicate({
+      lazyConnect: false,
+      enableOfflineQueue: true,
+      commandTimeout: undefined,
+      maxRetriesPerRequest: null,
+      connectionName: `${keyPrefix}session-l1`.replace(/[^\x21-\x7e]/g, '_'),
+    })
     sub.on('error', () => {}) // The 'close' that follows takes the L1 down; the command client reports the outage.
     sub.on('message', (_channel: string, message: string) => this.#receive(message))
     sub.on('close', () => this.#down())
@@ -83,7 +98,7 @@ export class SessionL1 {
     this.#subscriber = sub
   }
 
-  async #subscribe(sub: Redis | Cluster): Promise<void> {
+  async #subscribe(sub: Redis): Promise<void> {
     const connection = this.#connection
     try {
       await sub.subscribe(this.#channel)
@@ -183,11 +198,12 @@ export class SessionL1 {
    * subscriber's connection is answered after the messages Redis queued on it before.
    */
   async settled(): Promise<void> {
-    await this.#subscriber.ping()
+    await this.#subscriber?.ping()
   }
 
   /** @internal The subscriber's connection, for tests that take it down. */
-  get connection(): Redis | Cluster {
+  get connection(): Redis {
+    if (!this.#subscriber) throw new Error('the L1 has no subscriber connection yet')
     return this.#subscriber
   }
 
@@ -195,7 +211,7 @@ export class SessionL1 {
   close(): void {
     this.#closed = true
     this.#down()
-    this.#subscriber.disconnect()
+    this.#subscriber?.disconnect()
     for (const wake of this.#waiters.splice(0)) wake()
   }
 }
