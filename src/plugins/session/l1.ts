@@ -40,6 +40,9 @@ export interface PendingLoad {
 /** The channel every store of a key prefix publishes invalidations on. */
 export const invalidationChannel = (keyPrefix: string) => `${keyPrefix}invalidate`
 
+/** The longest interval between two heartbeat PINGs on the subscriber (at most the L1's ttlMs). */
+const HEARTBEAT_MS = 1000
+
 const NO_COUNTERS: L1Counters = { hit() {}, miss() {}, invalidated() {} }
 
 export class SessionL1 {
@@ -52,7 +55,12 @@ export class SessionL1 {
   #subscriber: Redis | null = null
   /** This L1's store's origin in the messages it publishes. */
   readonly origin: string
-  #subscribed = false
+  /** Subscribed on the current connection. */
+  #live = false
+  /** The last heartbeat PING went unanswered for a whole interval: messages may be that late too. */
+  #late = false
+  #pinging = false
+  readonly #heartbeat: NodeJS.Timeout
   /** Bumped at every drop of the connection: a SUBSCRIBE answered on an older one says nothing now. */
   #connection = 0
   #closed = false
@@ -63,6 +71,10 @@ export class SessionL1 {
     this.#channel = invalidationChannel(keyPrefix)
     this.#counters = counters
     this.origin = newOrigin()
+    // A channel that answers late delivers late: the L1 serves only while a PING on it is answered
+    // within an interval (at most its ttlMs), which also finds a connection that died in silence.
+    this.#heartbeat = setInterval(() => this.#beat(), Math.min(HEARTBEAT_MS, settings.ttlMs))
+    this.#heartbeat.unref()
     const source = rawClient(redis)
     if (!isCluster(source)) this.#attach(source, keyPrefix)
     else {
@@ -108,14 +120,48 @@ export class SessionL1 {
     if (connection !== this.#connection || this.#closed) return
     // What was published while the connection was down reached nobody here.
     this.clear()
-    this.#subscribed = true
-    for (const wake of this.#waiters.splice(0)) wake()
+    this.#live = true
+    this.#wake()
+  }
+
+  #wake(): void {
+    if (this.subscribed) for (const wake of this.#waiters.splice(0)) wake()
   }
 
   #down(): void {
     this.#connection++
-    this.#subscribed = false
+    this.#live = false
+    this.#late = false
+    this.#pinging = false
     this.clear()
+  }
+
+  /** Every interval: a PING on the subscriber; one still unanswered at the next beat makes the L1 late (bypassed). */
+  #beat(): void {
+    const sub = this.#subscriber
+    if (!sub || !this.#live) return
+    if (this.#pinging) {
+      if (!this.#late) {
+        this.#late = true
+        this.clear()
+      }
+      return
+    }
+    this.#pinging = true
+    const connection = this.#connection
+    sub.ping().then(
+      () => {
+        if (connection !== this.#connection) return
+        this.#pinging = false
+        // Whatever was delivered late came before this answer, and was applied.
+        if (this.#late) {
+          this.#late = false
+          this.clear()
+          this.#wake()
+        }
+      },
+      () => {}, // The connection dropped: its 'close' takes the L1 down.
+    )
   }
 
   #receive(message: string): void {
@@ -127,7 +173,7 @@ export class SessionL1 {
 
   /** True while invalidations reach this L1: only then does it serve or keep anything. */
   get subscribed(): boolean {
-    return this.#subscribed
+    return this.#live && !this.#late
   }
 
   get size(): number {
@@ -141,7 +187,7 @@ export class SessionL1 {
 
   /** The fields loaded less than `ttlMs` ago, while subscribed; undefined otherwise (a miss, counted). */
   get(id: string, now: number): Readonly<Record<string, string>> | undefined {
-    const entry = this.#subscribed ? this.#entries.get(id) : undefined
+    const entry = this.subscribed ? this.#entries.get(id) : undefined
     if (entry === undefined || now - entry.loadedAt >= this.settings.ttlMs) {
       if (entry) this.#entries.delete(id)
       this.#counters.miss()
@@ -153,7 +199,7 @@ export class SessionL1 {
 
   /** Called before reading a session from Redis: what `keep` needs to know whether the answer is still current. */
   begin(id: string): PendingLoad {
-    const load = { id, stale: !this.#subscribed }
+    const load = { id, stale: !this.subscribed }
     let loads = this.#pending.get(id)
     if (!loads) {
       loads = new Set()
@@ -168,7 +214,7 @@ export class SessionL1 {
     const loads = this.#pending.get(load.id)
     loads?.delete(load)
     if (loads?.size === 0) this.#pending.delete(load.id)
-    if (fields === null || load.stale || !this.#subscribed) return
+    if (fields === null || load.stale || !this.subscribed) return
     this.#entries.delete(load.id)
     if (this.#entries.size >= this.settings.maxEntries)
       this.#entries.delete(this.#entries.keys().next().value!)
@@ -189,7 +235,7 @@ export class SessionL1 {
 
   /** Resolves once subscribed (at once when it is). */
   whenSubscribed(): Promise<void> {
-    if (this.#subscribed) return Promise.resolve()
+    if (this.subscribed) return Promise.resolve()
     return new Promise((resolve) => this.#waiters.push(resolve))
   }
 
@@ -210,6 +256,7 @@ export class SessionL1 {
   /** Closes the subscriber; the L1 serves nothing after. */
   close(): void {
     this.#closed = true
+    clearInterval(this.#heartbeat)
     this.#down()
     this.#subscriber?.disconnect()
     for (const wake of this.#waiters.splice(0)) wake()
