@@ -6,7 +6,10 @@ import {
   checkPrincipal,
   isWellFormedHandle,
   isWellFormedId,
+  MAX_INDEX_SCAN,
+  MAX_LISTED_SESSIONS,
   resolveLifetime,
+  type SessionInfo,
   type SessionLifetime,
   sessionHandle,
 } from './checks.ts'
@@ -19,65 +22,30 @@ import {
   type AnonymousSessionHooks,
   checkFieldName,
   encodeField,
-  fieldBytes,
-  isReservedField,
+  encodeFields,
+  loadedSession,
   MAX_SESSION_BYTES,
   Session,
   type SessionRecord,
   type SessionSaver,
   type SessionValue,
 } from './session.ts'
+import { Touches } from './touches.ts'
 import { guarded } from './unavailable.ts'
 
-export { type SessionLifetime, sessionHandle } from './checks.ts'
+export {
+  MAX_INDEX_SCAN,
+  MAX_LISTED_SESSIONS,
+  type SessionInfo,
+  type SessionLifetime,
+  type SessionTimes,
+  sessionHandle,
+} from './checks.ts'
 export { sessionStoreUnavailable } from './unavailable.ts'
 export type { SessionRecord, SessionStoreOptions, SessionValue }
 
-export interface SessionTimes {
-  createdAt: number
-  /** When the session ends if no further request touches it: min(last touch + idle, absolute). */
-  expiresAt: number
-  absoluteExpiresAt: number
-}
-
-/** Most sessions `listSessions` answers with (the newest first). */
-export const MAX_LISTED_SESSIONS = 100
-/** Most index entries `listSessions` looks at in one call (`destroySession` reads the whole index, as `destroyAll` does). */
-export const MAX_INDEX_SCAN = 1000
-
 /** The hash field holding a session's own idle timeout, when it was given one at login. */
 const IDLE_FIELD = '__idleTimeoutMs'
-
-/** One of a principal's live sessions, as `listSessions` describes it. */
-export interface SessionInfo {
-  /** The non-secret handle (`sessionHandle(id)`): what `destroySession` takes. Never the id. */
-  handle: string
-  createdAt: number
-  /** When the session ends if no further request touches it (its key's TTL, on the Redis clock). */
-  expiresAt: number
-  absoluteExpiresAt: number
-  /** Its idle timeout: the plugin's, or the one given at login. */
-  idleTimeoutMs: number
-}
-
-/** Sessions whose last touch this process remembers (about 100 bytes each). */
-const REMEMBERED_TOUCHES = 10_000
-
-/** Validated, JSON-encoded fields of a new session, within MAX_SESSION_BYTES. */
-function encodeFields(data: Record<string, SessionValue>): Array<[string, string]> {
-  const fields: Array<[string, string]> = []
-  let bytes = 0
-  for (const [name, value] of Object.entries(data)) {
-    checkFieldName(name)
-    if (value === undefined) continue
-    const encoded = encodeField(name, value)
-    bytes += fieldBytes(name, encoded)
-    fields.push([name, encoded])
-  }
-  if (bytes > MAX_SESSION_BYTES)
-    throw new SessionTooLargeError(`Session fields exceed ${MAX_SESSION_BYTES} bytes`)
-  return fields
-}
 
 /**
  * Server-side sessions: one Hash per session under its own hash tag, plus a Set per principal
@@ -88,10 +56,9 @@ function encodeFields(data: Record<string, SessionValue>): Array<[string, string
 export class SessionStore implements SessionSaver {
   readonly redis: RedisClient
   readonly options: SessionStoreSettings
-  readonly #touchAfterMs: number
   readonly #now: () => number
-  /** When this process last slid each session's idle expiry (its own touches only), and by how much. */
-  readonly #touchedAt = new Map<string, { at: number; idle: number }>()
+  /** When this process last slid each session's idle expiry, and when it slides it again. */
+  readonly #touches: Touches
   /** The loaded sessions this instance answers without Redis (the `l1` option), or null. */
   readonly l1: SessionL1 | null
   /** Names this store in the invalidations it publishes (its L1, if any, skips them). */
@@ -104,7 +71,8 @@ export class SessionStore implements SessionSaver {
   constructor(redis: RedisClient, options: SessionStoreOptions = {}, counters?: L1Counters) {
     this.redis = redis
     this.options = SESSION_STORE_OPTIONS.read(options)
-    this.#touchAfterMs = this.options.touchAfterMs ?? Math.floor(this.options.idleTimeoutMs / 20)
+    const { idleTimeoutMs, touchAfterMs } = this.options
+    this.#touches = new Touches(idleTimeoutMs, touchAfterMs ?? Math.floor(idleTimeoutMs / 20))
     this.#now = this.options.now
     const l1 = this.options.l1
     this.l1 = l1 === false ? null : new SessionL1(redis, this.options.keyPrefix, l1, counters)
@@ -117,11 +85,10 @@ export class SessionStore implements SessionSaver {
   }
 
   /**
-   * Runs a write that changes or ends the sessions `ids`, then publishes them on the invalidation
-   * channel, awaited: when this resolves, every subscribed L1 is at most the message's delivery
-   * away from dropping them. This L1 drops them before (its loads in flight keep nothing) and
-   * after (a load that started meanwhile read the old value). A failed publish rejects like a
-   * failed write (the 503 problem), and the caller's request does not report success.
+   * Runs a write that changes or ends the sessions `ids`, then publishes them (awaited: every
+   * subscribed L1 is then a message's delivery away from dropping them). This L1 drops them before
+   * (its loads in flight keep nothing) and after (a load that started meanwhile read the old
+   * value). A failed publish rejects like a failed write (the 503 problem).
    */
   async #changing<T>(ids: readonly string[], write: () => Promise<T>): Promise<T> {
     for (const id of ids) this.l1?.drop(id)
@@ -129,24 +96,6 @@ export class SessionStore implements SessionSaver {
     for (const id of ids) this.l1?.drop(id)
     if (ids.length > 0) await publishInvalidation(this.redis, this.options.keyPrefix, this.#origin, ids)
     return result
-  }
-
-  /**
-   * How long after its last slide a session of this idle timeout is slid again: `touchAfterMs`, or
-   * for a session given a shorter idle timeout than the plugin's, the same share of its own (a
-   * 60 s session under the default 30 min / 90 s is slid every 3 s). Unscaled, a session whose idle
-   * timeout is below `touchAfterMs` would expire between two slides while its user is active.
-   */
-  #touchAfter(idle: number): number {
-    const full = this.options.idleTimeoutMs
-    return idle >= full ? this.#touchAfterMs : Math.floor((this.#touchAfterMs * idle) / full)
-  }
-
-  #touched(id: string, at: number, idle: number): void {
-    this.#touchedAt.delete(id)
-    if (this.#touchedAt.size >= REMEMBERED_TOUCHES)
-      this.#touchedAt.delete(this.#touchedAt.keys().next().value!)
-    this.#touchedAt.set(id, { at, idle })
   }
 
   sessionKey(id: string): string {
@@ -189,8 +138,8 @@ export class SessionStore implements SessionSaver {
     if (cached) return cached
     const key = this.sessionKey(id)
     const sentAt = this.#now()
-    const last = this.#touchedAt.get(id)
-    const touch = last === undefined || sentAt - last.at >= this.#touchAfter(last.idle)
+    const last = this.#touches.get(id)
+    const touch = this.#touches.due(last, sentAt)
     const slidBy = last?.idle ?? this.options.idleTimeoutMs
     const pending = this.l1?.begin(id)
     let fields: Record<string, string>
@@ -209,17 +158,17 @@ export class SessionStore implements SessionSaver {
     // Kept as read at its sending: its `ttlMs` runs from before Redis answered.
     if (pending) this.l1!.end(pending, absoluteExpiresAt > now ? fields : null, sentAt)
     if (!absoluteExpiresAt) {
-      this.#touchedAt.delete(id)
+      this.#touches.delete(id)
       return { decision: 'ended', session: null }
     }
     if (now >= absoluteExpiresAt) {
-      this.#touchedAt.delete(id)
+      this.#touches.delete(id)
       await this.#changing([id], () => this.redis.del(key)).catch(() => {})
       return { decision: 'expired', session: null }
     }
     const idleTimeoutMs = Number(fields[IDLE_FIELD]) || this.options.idleTimeoutMs
     if (touch) {
-      this.#touched(id, sentAt, idleTimeoutMs)
+      this.#touches.set(id, sentAt, idleTimeoutMs)
       // Not awaited: should it fail, the session ends sooner than it should, never later.
       if (idleTimeoutMs !== slidBy) this.redis.pexpire(key, idleTimeoutMs).catch(() => {})
     }
@@ -228,7 +177,7 @@ export class SessionStore implements SessionSaver {
     if (touch && now + idleTimeoutMs > absoluteExpiresAt)
       this.redis.pexpireat(key, absoluteExpiresAt).catch(() => {})
     const expiresAt = Math.min((touch ? sentAt : last!.at) + idleTimeoutMs, absoluteExpiresAt)
-    const session = this.#session(id, fields, expiresAt, absoluteExpiresAt)
+    const session = loadedSession(this, id, fields, expiresAt, absoluteExpiresAt)
     return { decision: touch ? 'slid' : 'found', session }
   }
 
@@ -240,7 +189,7 @@ export class SessionStore implements SessionSaver {
    */
   async #loadCached(l1: SessionL1, id: string): Promise<LoadResult | null> {
     const now = this.#now()
-    const last = this.#touchedAt.get(id)
+    const last = this.#touches.get(id)
     if (last === undefined || now >= last.at + last.idle) l1.drop(id)
     const fields = l1.get(id, now)
     if (fields === undefined || last === undefined) return null
@@ -250,44 +199,22 @@ export class SessionStore implements SessionSaver {
       return null
     }
     const key = this.sessionKey(id)
-    const touch = now - last.at >= this.#touchAfter(last.idle)
+    const touch = this.#touches.due(last, now)
     if (touch) {
       const slid = await guarded(() => this.redis.pexpire(key, last.idle))
       if (slid === 0) {
         l1.drop(id)
-        this.#touchedAt.delete(id)
+        this.#touches.delete(id)
         return { decision: 'ended', session: null }
       }
-      this.#touched(id, now, last.idle)
+      this.#touches.set(id, now, last.idle)
       if (now + last.idle > absoluteExpiresAt) this.redis.pexpireat(key, absoluteExpiresAt).catch(() => {})
     }
     const expiresAt = Math.min((touch ? now : last.at) + last.idle, absoluteExpiresAt)
     return {
       decision: touch ? 'slid' : 'found',
-      session: this.#session(id, fields, expiresAt, absoluteExpiresAt),
+      session: loadedSession(this, id, fields, expiresAt, absoluteExpiresAt),
     }
-  }
-
-  /** A loaded session from its hash's fields. */
-  #session(
-    id: string,
-    fields: Readonly<Record<string, string>>,
-    expiresAt: number,
-    absoluteExpiresAt: number,
-  ): Session {
-    let principal = ''
-    let createdAt = 0
-    let raw: Map<string, string> | null = null
-    for (const name in fields) {
-      const value = fields[name]!
-      if (name === '_principal') principal = value
-      else if (name === '_createdAt') createdAt = Number(value)
-      else if (!isReservedField(name)) {
-        raw ??= new Map()
-        raw.set(name, value)
-      }
-    }
-    return new Session(this, { id, principal, createdAt, expiresAt, absoluteExpiresAt }, raw)
   }
 
   /**
@@ -357,7 +284,7 @@ export class SessionStore implements SessionSaver {
       return created
     })
     // Created with the idle expiry: a touch as of its sending.
-    this.#touched(id, sentAt, idleTimeoutMs)
+    this.#touches.set(id, sentAt, idleTimeoutMs)
     const appFields = fields.filter(([name]) => name !== IDLE_FIELD)
     const raw = appFields.length > 0 ? new Map(appFields) : null
     return new Session(this, { id, principal, createdAt, expiresAt, absoluteExpiresAt }, raw)
@@ -409,7 +336,7 @@ export class SessionStore implements SessionSaver {
   }
 
   async destroy(id: string, principal?: string): Promise<void> {
-    this.#touchedAt.delete(id)
+    this.#touches.delete(id)
     await guarded(() =>
       this.#changing([id], () =>
         Promise.all([
@@ -504,7 +431,7 @@ export class SessionStore implements SessionSaver {
       const ids = await this.redis.smembers(index)
       const id = ids.find((candidate) => sessionHandle(candidate) === handle)
       if (id === undefined) return false
-      this.#touchedAt.delete(id)
+      this.#touches.delete(id)
       const [deleted] = await this.#changing([id], () =>
         Promise.all([this.redis.del(this.sessionKey(id)), this.redis.srem(index, id)]),
       )
