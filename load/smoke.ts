@@ -1,7 +1,8 @@
 // `npm run bench:smoke`: every benchmark scenario with short runs (`load/run.ts --smoke`: the quick
 // runs of about a second, and a scenario fails on any non-2xx answer or error in its load runs),
-// then a short soak with its invariants. Exits 1 naming what failed. Results go to
-// load/results/quick/ (git-ignored); it checks that the suite runs, it measures nothing to quote.
+// the session revocation benchmark's quick run, then a short soak with its invariants. Exits 1
+// naming what failed. Results go to load/results/quick/ (git-ignored); it checks that the suite
+// runs, it measures nothing to quote.
 import { spawn } from 'node:child_process'
 import { RUN_TYPESCRIPT } from '../test/helpers/tsx.ts'
 
@@ -31,6 +32,11 @@ if (scenarios.code !== 0) {
   const named = /^failed scenario\(s\): (.+)$/m.exec(scenarios.stdout)?.[1]
   failures.push(named ? `scenario(s) ${named}` : `load/run.ts --smoke (exit ${scenarios.code})`)
 }
+const revocation = await run(['load/session-revocation.ts', '--quick'])
+if (revocation.code !== 0)
+  failures.push(
+    `session revocation (exit ${revocation.code}: a revoked session still served after 10 s, or an error)`,
+  )
 const soak = await run(['load/soak.ts', '--quick', '--minutes', SOAK_MINUTES])
 if (soak.code !== 0) failures.push(`soak (exit ${soak.code}: an invariant failed or a Redis key has no TTL)`)
 
@@ -39,4 +45,4 @@ if (failures.length) {
   console.error(`\nbench:smoke FAILED in ${seconds} s: ${failures.join('; ')}`)
   process.exit(1)
 }
-console.log(`\nbench:smoke passed in ${seconds} s: every scenario and the soak`)
+console.log(`\nbench:smoke passed in ${seconds} s: every scenario, the session revocation and the soak`)

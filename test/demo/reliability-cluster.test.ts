@@ -20,14 +20,20 @@ test('six-node Redis Cluster: a primary killed mid-run fails over without losing
   }
   const url = await listen(t.app)
   const victim = cluster.primaries[1]!.port
+  // The app's client losing its connection to the victim: the failover happened during the load.
+  let nodeErrors = 0
+  t.redis.on('node error', () => nodeErrors++)
   const report = await mixedLoad(() => url, actors, {
     requests: 800,
     inFlight: 30,
     onProgress: (done) => (done === 200 ? cluster.kill(victim) : undefined),
   })
   assert.equal(report.statuses.get('timeout') ?? 0, 0, 'no request hung during the failover')
+  // Seen by the app's client; answered with 503s where a request needed the killed primary before
+  // its replica took over, or not at all when the session L1 answered every session meanwhile (a
+  // session on the killed primary could not be changed or ended while it was down).
   assert.ok(
-    (report.statuses.get(503) ?? 0) > 0,
+    nodeErrors > 0 || (report.statuses.get(503) ?? 0) > 0,
     `the failover was seen: ${JSON.stringify([...report.statuses])}`,
   )
   const unexpected = [...report.statuses.keys()].filter(

@@ -95,3 +95,27 @@ export function resolveLifetime(
     ownIdleTimeout: lifetime.idleTimeoutMs !== undefined,
   }
 }
+
+export interface SessionTimes {
+  createdAt: number
+  /** When the session ends if no further request touches it: min(last touch + idle, absolute). */
+  expiresAt: number
+  absoluteExpiresAt: number
+}
+
+/** Most sessions `listSessions` answers with (the newest first). */
+export const MAX_LISTED_SESSIONS = 100
+/** Most index entries `listSessions` looks at in one call (`destroySession` reads the whole index, as `destroyAll` does). */
+export const MAX_INDEX_SCAN = 1000
+
+/** One of a principal's live sessions, as `listSessions` describes it. */
+export interface SessionInfo {
+  /** The non-secret handle (`sessionHandle(id)`): what `destroySession` takes. Never the id. */
+  handle: string
+  createdAt: number
+  /** When the session ends if no further request touches it (its key's TTL, on the Redis clock). */
+  expiresAt: number
+  absoluteExpiresAt: number
+  /** Its idle timeout: the plugin's, or the one given at login. */
+  idleTimeoutMs: number
+}

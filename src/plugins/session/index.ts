@@ -15,7 +15,7 @@ import {
   settleSession,
   startLoad,
 } from './hooks.ts'
-import { createSessionMetrics } from './metrics.ts'
+import { createSessionMetrics, l1Counters } from './metrics.ts'
 import { type SessionPluginOptions, storeOptions, validateOptions } from './options.ts'
 import { requireSession } from './require-session.ts'
 import { MAX_FIELD_BYTES, MAX_SESSION_BYTES, Session, type SessionValue } from './session.ts'
@@ -119,13 +119,15 @@ async function sessionPlugin(app: FastifyInstance, rawOptions: SessionPluginOpti
   const ctx: SessionContext = Object.freeze({
     ...common,
     options,
-    store: new SessionStore(common.redis, storeOptions(options)),
+    store: new SessionStore(common.redis, storeOptions(options), l1Counters(common.metrics)),
     cookie: sessionCookie(options),
     loading: new WeakMap(),
   })
 
   if (!app.hasRequestDecorator('cookies')) await app.register(fastifyCookie)
   app.decorate('sessions', ctx.store)
+  // The L1's subscriber connection is the plugin's own: closed with the app (the client never is).
+  app.addHook('onClose', async () => ctx.store.close())
   app.decorate('sessionPrincipal', ctx.principal)
   app.decorateRequest('session', null)
   app.decorateRequest('sessionUnavailable', false)

@@ -1,4 +1,5 @@
 import { Counter } from 'prom-client'
+import type { L1Counters } from './l1.ts'
 
 /** The session plugin's instruments, created unregistered; the metrics plugin adopts them at ready. */
 export function createSessionMetrics() {
@@ -10,6 +11,28 @@ export function createSessionMetrics() {
       labelNames: ['decision'] as const,
       registers: [],
     }),
+    /** Presented sessions looked up in the L1: answered from it (hit) or not (miss: Redis answered). */
+    l1Lookups: new Counter({
+      name: 'session_l1_lookups_total',
+      help: 'Presented sessions looked up in the L1, by result: hit (no Redis read) or miss',
+      labelNames: ['result'] as const,
+      registers: [],
+    }),
+    /** Session ids received on the invalidation channel (each dropped from the L1 if it held it). */
+    l1Invalidations: new Counter({
+      name: 'session_l1_invalidations_total',
+      help: 'Session ids received on the invalidation channel',
+      registers: [],
+    }),
+  }
+}
+
+/** The L1's counters over the plugin's instruments. */
+export function l1Counters(metrics: SessionMetrics): L1Counters {
+  return {
+    hit: () => metrics.l1Lookups.inc({ result: 'hit' }),
+    miss: () => metrics.l1Lookups.inc({ result: 'miss' }),
+    invalidated: (count) => metrics.l1Invalidations.inc(count),
   }
 }
 

@@ -1,6 +1,7 @@
 import { describeValue } from '../../redis/client.ts'
 import { DEFAULT_CONNECT_TIMEOUT_MS } from '../../redis/server.ts'
 import { declareOptions, type Fail, type OptionsOf, option, type SettingsOf } from '../common/options.ts'
+import type { L1Settings } from './l1.ts'
 
 /** @fastify/session's names (and express-session's), with what to write here instead. */
 const HINTS = {
@@ -56,6 +57,37 @@ const TIMEOUTS = {
 
 const KEY_PREFIX = option.string({ default: 'sess:', doc: 'prefix of every key' })
 
+/** The L1's bounds when it is on without saying them. */
+export const L1_DEFAULTS: L1Settings = Object.freeze({ maxEntries: 10_000, ttlMs: 5_000 })
+const L1_KEYS = ['maxEntries', 'ttlMs']
+
+/** `l1`: false, true (the defaults) or `{ maxEntries?, ttlMs? }`; read to the settings or false. */
+function l1Option(defaultValue: L1Settings | false, defaultText: string, doc: string) {
+  return option.custom<L1Settings | false, boolean | Partial<L1Settings>>({
+    type: 'boolean | { maxEntries?, ttlMs? }',
+    default: defaultValue,
+    defaultText,
+    doc,
+    read(value, fail) {
+      if (value === false) return false
+      if (value === true) return L1_DEFAULTS
+      if (typeof value !== 'object' || value === null || Array.isArray(value))
+        fail(`\`l1\` must be true, false or { maxEntries?, ttlMs? }, got ${describeValue(value)}`)
+      const given = value as Record<string, unknown>
+      const unknown = Object.keys(given).find((key) => !L1_KEYS.includes(key))
+      if (unknown !== undefined) fail(`\`l1\` takes maxEntries and ttlMs only, got \`${unknown}\``)
+      const read = (key: keyof L1Settings) => {
+        const v = given[key]
+        if (v === undefined) return L1_DEFAULTS[key]
+        if (!Number.isSafeInteger(v) || (v as number) < 1)
+          fail(`\`l1.${key}\` must be an integer of at least 1, got ${describeValue(v)}`)
+        return v as number
+      }
+      return Object.freeze({ maxEntries: read('maxEntries'), ttlMs: read('ttlMs') })
+    },
+  })
+}
+
 /** The rules across the timeouts, the plugin's and the store's. */
 function checkTimeouts(o: SettingsOf<typeof TIMEOUTS>, fail: Fail): void {
   if (o.absoluteTimeoutMs < o.idleTimeoutMs)
@@ -85,6 +117,11 @@ export const SESSION_STORE_OPTIONS = declareOptions(
       defaultText: '`Date.now`',
       doc: "this process's clock in ms: the absolute lifetime and `touchAfterMs` are read on it",
     }),
+    l1: l1Option(
+      false,
+      '`false`',
+      "a local cache of loaded sessions, as the plugin's ([L1](#l1-sessions-without-a-round-trip)); it opens a subscriber connection: call `store.close()` when done. Every store publishes its changes whatever this says",
+    ),
   },
   { check: checkTimeouts },
 )
@@ -162,6 +199,11 @@ export const SESSION_OPTIONS = declareOptions(
     }),
     ...TIMEOUTS,
     keyPrefix: KEY_PREFIX,
+    l1: l1Option(
+      L1_DEFAULTS,
+      '`{ maxEntries: 10000, ttlMs: 5000 }`',
+      'a per-instance cache of loaded sessions: a session loaded less than `ttlMs` ago is answered without Redis while the invalidation channel is subscribed ([L1](#l1-sessions-without-a-round-trip)); `true` for the defaults, `false` for none',
+    ),
     connectTimeoutMs: option.integer({
       min: 0,
       default: DEFAULT_CONNECT_TIMEOUT_MS,
@@ -213,6 +255,15 @@ export function storeOptions(settings: ValidOptions): SessionStoreOptions {
     maxIdleTimeoutMs,
     maxAbsoluteTimeoutMs,
     touchAfterMs,
+    l1,
   } = settings
-  return { keyPrefix, idleTimeoutMs, absoluteTimeoutMs, maxIdleTimeoutMs, maxAbsoluteTimeoutMs, touchAfterMs }
+  return {
+    keyPrefix,
+    idleTimeoutMs,
+    absoluteTimeoutMs,
+    maxIdleTimeoutMs,
+    maxAbsoluteTimeoutMs,
+    touchAfterMs,
+    l1: l1 === false ? false : { ...l1 },
+  }
 }

@@ -318,3 +318,42 @@ export class Session implements SessionRecord {
     }
   }
 }
+
+/** Validated, JSON-encoded fields of a new session, within MAX_SESSION_BYTES. */
+export function encodeFields(data: Record<string, SessionValue>): Array<[string, string]> {
+  const fields: Array<[string, string]> = []
+  let bytes = 0
+  for (const [name, value] of Object.entries(data)) {
+    checkFieldName(name)
+    if (value === undefined) continue
+    const encoded = encodeField(name, value)
+    bytes += fieldBytes(name, encoded)
+    fields.push([name, encoded])
+  }
+  if (bytes > MAX_SESSION_BYTES)
+    throw new SessionTooLargeError(`Session fields exceed ${MAX_SESSION_BYTES} bytes`)
+  return fields
+}
+
+/** A loaded session from its hash's fields (as HGETALL answers them). */
+export function loadedSession(
+  saver: SessionSaver,
+  id: string,
+  fields: Readonly<Record<string, string>>,
+  expiresAt: number,
+  absoluteExpiresAt: number,
+): Session {
+  let principal = ''
+  let createdAt = 0
+  let raw: Map<string, string> | null = null
+  for (const name in fields) {
+    const value = fields[name]!
+    if (name === '_principal') principal = value
+    else if (name === '_createdAt') createdAt = Number(value)
+    else if (!isReservedField(name)) {
+      raw ??= new Map()
+      raw.set(name, value)
+    }
+  }
+  return new Session(saver, { id, principal, createdAt, expiresAt, absoluteExpiresAt }, raw)
+}

@@ -6,77 +6,46 @@ import {
   checkPrincipal,
   isWellFormedHandle,
   isWellFormedId,
+  MAX_INDEX_SCAN,
+  MAX_LISTED_SESSIONS,
   resolveLifetime,
+  type SessionInfo,
   type SessionLifetime,
   sessionHandle,
 } from './checks.ts'
 import type { LoadResult } from './decision.ts'
 import { SessionTooLargeError } from './errors.ts'
+import { type L1Counters, newOrigin, publishInvalidation, SessionL1 } from './l1.ts'
 import { SESSION_STORE_OPTIONS, type SessionStoreOptions, type SessionStoreSettings } from './options.ts'
 import { SESSION_CREATE, SESSION_DESCRIBE, SESSION_INDEX_ADD, SESSION_SET } from './scripts.ts'
 import {
   type AnonymousSessionHooks,
   checkFieldName,
   encodeField,
-  fieldBytes,
-  isReservedField,
+  encodeFields,
+  loadedSession,
   MAX_SESSION_BYTES,
   Session,
   type SessionRecord,
   type SessionSaver,
   type SessionValue,
 } from './session.ts'
+import { Touches } from './touches.ts'
 import { guarded } from './unavailable.ts'
 
-export { type SessionLifetime, sessionHandle } from './checks.ts'
+export {
+  MAX_INDEX_SCAN,
+  MAX_LISTED_SESSIONS,
+  type SessionInfo,
+  type SessionLifetime,
+  type SessionTimes,
+  sessionHandle,
+} from './checks.ts'
 export { sessionStoreUnavailable } from './unavailable.ts'
 export type { SessionRecord, SessionStoreOptions, SessionValue }
 
-export interface SessionTimes {
-  createdAt: number
-  /** When the session ends if no further request touches it: min(last touch + idle, absolute). */
-  expiresAt: number
-  absoluteExpiresAt: number
-}
-
-/** Most sessions `listSessions` answers with (the newest first). */
-export const MAX_LISTED_SESSIONS = 100
-/** Most index entries `listSessions` looks at in one call (`destroySession` reads the whole index, as `destroyAll` does). */
-export const MAX_INDEX_SCAN = 1000
-
 /** The hash field holding a session's own idle timeout, when it was given one at login. */
 const IDLE_FIELD = '__idleTimeoutMs'
-
-/** One of a principal's live sessions, as `listSessions` describes it. */
-export interface SessionInfo {
-  /** The non-secret handle (`sessionHandle(id)`): what `destroySession` takes. Never the id. */
-  handle: string
-  createdAt: number
-  /** When the session ends if no further request touches it (its key's TTL, on the Redis clock). */
-  expiresAt: number
-  absoluteExpiresAt: number
-  /** Its idle timeout: the plugin's, or the one given at login. */
-  idleTimeoutMs: number
-}
-
-/** Sessions whose last touch this process remembers (about 100 bytes each). */
-const REMEMBERED_TOUCHES = 10_000
-
-/** Validated, JSON-encoded fields of a new session, within MAX_SESSION_BYTES. */
-function encodeFields(data: Record<string, SessionValue>): Array<[string, string]> {
-  const fields: Array<[string, string]> = []
-  let bytes = 0
-  for (const [name, value] of Object.entries(data)) {
-    checkFieldName(name)
-    if (value === undefined) continue
-    const encoded = encodeField(name, value)
-    bytes += fieldBytes(name, encoded)
-    fields.push([name, encoded])
-  }
-  if (bytes > MAX_SESSION_BYTES)
-    throw new SessionTooLargeError(`Session fields exceed ${MAX_SESSION_BYTES} bytes`)
-  return fields
-}
 
 /**
  * Server-side sessions: one Hash per session under its own hash tag, plus a Set per principal
@@ -87,35 +56,46 @@ function encodeFields(data: Record<string, SessionValue>): Array<[string, string
 export class SessionStore implements SessionSaver {
   readonly redis: RedisClient
   readonly options: SessionStoreSettings
-  readonly #touchAfterMs: number
   readonly #now: () => number
-  /** When this process last slid each session's idle expiry (its own touches only), and by how much. */
-  readonly #touchedAt = new Map<string, { at: number; idle: number }>()
+  /** When this process last slid each session's idle expiry, and when it slides it again. */
+  readonly #touches: Touches
+  /** The loaded sessions this instance answers without Redis (the `l1` option), or null. */
+  readonly l1: SessionL1 | null
+  /** Names this store in the invalidations it publishes (its L1, if any, skips them). */
+  readonly #origin: string
 
-  /** Throws an InvalidOptionError (or UnknownOptionError) for options the plugin would refuse. */
-  constructor(redis: RedisClient, options: SessionStoreOptions = {}) {
+  /**
+   * Throws an InvalidOptionError (or UnknownOptionError) for options the plugin would refuse.
+   * `counters` (internal) counts the L1's hits, misses and invalidations.
+   */
+  constructor(redis: RedisClient, options: SessionStoreOptions = {}, counters?: L1Counters) {
     this.redis = redis
     this.options = SESSION_STORE_OPTIONS.read(options)
-    this.#touchAfterMs = this.options.touchAfterMs ?? Math.floor(this.options.idleTimeoutMs / 20)
+    const { idleTimeoutMs, touchAfterMs } = this.options
+    this.#touches = new Touches(idleTimeoutMs, touchAfterMs ?? Math.floor(idleTimeoutMs / 20))
     this.#now = this.options.now
+    const l1 = this.options.l1
+    this.l1 = l1 === false ? null : new SessionL1(redis, this.options.keyPrefix, l1, counters)
+    this.#origin = this.l1?.origin ?? newOrigin()
+  }
+
+  /** Closes the L1's subscriber connection (never the client it was given). */
+  close(): void {
+    this.l1?.close()
   }
 
   /**
-   * How long after its last slide a session of this idle timeout is slid again: `touchAfterMs`, or
-   * for a session given a shorter idle timeout than the plugin's, the same share of its own (a
-   * 60 s session under the default 30 min / 90 s is slid every 3 s). Unscaled, a session whose idle
-   * timeout is below `touchAfterMs` would expire between two slides while its user is active.
+   * Runs a write that changes or ends the sessions `ids`, then publishes them (awaited: every
+   * subscribed L1 is then a message's delivery away from dropping them). This L1 drops them before
+   * (its loads in flight keep nothing) and after (a load that started meanwhile read the old
+   * value). A failed publish rejects like a failed write (the 503 problem).
    */
-  #touchAfter(idle: number): number {
-    const full = this.options.idleTimeoutMs
-    return idle >= full ? this.#touchAfterMs : Math.floor((this.#touchAfterMs * idle) / full)
-  }
-
-  #touched(id: string, at: number, idle: number): void {
-    this.#touchedAt.delete(id)
-    if (this.#touchedAt.size >= REMEMBERED_TOUCHES)
-      this.#touchedAt.delete(this.#touchedAt.keys().next().value!)
-    this.#touchedAt.set(id, { at, idle })
+  async #changing<T>(ids: readonly string[], write: () => Promise<T>): Promise<T> {
+    for (const id of ids) this.l1?.drop(id)
+    const result = await write()
+    for (const id of ids) this.l1?.drop(id)
+    if (ids.length > 0) await publishInvalidation(this.redis, this.options.keyPrefix, this.#origin, ids)
+    return result
   }
 
   sessionKey(id: string): string {
@@ -154,30 +134,41 @@ export class SessionStore implements SessionSaver {
   /** @internal `load`, saying what it found: how the plugin decides about a presented cookie. */
   async loadPresented(id: string): Promise<LoadResult> {
     if (!isWellFormedId(id)) return { decision: 'forged', session: null }
+    const cached = this.l1 && (await this.#loadCached(this.l1, id))
+    if (cached) return cached
     const key = this.sessionKey(id)
     const sentAt = this.#now()
-    const last = this.#touchedAt.get(id)
-    const touch = last === undefined || sentAt - last.at >= this.#touchAfter(last.idle)
+    const last = this.#touches.get(id)
+    const touch = this.#touches.due(last, sentAt)
     const slidBy = last?.idle ?? this.options.idleTimeoutMs
-    const fields = await guarded(() =>
-      touch
-        ? Promise.all([this.redis.hgetall(key), this.redis.pexpire(key, slidBy)]).then(([f]) => f)
-        : this.redis.hgetall(key),
-    )
+    const pending = this.l1?.begin(id)
+    let fields: Record<string, string>
+    try {
+      fields = await guarded(() =>
+        touch
+          ? Promise.all([this.redis.hgetall(key), this.redis.pexpire(key, slidBy)]).then(([f]) => f)
+          : this.redis.hgetall(key),
+      )
+    } catch (err) {
+      if (pending) this.l1!.end(pending, null, sentAt)
+      throw err
+    }
     const absoluteExpiresAt = Number(fields._absoluteExpiresAt)
+    const now = this.#now()
+    // Kept as read at its sending: its `ttlMs` runs from before Redis answered.
+    if (pending) this.l1!.end(pending, absoluteExpiresAt > now ? fields : null, sentAt)
     if (!absoluteExpiresAt) {
-      this.#touchedAt.delete(id)
+      this.#touches.delete(id)
       return { decision: 'ended', session: null }
     }
-    const now = this.#now()
     if (now >= absoluteExpiresAt) {
-      this.#touchedAt.delete(id)
-      await this.redis.del(key).catch(() => {})
+      this.#touches.delete(id)
+      await this.#changing([id], () => this.redis.del(key)).catch(() => {})
       return { decision: 'expired', session: null }
     }
     const idleTimeoutMs = Number(fields[IDLE_FIELD]) || this.options.idleTimeoutMs
     if (touch) {
-      this.#touched(id, sentAt, idleTimeoutMs)
+      this.#touches.set(id, sentAt, idleTimeoutMs)
       // Not awaited: should it fail, the session ends sooner than it should, never later.
       if (idleTimeoutMs !== slidBy) this.redis.pexpire(key, idleTimeoutMs).catch(() => {})
     }
@@ -185,21 +176,45 @@ export class SessionStore implements SessionSaver {
     // the session at its absolute end whatever its TTL, so this only frees the memory on time.
     if (touch && now + idleTimeoutMs > absoluteExpiresAt)
       this.redis.pexpireat(key, absoluteExpiresAt).catch(() => {})
-    let principal = ''
-    let createdAt = 0
-    let raw: Map<string, string> | null = null
-    for (const name in fields) {
-      const value = fields[name]!
-      if (name === '_principal') principal = value
-      else if (name === '_createdAt') createdAt = Number(value)
-      else if (!isReservedField(name)) {
-        raw ??= new Map()
-        raw.set(name, value)
-      }
-    }
     const expiresAt = Math.min((touch ? sentAt : last!.at) + idleTimeoutMs, absoluteExpiresAt)
-    const session = new Session(this, { id, principal, createdAt, expiresAt, absoluteExpiresAt }, raw)
+    const session = loadedSession(this, id, fields, expiresAt, absoluteExpiresAt)
     return { decision: touch ? 'slid' : 'found', session }
+  }
+
+  /**
+   * A presented session from the L1: loaded less than `ttlMs` ago, within its absolute lifetime
+   * and within the idle expiry this instance last slid (past it, another instance may not have
+   * slid it either: Redis answers). No command unless the idle expiry is due to slide: a PEXPIRE
+   * then, whose answer also says whether the key still exists. Null when the L1 cannot answer.
+   */
+  async #loadCached(l1: SessionL1, id: string): Promise<LoadResult | null> {
+    const now = this.#now()
+    const last = this.#touches.get(id)
+    if (last === undefined || now >= last.at + last.idle) l1.drop(id)
+    const fields = l1.get(id, now)
+    if (fields === undefined || last === undefined) return null
+    const absoluteExpiresAt = Number(fields._absoluteExpiresAt)
+    if (now >= absoluteExpiresAt) {
+      l1.drop(id)
+      return null
+    }
+    const key = this.sessionKey(id)
+    const touch = this.#touches.due(last, now)
+    if (touch) {
+      const slid = await guarded(() => this.redis.pexpire(key, last.idle))
+      if (slid === 0) {
+        l1.drop(id)
+        this.#touches.delete(id)
+        return { decision: 'ended', session: null }
+      }
+      this.#touches.set(id, now, last.idle)
+      if (now + last.idle > absoluteExpiresAt) this.redis.pexpireat(key, absoluteExpiresAt).catch(() => {})
+    }
+    const expiresAt = Math.min((touch ? now : last.at) + last.idle, absoluteExpiresAt)
+    return {
+      decision: touch ? 'slid' : 'found',
+      session: loadedSession(this, id, fields, expiresAt, absoluteExpiresAt),
+    }
   }
 
   /**
@@ -269,7 +284,7 @@ export class SessionStore implements SessionSaver {
       return created
     })
     // Created with the idle expiry: a touch as of its sending.
-    this.#touched(id, sentAt, idleTimeoutMs)
+    this.#touches.set(id, sentAt, idleTimeoutMs)
     const appFields = fields.filter(([name]) => name !== IDLE_FIELD)
     const raw = appFields.length > 0 ? new Map(appFields) : null
     return new Session(this, { id, principal, createdAt, expiresAt, absoluteExpiresAt }, raw)
@@ -308,8 +323,12 @@ export class SessionStore implements SessionSaver {
       deleteCount: deleted.length,
       changes: [...deleted, ...set.flat()],
     }
+    // Fields changed: every L1 drops the session (a touch alone changes nothing an L1 holds).
+    const changed = set.length + deleted.length > 0 ? [id] : []
     const reply = await guarded(() =>
-      callScript(this.redis, SESSION_SET, { session: this.sessionKey(id) }, args),
+      this.#changing(changed, () =>
+        callScript(this.redis, SESSION_SET, { session: this.sessionKey(id) }, args),
+      ),
     )
     if (reply.saved) return reply.expiresAt
     if (reply.failure === 'gone') return null
@@ -317,12 +336,14 @@ export class SessionStore implements SessionSaver {
   }
 
   async destroy(id: string, principal?: string): Promise<void> {
-    this.#touchedAt.delete(id)
+    this.#touches.delete(id)
     await guarded(() =>
-      Promise.all([
-        this.redis.del(this.sessionKey(id)),
-        principal ? this.redis.srem(this.indexKey(principal), id) : undefined,
-      ]),
+      this.#changing([id], () =>
+        Promise.all([
+          this.redis.del(this.sessionKey(id)),
+          principal ? this.redis.srem(this.indexKey(principal), id) : undefined,
+        ]),
+      ),
     )
   }
 
@@ -337,7 +358,9 @@ export class SessionStore implements SessionSaver {
     return guarded(async () => {
       const ids = await this.redis.smembers(index)
       if (ids.length === 0) return 0
-      const deleted = await Promise.all(ids.map((id) => this.redis.del(this.sessionKey(id))))
+      const deleted = await this.#changing(ids, () =>
+        Promise.all(ids.map((id) => this.redis.del(this.sessionKey(id)))),
+      )
       await this.redis.srem(index, ...ids)
       return deleted.reduce((sum, n) => sum + n, 0)
     })
@@ -408,8 +431,10 @@ export class SessionStore implements SessionSaver {
       const ids = await this.redis.smembers(index)
       const id = ids.find((candidate) => sessionHandle(candidate) === handle)
       if (id === undefined) return false
-      this.#touchedAt.delete(id)
-      const [deleted] = await Promise.all([this.redis.del(this.sessionKey(id)), this.redis.srem(index, id)])
+      this.#touches.delete(id)
+      const [deleted] = await this.#changing([id], () =>
+        Promise.all([this.redis.del(this.sessionKey(id)), this.redis.srem(index, id)]),
+      )
       return deleted === 1
     })
   }
