@@ -153,6 +153,8 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
     secure: config.session.secure,
     idleTimeoutMs: config.session.idleTimeoutMs,
     absoluteTimeoutMs: config.session.absoluteTimeoutMs,
+    // Sessions answered without Redis, kept honest by pub/sub invalidations (docs/session.md).
+    l1: config.session.l1TtlMs > 0 && { ttlMs: config.session.l1TtlMs },
     keyPrefix: `${prefix}sess:`,
   })
 

@@ -26,6 +26,7 @@ const EnvSchema = Type.Object({
   SESSION_SECRET: Type.Optional(Type.String({ minLength: 32 })),
   SESSION_IDLE_TIMEOUT: Type.Optional(Type.String({ pattern: '^[0-9]+(ms|s|m|h)$' })),
   SESSION_ABSOLUTE_TIMEOUT: Type.Optional(Type.String({ pattern: '^[0-9]+(ms|s|m|h)$' })),
+  SESSION_L1_TTL: Type.Optional(Type.String({ pattern: '^[0-9]+(ms|s|m|h)$' })),
   RATE_LIMIT_TRANSFERS: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*/[0-9]+(ms|s|m|h)$' })),
   RATE_LIMIT_LOGIN: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*/[0-9]+(ms|s|m|h)$' })),
   RATE_LIMIT_LOGIN_IP: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*/[0-9]+(ms|s|m|h)$' })),
@@ -73,6 +74,7 @@ const HINTS: Record<string, string> = {
   SESSION_SECRET: 'at least 32 characters (comma list for rotation; the first signs)',
   SESSION_IDLE_TIMEOUT: 'a duration like 30m',
   SESSION_ABSOLUTE_TIMEOUT: 'a duration like 8h',
+  SESSION_L1_TTL: 'a duration like 5s (0s: no in-process L1)',
   RATE_LIMIT_TRANSFERS: 'LIMIT/WINDOW like 10/60s',
   RATE_LIMIT_LOGIN: 'LIMIT/WINDOW like 5/60s',
   RATE_LIMIT_LOGIN_IP: 'LIMIT/WINDOW like 20/60s',
@@ -147,7 +149,14 @@ export interface Config {
   /** Balance cache: on/off, fresh lifetime, in-process L1 lifetime (0: no L1). */
   cache: { enabled: boolean; ttlMs: number; l1TtlMs: number; leaseWaitMs: number }
   databaseUrl?: string
-  session: { secrets: string[]; idleTimeoutMs: number; absoluteTimeoutMs: number; secure: boolean }
+  session: {
+    secrets: string[]
+    idleTimeoutMs: number
+    absoluteTimeoutMs: number
+    secure: boolean
+    /** The session L1's lifetime; 0: none. */
+    l1TtlMs: number
+  }
   rateLimits: {
     enabled: boolean
     transfers: WindowLimit
@@ -288,7 +297,13 @@ export function loadConfig(env: Record<string, string | undefined> = process.env
       leaseWaitMs: parseDuration(e.CACHE_LEASE_WAIT ?? '2s'),
     },
     databaseUrl: e.DATABASE_URL,
-    session: { secrets, idleTimeoutMs, absoluteTimeoutMs, secure: production },
+    session: {
+      secrets,
+      idleTimeoutMs,
+      absoluteTimeoutMs,
+      secure: production,
+      l1TtlMs: parseDuration(e.SESSION_L1_TTL ?? '5s'),
+    },
     rateLimits: {
       enabled: (e.RATE_LIMITS ?? 'on') === 'on',
       transfers: parseWindowLimit(e.RATE_LIMIT_TRANSFERS ?? '10/60s'),

@@ -36,7 +36,7 @@ const PEER_TARGET = 2.5
 const BARE_TARGET = 0.6
 const CPU_TARGET = 1 / 0.8
 /** The chain with every decision on Redis (the IP bucket exact, no L1s), as before buffered mode. */
-const EXACT_ENV = { RATE_LIMIT_IP_SYNC: 'exact', CACHE_L1_TTL: '0s' }
+const EXACT_ENV = { RATE_LIMIT_IP_SYNC: 'exact', CACHE_L1_TTL: '0s', SESSION_L1_TTL: '0s' }
 
 /** Per round, `a`'s CPU per request over `b`'s (server and Redis together). */
 function cpuRatio(a: Summary, b: Summary) {

@@ -37,6 +37,7 @@ test('parses every variable', () => {
     RATE_LIMIT_LOGIN: '7/2m',
     RATE_LIMIT_IP: '10,2.5',
     RATE_LIMIT_IP_SYNC: '1s,20',
+    SESSION_L1_TTL: '0s',
     RATE_LIMITS: 'off',
     SEED_DEMO: 'false',
     NOTIFICATIONS_DEDUP: '90m',
@@ -54,6 +55,7 @@ test('parses every variable', () => {
     sync: { intervalMs: 1000, batch: 20 },
   })
   assert.equal(loadConfig({ RATE_LIMIT_IP_SYNC: 'exact' }).rateLimits.ip.sync, false)
+  assert.equal(config.session.l1TtlMs, 0)
   assert.equal(config.rateLimits.enabled, false)
   assert.equal(config.seedDemo, false)
   assert.equal(config.events.notificationsDedupMs, 5_400_000)
