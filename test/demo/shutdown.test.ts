@@ -519,6 +519,8 @@ describe('shutdown on SIGTERM', { skip: USE_PGLITE && 'needs a database shared a
       TEST_SCHEDULER: JSON.stringify(tuning),
       // Stream entries too: only a hand-back (a read cut off by the stop included) lets another take them.
       TEST_EVENT_CONSUMER: JSON.stringify({ visibilityTimeoutMs: 600_000 }),
+      // Every notification of the run stays on its stream, so the count below can reach the expected one.
+      NOTIFICATIONS_RETENTION: '100000',
     }
     const start = () => spawnGateway('test/helpers/shutdown-gateway.ts', env, /READY (\S+)/)
     const [a, b] = await Promise.all([start(), start()])
@@ -574,10 +576,11 @@ describe('shutdown on SIGTERM', { skip: USE_PGLITE && 'needs a database shared a
       )
       return row!.n
     }
-    // Immediate transfers on both instances keep the relay and the notifiers busy meanwhile.
+    // Immediate transfers on both instances keep the relay and the notifiers busy meanwhile (a
+    // bounded number: a fast machine would otherwise make thousands).
     let stop = false
     const load = (async () => {
-      for (let i = 0; !stop; i++) {
+      for (let i = 0; !stop && i < 2000; i++) {
         const target = i % 2 === 0 ? a : b
         if (target === a && a.child.exitCode !== null) continue
         await post(target.url, '/transfers', i).catch(() => {})
@@ -628,14 +631,20 @@ describe('shutdown on SIGTERM', { skip: USE_PGLITE && 'needs a database shared a
         }
         return got
       }
+      let latest: string[] = []
       const got = await waitFor(
         'every notification',
         async () => {
-          const list = await seen()
-          return list.length >= expected.size ? list : undefined
+          latest = await seen()
+          return latest.length >= expected.size ? latest : undefined
         },
         90_000,
-      )
+      ).catch((error: Error) => {
+        const missing = [...expected].filter((x) => !latest.includes(x))
+        throw new Error(
+          `${error.message}: ${latest.length} of ${expected.size}, missing ${missing.slice(0, 10).join(', ')}`,
+        )
+      })
       assert.equal(new Set(got).size, got.length, 'no notification twice')
       assert.deepEqual(new Set(got), expected, 'one notification per transfer and side')
       const [pending] = (await probe.xpending(`${keyPrefix}events:transfers`, 'notifier')) as [number]
