@@ -7,7 +7,7 @@ import { resolveOptions, resolveRouteConfig } from '../../src/plugins/idempotenc
 import type { RateLimitPolicy } from '../../src/plugins/rate-limit/index.ts'
 import { keyBy } from '../../src/plugins/rate-limit/keys.ts'
 import { checkDefaults } from '../../src/plugins/rate-limit/options.ts'
-import { normalizePolicy, signature } from '../../src/plugins/rate-limit/policy.ts'
+import { localShareOf, normalizePolicy, resolve, signature } from '../../src/plugins/rate-limit/policy.ts'
 import type { SessionPluginOptions } from '../../src/plugins/session/index.ts'
 import { SESSION_STORE_OPTIONS, validateOptions } from '../../src/plugins/session/options.ts'
 import { checkedOptions } from '../../src/primitives/checks.ts'
@@ -151,8 +151,24 @@ describe('rate-limit policy options', () => {
     assert.equal(bucket.windowMs, 10_000)
     assert.equal(bucket.header, '"burst";q=20;w=10')
     assert.deepEqual(bucket.quota, { limit: 20, windowMs: 0, refillPerSecond: 2 })
-    assert.equal(bucket.localHeader, '"burst";q=10;w=10')
-    assert.deepEqual(bucket.localQuota, { limit: 10, windowMs: 0, refillPerSecond: 1 })
+    const local = resolve(bucket, bucket.limit, bucket.windowMs, localShareOf(bucket, 4))
+    assert.equal(local.header, '"burst";q=10;w=10')
+    assert.deepEqual(local.quota, { limit: 10, windowMs: 0, refillPerSecond: 1 })
+  })
+
+  test("the local fallback's share: localShare when given, else 1 / the live instances for a buffered policy, else all", () => {
+    const base = {
+      name: 'ip',
+      algorithm: 'fixed-window',
+      limit: 100,
+      windowMs: 1000,
+      onRedisError: 'local',
+    } as const
+    assert.equal(localShareOf(normalizePolicy({ ...base, sync: true }), 4), 0.25)
+    assert.equal(localShareOf(normalizePolicy({ ...base, sync: true, localShare: 0.5 }), 4), 0.5)
+    assert.equal(localShareOf(normalizePolicy(base), 4), 1)
+    const buffered = normalizePolicy({ ...base, sync: true })
+    assert.equal(resolve(buffered, 100, 1000, localShareOf(buffered, 4)).header, '"ip";q=25;w=1')
   })
 
   test('an unknown key is refused with a did-you-mean naming the policy', () => {

@@ -76,7 +76,7 @@ export async function askPolicies(
     if (identity === null || identity === undefined) continue
     if (typeof identity !== 'string')
       throw new RateLimitError([policy.name], `its key function returned ${shown(identity)}, not a string`)
-    const resolved = policy.dynamic ? checkDynamic(policy, item.limit, item.windowMs, false) : undefined
+    const resolved = policy.dynamic ? checkDynamic(policy, item.limit, item.windowMs) : undefined
     if (typeof resolved === 'string') throw new RateLimitError([policy.name], resolved)
     // A constant cost was checked at boot. A computed one reaches Lua only as a whole number of
     // units: a fraction or a huge number breaks the script, a negative one would hand quota back.
@@ -115,7 +115,7 @@ export async function resolveFor(
   try {
     const limit = policy.limitFn ? await policy.limitFn(request) : policy.limit
     const windowMs = policy.windowFn ? policy.windowFn(request) : policy.windowMs
-    resolved = checkDynamic(policy, limit, windowMs, false)
+    resolved = checkDynamic(policy, limit, windowMs)
   } catch (err) {
     throw new RateLimitError(
       [policy.name],

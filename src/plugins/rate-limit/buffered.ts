@@ -88,7 +88,7 @@ export class BufferedPolicies {
   ): Promise<void> {
     const policy = group.policies[0]!
     const key = group.keys[0]!
-    const quota = quotaOf(group, 0, false)
+    const quota = quotaOf(group, 0)
     const sync = policy.sync!
     let size = book.sizeFor(key, quota, sync, cost)
     for (let attempt = 0; ; attempt++) {
@@ -173,6 +173,11 @@ export class BufferedPolicies {
   /** `app.rateLimiter.sync()`: the sync tick, now. */
   async sync(): Promise<void> {
     await this.book.tick(true)
+  }
+
+  /** Live instances of the key prefix, this one included, as the last heartbeat said. */
+  get instances(): number {
+    return this.book.instances
   }
 
   /** `app.rateLimiter.leases()`. */

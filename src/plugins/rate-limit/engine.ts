@@ -107,7 +107,7 @@ export class RateLimitEngine implements ExactPath {
     this.principal = options.principal ?? (() => null)
     this.memoryId = memoryStoreId(options.keyPrefix)
     this.now = options.now ?? Date.now
-    this.fallback = new RedisFallback(options.keyPrefix, this.now)
+    this.fallback = new RedisFallback(options.keyPrefix, () => this.buffered?.instances ?? 1, this.now)
     this.memory = redis
       ? null
       : acquireStore(this.memoryId, options.memoryMaxKeys ?? FALLBACK_MAX_KEYS, this.now)

@@ -1,9 +1,8 @@
 import { RateLimitError } from './errors.ts'
-import { callOf, type Group, type KeyNames, nonceFor } from './groups.ts'
+import { callOf, type Group, type KeyNames, localResolvedOf, nonceFor } from './groups.ts'
 import { acquireStore, type MemoryStore, releaseStore } from './memory.ts'
 import type { RateLimitMetrics } from './metrics.ts'
 import { addDecision, type Outcome, type RequestOperation, settleRejection } from './outcome.ts'
-import { resolve } from './policy.ts'
 import type { ScriptReply } from './protocol.ts'
 
 /** Keys of the in-process limiter that stands in while Redis is down. */
@@ -12,16 +11,20 @@ export const FALLBACK_MAX_KEYS = 10_000
 /**
  * Decides a group while Redis cannot: each policy by its onRedisError. A 'closed' policy makes the
  * request unavailable (503); 'local' policies are decided in this process with their `localShare`
- * of the quota (a memory store shared by the engines of one key prefix, acquired on first use);
- * 'open' ones allow, saying nothing of the quota.
+ * of the quota, a buffered policy without one with 1 / the live instances it last counted (a
+ * memory store shared by the engines of one key prefix, acquired on first use); 'open' ones allow,
+ * saying nothing of the quota.
  */
 export class RedisFallback {
   private store: MemoryStore | null = null
   private readonly storeId: string
   private readonly now: () => number
+  /** The live instances buffered mode last counted (1 without buffered policies). */
+  private readonly instances: () => number
 
-  constructor(keyPrefix: string, now: () => number = Date.now) {
+  constructor(keyPrefix: string, instances: () => number, now: () => number = Date.now) {
     this.storeId = `local\0${keyPrefix}`
+    this.instances = instances
     this.now = now
   }
 
@@ -44,9 +47,10 @@ export class RedisFallback {
       if (p.onRedisError === 'local') local.push(i)
     })
     let reply: ScriptReply | null = null
+    const instances = this.instances()
     if (local.length > 0) {
       this.store ??= acquireStore(this.storeId, FALLBACK_MAX_KEYS, this.now)
-      const call = callOf(group, operation, nonceFor(group), names, local)
+      const call = callOf(group, operation, nonceFor(group), names, local, instances)
       try {
         reply = this.store.answer(group.policies[0]!.algorithm, call)
       } catch (err) {
@@ -61,8 +65,8 @@ export class RedisFallback {
     if (allowed && reply && reply.delayMs > 0) outcome.delayMs = Math.max(outcome.delayMs, reply.delayMs)
     group.policies.forEach((policy, i) => {
       const position = local.indexOf(i)
-      const resolved = group.resolved?.[i]
       if (position < 0) {
+        const resolved = group.resolved?.[i]
         // Open: nothing is known about the quota, so only the policy itself is advertised.
         outcome.decisions.push({
           policy,
@@ -79,15 +83,15 @@ export class RedisFallback {
       }
       const answer = reply!.policies[position]!
       // This process's share, as the local limiter enforces and advertises it.
-      const shared = resolved ? resolve(policy, resolved.quota.limit, resolved.quota.windowMs, true) : null
+      const shared = localResolvedOf(group, i, instances)
       const decision = {
         policy,
         allowed,
         remaining: answer.remaining,
         resetMs: answer.resetMs,
         retryMs: answer.retryMs,
-        limit: shared ? shared.quota.limit : policy.localQuota.limit,
-        header: shared ? shared.header : policy.localHeader,
+        limit: shared.quota.limit,
+        header: shared.header,
         isBanned: answer.ban !== 'none',
       }
       addDecision(outcome, decision, answer.ban, group.identity)

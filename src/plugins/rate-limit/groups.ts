@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto'
 import type { Asked } from './asked.ts'
-import { resolve } from './policy.ts'
+import { localShareOf, resolve } from './policy.ts'
 import type { Operation, PolicyCall, Quota, ScriptCall } from './protocol.ts'
 import type { Policy, Resolved } from './types.ts'
 
@@ -61,17 +61,21 @@ export function nonceFor(group: Group): string {
   return group.policies[0]!.algorithm === 'sliding-log' ? `${PROCESS_NONCE}${(++sequence).toString(36)}` : ''
 }
 
-/** The quota of the group's policy at `index` (`local`: this process's share, for the fallback). */
-export function quotaOf(group: Group, index: number, local: boolean): Quota {
+/** The quota of the group's policy at `index`. */
+export function quotaOf(group: Group, index: number): Quota {
+  return group.resolved?.[index]?.quota ?? group.policies[index]!.quota
+}
+
+/** The header and quota of this process's share of the group's policy at `index`, for the 'local' fallback. */
+export function localResolvedOf(group: Group, index: number, instances: number): Resolved {
   const policy = group.policies[index]!
-  const resolved = group.resolved?.[index]
-  if (!resolved) return local ? policy.localQuota : policy.quota
-  return local ? resolve(policy, resolved.quota.limit, resolved.quota.windowMs, true).quota : resolved.quota
+  const quota = quotaOf(group, index)
+  return resolve(policy, quota.limit, quota.windowMs, localShareOf(policy, instances))
 }
 
 /**
  * The script call for the group's policies (`only`: those indexes, for the local fallback, with
- * this process's share of each quota), their blocks and the fixed window's penalties.
+ * this process's share of each quota among `instances`), their blocks and the fixed window's penalties.
  */
 export function callOf(
   group: Group,
@@ -79,6 +83,7 @@ export function callOf(
   nonce: string,
   names: KeyNames,
   only: number[] | null = null,
+  instances = 1,
 ): ScriptCall {
   const call: ScriptCall = { operation, nonce, policies: [], blocks: [], penalties: [] }
   const indexes = only ?? group.policies.map((_, i) => i)
@@ -87,7 +92,7 @@ export function callOf(
     const counter = group.keys[index]!
     const policyCall: PolicyCall = {
       key: counter,
-      quota: quotaOf(group, index, only !== null),
+      quota: only ? localResolvedOf(group, index, instances).quota : quotaOf(group, index),
       cost: group.costs[index]!,
       maxDelayMs: policy.maxDelayMs,
       refundWindow: 0,

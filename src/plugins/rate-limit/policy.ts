@@ -200,7 +200,9 @@ export function normalizePolicy(
     isFailure,
     sync,
     onRedisError,
-    localShare,
+    // A buffered policy knows how many instances share its quota: without `localShare`, the
+    // fallback's share follows them (null); an exact one falls back on the whole limit.
+    localShare: p.localShare === undefined && sync ? null : localShare,
     maxDelayMs,
     allow: allowListPredicate(p.allowList, fail),
     blockMs,
@@ -214,18 +216,13 @@ export function normalizePolicy(
     header: '',
     windowSec: 0,
     quota: NO_QUOTA,
-    localHeader: '',
-    localQuota: NO_QUOTA,
   }
   if (!policy.dynamic) {
-    const global = resolve(policy, limit, windowMs, false)
-    const local = resolve(policy, limit, windowMs, true)
+    const global = resolve(policy, limit, windowMs, 1)
     policy.header = global.header
     policy.quota = global.quota
     policy.windowSec = windowSecOf(policy, limit, windowMs)
     if (bucket) policy.windowMs = Math.ceil((limit * 1000) / policy.refillPerSecond)
-    policy.localHeader = local.header
-    policy.localQuota = local.quota
   }
   return policy
 }
@@ -236,10 +233,17 @@ function windowSecOf(policy: Policy, limit: number, windowMs: number): number {
   return Math.max(1, Math.round(ms / 1000))
 }
 
-/** Header item and quota for a limit and window (with `local`, this process's share). */
-export function resolve(policy: Policy, limit: number, windowMs: number, local: boolean): Resolved {
-  const share = local ? policy.localShare : 1
-  const q = local ? Math.max(1, Math.floor(limit * share)) : limit
+/**
+ * The share of a policy's quota this process enforces while Redis cannot be reached: its
+ * `localShare`, or for a buffered policy without one, 1 / the live instances it last counted.
+ */
+export function localShareOf(policy: Policy, instances: number): number {
+  return policy.localShare ?? 1 / Math.max(1, instances)
+}
+
+/** Header item and quota for a limit and window (a `share` below 1: this process's share, for the fallback). */
+export function resolve(policy: Policy, limit: number, windowMs: number, share: number): Resolved {
+  const q = share < 1 ? Math.max(1, Math.floor(limit * share)) : limit
   const bucket = policy.algorithm === 'token-bucket'
   return {
     header: `"${policy.name}";q=${q};w=${windowSecOf(policy, limit, windowMs)}`,
@@ -255,19 +259,14 @@ export function resolve(policy: Policy, limit: number, windowMs: number, local: 
  * the message of the 500 that request gets. `limit` and `windowMs` are what its functions returned
  * (an async limit function's promise already resolved).
  */
-export function checkDynamic(
-  policy: Policy,
-  limit: unknown,
-  windowMs: unknown,
-  local: boolean,
-): Resolved | string {
+export function checkDynamic(policy: Policy, limit: unknown, windowMs: unknown): Resolved | string {
   if (!positiveInt(limit)) return `its limit function returned ${shown(limit)}, not a positive whole number`
   if (policy.windowFn && !positiveInt(windowMs))
     return `its windowMs function returned ${shown(windowMs)}, not a positive whole number of milliseconds`
   const window = windowMs as number
   if (policy.algorithm === 'gcra' && limit > window * 100)
     return `its limit ${limit} is more than 100 per millisecond of its window (${window} ms)`
-  return resolve(policy, limit, window, local)
+  return resolve(policy, limit, window, 1)
 }
 
 /** A returned value in an error message, without calling anything of it or showing its content. */

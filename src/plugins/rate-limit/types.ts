@@ -147,7 +147,8 @@ export interface Policy {
   /** Buffered mode's settings; null: exact (every request decided by Redis). */
   sync: SyncSettings | null
   onRedisError: FailureMode
-  localShare: number
+  /** Share of the quota the `'local'` fallback enforces; null: a buffered policy's, 1 / the live instances. */
+  localShare: number | null
   maxDelayMs: number
   allow: ((request: FastifyRequest) => boolean) | null
   /** 0: no blocks. */
@@ -167,9 +168,6 @@ export interface Policy {
   windowSec: number
   /** The quota its script is called with (static policies). */
   quota: Quota
-  /** The same for the `onRedisError: 'local'` fallback, with `localShare` of the limit. */
-  localHeader: string
-  localQuota: Quota
 }
 
 /**

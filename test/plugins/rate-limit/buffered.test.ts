@@ -188,6 +188,31 @@ test('while Redis cannot answer, leases held keep admitting, then the policy dec
   assert.deepEqual(statuses, [200, 200, 200, 200, 503, 503])
 })
 
+test("while Redis is down, a buffered policy's 'local' fallback admits its share among the live instances", async () => {
+  const prefix = uniquePrefix('rlb')
+  const policy: RateLimitPolicy = {
+    ...fixed('down', 100, { intervalMs: 60_000, batch: 1 }),
+    onRedisError: 'local',
+  }
+  const four = [
+    await instance(prefix, policy),
+    await instance(prefix, policy),
+    await instance(prefix, policy),
+    await instance(prefix, policy),
+  ]
+  for (const { app } of four) await app.rateLimiter.sync()
+  const [one] = four
+  await one!.app.rateLimiter.sync()
+  assert.equal(one!.app.rateLimiter.leases().instances, 4)
+  one!.client.disconnect()
+  const replies = []
+  for (let i = 0; i < 40; i++)
+    replies.push(await one!.app.inject({ url: '/', headers: { 'x-key': 'fresh' } }))
+  assert.equal(replies.filter((r) => r.statusCode === 200).length, 25, 'a quarter of the limit')
+  assert.equal(replies.filter((r) => r.statusCode === 429).length, 15)
+  assert.equal(replies[0]!.headers['ratelimit-policy'], '"down";q=25;w=60')
+})
+
 test('four instances share a token bucket: no more admitted than its capacity', async () => {
   const prefix = uniquePrefix('rlb')
   const policy: RateLimitPolicy = {
