@@ -50,8 +50,12 @@ const RATE = (DEMAND * LIMIT * 1000) / WINDOW_MS
 const BURST_EVERY_MS = 100
 const RUN_MS = quick ? 2_200 : 6_000
 const FAULT_RUN_MS = quick ? 3_500 : 8_000
-/** When the fault is injected: mid-window (windows start about every WINDOW_MS from the run's start). */
-const FAULT_AT_MS = quick ? 1_500 : 3_500
+/**
+ * When the fault is injected: 150 ms into a window (windows start about every WINDOW_MS from the
+ * run's start). At 2.5x demand the limit is reached 400 ms into each window: a fault later than
+ * that finds every lease spent, and shows nothing.
+ */
+const FAULT_AT_MS = quick ? 1_150 : 3_150
 /** Over-admission a fixed-window row without fault may show (one request in 200). */
 const OVER_TOLERANCE_PCT = 0.5
 
@@ -445,7 +449,7 @@ const markdown = [
   '',
   '### Faults (fixed window, steady)',
   '',
-  `${FAULT_INSTANCES} instances, ${FAULT_RUN_MS / 1000} s runs; the fault at ${FAULT_AT_MS / 1000} s (mid-window). Join: a fifth process is started then and gets its share of the round robin once listening. Kill: the last instance is SIGKILLed and leaves the round robin; its requests in flight are lost. Affected windows: those overlapping the fault and the 3 s after it (three heartbeats).`,
+  `${FAULT_INSTANCES} instances, ${FAULT_RUN_MS / 1000} s runs; the fault at ${FAULT_AT_MS / 1000} s, 150 ms into a window, while the leases still hold units (the limit is reached 400 ms into each window). Join: a fifth process is started then and gets its share of the round robin once listening. Kill: the last instance is SIGKILLed and leaves the round robin; its requests in flight are lost. Affected windows: those overlapping the fault and the 3 s after it (three heartbeats).`,
   '',
   faultTable,
   '',
