@@ -1,6 +1,7 @@
 // `npm run bench:smoke`: every benchmark scenario with short runs (`load/run.ts --smoke`: the quick
 // runs of about a second, and a scenario fails on any non-2xx answer or error in its load runs),
-// the session revocation benchmark's quick run, then a short soak with its invariants. Exits 1
+// the session revocation benchmark's quick run, the buffered rate limiting accuracy's quick run,
+// then a short soak with its invariants. Exits 1
 // naming what failed. Results go to load/results/quick/ (git-ignored); it checks that the suite
 // runs, it measures nothing to quote.
 import { spawn } from 'node:child_process'
@@ -37,6 +38,11 @@ if (revocation.code !== 0)
   failures.push(
     `session revocation (exit ${revocation.code}: a revoked session still served after 10 s, or an error)`,
   )
+const accuracy = await run(['load/accuracy.ts', '--quick'])
+if (accuracy.code !== 0)
+  failures.push(
+    `rate-limit accuracy (exit ${accuracy.code}: an answer other than 200/429, or a window admitted over its limit)`,
+  )
 const soak = await run(['load/soak.ts', '--quick', '--minutes', SOAK_MINUTES])
 if (soak.code !== 0) failures.push(`soak (exit ${soak.code}: an invariant failed or a Redis key has no TTL)`)
 
@@ -45,4 +51,6 @@ if (failures.length) {
   console.error(`\nbench:smoke FAILED in ${seconds} s: ${failures.join('; ')}`)
   process.exit(1)
 }
-console.log(`\nbench:smoke passed in ${seconds} s: every scenario, the session revocation and the soak`)
+console.log(
+  `\nbench:smoke passed in ${seconds} s: every scenario, the session revocation, the rate-limit accuracy and the soak`,
+)
