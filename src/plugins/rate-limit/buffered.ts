@@ -99,7 +99,7 @@ export class BufferedPolicies {
       if (sent === null) return this.exact.fallBack(group, outcome)
       const { reply } = sent
       const answer = reply.policies[0]!
-      book.remember(key, answer.remaining)
+      book.remember(key, policy, answer.remaining, answer.resetMs, sentAt)
       if (reply.allowed) {
         const resolved = group.resolved?.[0]
         const lease = book.granted({

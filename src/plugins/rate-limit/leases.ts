@@ -81,12 +81,21 @@ export interface Grant {
   sentAt: number
 }
 
+/** What Redis last said of a key: the units left then, and when it is full again (this process's clock). */
+interface LastWord {
+  remaining: number
+  at: number
+  fullAt: number
+  /** A token bucket or GCRA, refilled evenly until `fullAt`; a fixed window is renewed at once then. */
+  refills: boolean
+}
+
 export class LeaseBook {
   private readonly leases = new Map<string, Lease>()
   /** Acquisitions in flight per key: requests arriving meanwhile wait for them instead of sending their own. */
   readonly pending = new Map<string, Promise<unknown>>()
   /** What Redis last said was left of each key (the next lease's share is taken from it). */
-  private readonly lastRemaining = new Map<string, number>()
+  private readonly lastWords = new Map<string, LastWord>()
   private readonly id = randomBytes(9).toString('base64url')
   private readonly instancesKey: string
   private timer: NodeJS.Timeout | null = null
@@ -142,20 +151,34 @@ export class LeaseBook {
   }
 
   /**
-   * Units to ask for: this instance's share of what Redis last said was left (the limit before the
-   * first call), at most `batch` and the limit, at least the request's cost.
+   * Units to ask for: this instance's share of what the key has left, at most `batch` and the
+   * limit, at least the request's cost. What it has left is `remaining` when Redis just said it,
+   * else an estimate from Redis's last word (a guess too high costs one more call: a lease Redis
+   * refuses is asked again for a share of what it says is left).
    */
   sizeFor(key: string, quota: Quota, sync: SyncSettings, cost: number, remaining?: number): number {
-    const left = remaining ?? this.lastRemaining.get(key) ?? quota.limit
+    const left = remaining ?? this.leftOf(key, quota)
     const share = Math.floor(left / this.instances)
     return Math.max(cost, Math.min(share, sync.batch, quota.limit))
+  }
+
+  /**
+   * What the key has now by Redis's last word: the limit once its window ended or its bucket
+   * refilled (or before any call), a bucket's or GCRA's refill so far, else what was left.
+   */
+  private leftOf(key: string, quota: Quota): number {
+    const last = this.lastWords.get(key)
+    const now = this.now()
+    if (!last || now >= last.fullAt) return quota.limit
+    if (!last.refills) return last.remaining
+    const refilled = ((quota.limit - last.remaining) * (now - last.at)) / (last.fullAt - last.at)
+    return last.remaining + Math.floor(refilled)
   }
 
   /** Redis granted `grant.size` units: the request's cost is spent, the rest becomes (or joins) the key's lease. */
   granted(grant: Grant): Lease {
     const { policy, key } = grant
     const sync = policy.sync!
-    this.remember(key, grant.remaining)
     const windowEnds =
       policy.algorithm === 'fixed-window' ? grant.sentAt + grant.resetMs : Number.POSITIVE_INFINITY
     // A lease too small for a request's cost is replaced: what it has left goes back.
@@ -185,12 +208,15 @@ export class LeaseBook {
     return lease
   }
 
-  /** What Redis said was left of a key (after a refusal too): the next share is taken from it. */
-  remember(key: string, remaining: number): void {
-    this.lastRemaining.delete(key)
-    if (this.lastRemaining.size >= MAX_LEASES)
-      this.lastRemaining.delete(this.lastRemaining.keys().next().value!)
-    this.lastRemaining.set(key, remaining)
+  /**
+   * What Redis said of a key (after a refusal too): the units left, and in `resetMs` from `sentAt`
+   * (the call's send time, so never late) when it is full again. The next share is taken from it.
+   */
+  remember(key: string, policy: Policy, remaining: number, resetMs: number, sentAt: number): void {
+    this.lastWords.delete(key)
+    if (this.lastWords.size >= MAX_LEASES) this.lastWords.delete(this.lastWords.keys().next().value!)
+    const refills = policy.algorithm !== 'fixed-window'
+    this.lastWords.set(key, { remaining, at: sentAt, fullAt: sentAt + resetMs, refills })
   }
 
   /** The sync tick: the heartbeat when due (`renew`: now), and every idle, aged or ended lease given back. */
@@ -290,7 +316,7 @@ export class LeaseBook {
   /** A key was reset: its lease's units were counted on the counter just deleted, and must not be spent. */
   forget(key: string): void {
     this.leases.delete(key)
-    this.lastRemaining.delete(key)
+    this.lastWords.delete(key)
   }
 
   /** What this instance holds, per buffered policy. */

@@ -102,6 +102,35 @@ test('one lease call per batch: 1000 requests send about 10 script calls, not 10
   assert.equal(await counterOf(prefix, 'batched'), 1000)
 })
 
+test("a key's next window, or its refilled bucket, is leased whole: one call, not a one-unit lease first", async () => {
+  const prefix = uniquePrefix('rlb')
+  const sync = { intervalMs: 60_000, batch: 100 }
+  const windowed = await instance(prefix, { ...fixed('renewed', 20, sync), windowMs: 1000 })
+  const bucket = await instance(uniquePrefix('rlb'), {
+    name: 'refilled',
+    algorithm: 'token-bucket',
+    limit: 20,
+    refillPerSecond: 20,
+    key: (request) => String(request.headers['x-key'] ?? 'anyone'),
+    sync,
+  })
+  for (const one of [windowed, bucket]) {
+    const statuses = async (n: number) => {
+      const counted: number[] = []
+      for (let i = 0; i < n; i++)
+        counted.push((await one.app.inject({ url: '/', headers: { 'x-key': 'k' } })).statusCode)
+      return counted
+    }
+    // Drained: Redis's last word is 0 left.
+    assert.equal((await statuses(22)).filter((status) => status === 200).length, 20)
+    // Past the window's end (the bucket full again), the first lease is the whole limit again.
+    await new Promise((resolve) => setTimeout(resolve, 1200))
+    const before = one.commands()
+    assert.deepEqual(await statuses(20), Array(20).fill(200))
+    assert.equal(one.commands() - before, 1)
+  }
+})
+
 test('an over-limit key is answered without Redis until its window moves', async () => {
   const prefix = uniquePrefix('rlb')
   const one = await instance(prefix, fixed('over', 10, { intervalMs: 60_000, batch: 4 }))
