@@ -4,7 +4,7 @@ import { callOf, type Group, type KeyNames, quotaOf } from './groups.ts'
 import { type Lease, LeaseBook, type LeaseReport } from './leases.ts'
 import type { RateLimitMetrics } from './metrics.ts'
 import { addDecision, type Outcome, type RequestOperation } from './outcome.ts'
-import type { ScriptCall, ScriptReply } from './protocol.ts'
+import type { Quota, ScriptCall, ScriptReply } from './protocol.ts'
 import type { Decision, Policy } from './types.ts'
 
 /** What a request took of a lease, given back if a later policy refuses it. */
@@ -124,6 +124,7 @@ export class BufferedPolicies {
         continue
       }
       call.policies[0]!.cost = cost
+      answer.retryMs = Math.max(answer.retryMs, refusalHoldMs(policy, quota))
       return this.exact.apply(group, 'consume', outcome, reply, call)
     }
   }
@@ -184,4 +185,18 @@ export class BufferedPolicies {
   leaseReport(): LeaseReport {
     return this.book.report()
   }
+}
+
+/**
+ * How long a refused lease is answered from the over-limit cache at least. A token bucket or GCRA
+ * refills a unit at a time: asked again at every unit, each lease would be one unit and each
+ * request a call. Held for a sync interval, the next lease takes what refilled meanwhile; at most
+ * half the time it takes to refill from empty, so no unit overflows the bucket while held (the
+ * admitted rate stays the refill rate). A fixed window's refusal already lasts until its end.
+ */
+function refusalHoldMs(policy: Policy, quota: Quota): number {
+  if (policy.algorithm === 'fixed-window') return 0
+  const fillMs =
+    policy.algorithm === 'token-bucket' ? (quota.limit * 1000) / quota.refillPerSecond : quota.windowMs
+  return Math.min(policy.sync!.intervalMs, Math.floor(fillMs / 2))
 }

@@ -131,6 +131,28 @@ test("a key's next window, or its refilled bucket, is leased whole: one call, no
   }
 })
 
+test('a token bucket at its limit: a refused lease is held for a sync interval, then the next lease takes what refilled', async () => {
+  const one = await instance(uniquePrefix('rlb'), {
+    name: 'flood',
+    algorithm: 'token-bucket',
+    limit: 10,
+    refillPerSecond: 10,
+    key: (request) => String(request.headers['x-key'] ?? 'anyone'),
+    sync: { intervalMs: 200, batch: 100 },
+  })
+  const consume = () => one.app.rateLimiter.consume('flood', 'k')
+  for (let i = 0; i < 10; i++) assert.equal((await consume()).allowed, true)
+  const refused = await consume()
+  assert.equal(refused.allowed, false)
+  // Redis would take the next unit in 100 ms: held for the interval instead (half the 1 s refill at most).
+  assert.ok(refused.retryAfterMs >= 190, `retry after ${refused.retryAfterMs} ms`)
+  const before = one.commands()
+  for (let i = 0; i < 10; i++) assert.equal((await consume()).allowed, false)
+  assert.equal(one.commands() - before, 0, 'refused from the over-limit cache')
+  await new Promise((resolve) => setTimeout(resolve, refused.retryAfterMs + 100))
+  assert.equal((await consume()).allowed, true)
+})
+
 test('an over-limit key is answered without Redis until its window moves', async () => {
   const prefix = uniquePrefix('rlb')
   const one = await instance(prefix, fixed('over', 10, { intervalMs: 60_000, batch: 4 }))
