@@ -61,6 +61,20 @@ const fixed = (name: string, limit: number, sync: RateLimitPolicy['sync']): Rate
   sync,
 })
 
+const bucket = (
+  name: string,
+  capacity: number,
+  refillPerSecond: number,
+  sync: RateLimitPolicy['sync'],
+): RateLimitPolicy => ({
+  name,
+  algorithm: 'token-bucket',
+  limit: capacity,
+  refillPerSecond,
+  key: (request) => String(request.headers['x-key'] ?? 'anyone'),
+  sync,
+})
+
 const counterOf = async (prefix: string, name: string) => {
   const keys = (await scanKeys(redis, prefix)).filter((key) => key.endsWith(`:${name}:fixed-window`))
   assert.equal(keys.length, 1)
@@ -106,15 +120,8 @@ test("a key's next window, or its refilled bucket, is leased whole: one call, no
   const prefix = uniquePrefix('rlb')
   const sync = { intervalMs: 60_000, batch: 100 }
   const windowed = await instance(prefix, { ...fixed('renewed', 20, sync), windowMs: 1000 })
-  const bucket = await instance(uniquePrefix('rlb'), {
-    name: 'refilled',
-    algorithm: 'token-bucket',
-    limit: 20,
-    refillPerSecond: 20,
-    key: (request) => String(request.headers['x-key'] ?? 'anyone'),
-    sync,
-  })
-  for (const one of [windowed, bucket]) {
+  const refilled = await instance(uniquePrefix('rlb'), bucket('refilled', 20, 20, sync))
+  for (const one of [windowed, refilled]) {
     const statuses = async (n: number) => {
       const counted: number[] = []
       for (let i = 0; i < n; i++)
@@ -132,14 +139,7 @@ test("a key's next window, or its refilled bucket, is leased whole: one call, no
 })
 
 test('a token bucket at its limit: a refused lease is held for a sync interval, then the next lease takes what refilled', async () => {
-  const one = await instance(uniquePrefix('rlb'), {
-    name: 'flood',
-    algorithm: 'token-bucket',
-    limit: 10,
-    refillPerSecond: 10,
-    key: (request) => String(request.headers['x-key'] ?? 'anyone'),
-    sync: { intervalMs: 200, batch: 100 },
-  })
+  const one = await instance(uniquePrefix('rlb'), bucket('flood', 10, 10, { intervalMs: 200, batch: 100 }))
   const consume = () => one.app.rateLimiter.consume('flood', 'k')
   for (let i = 0; i < 10; i++) assert.equal((await consume()).allowed, true)
   const refused = await consume()
@@ -266,14 +266,7 @@ test("while Redis is down, a buffered policy's 'local' fallback admits its share
 
 test('four instances share a token bucket: no more admitted than its capacity', async () => {
   const prefix = uniquePrefix('rlb')
-  const policy: RateLimitPolicy = {
-    name: 'bucket',
-    algorithm: 'token-bucket',
-    limit: 200,
-    refillPerSecond: 0.001,
-    key: () => 'k',
-    sync: { intervalMs: 50, batch: 25 },
-  }
+  const policy = bucket('bucket', 200, 0.001, { intervalMs: 50, batch: 25 })
   const instances = await Promise.all([1, 2, 3, 4].map(() => instance(prefix, policy)))
   const answers = await Promise.all(
     Array.from({ length: 600 }, (_, i) =>
