@@ -22,20 +22,40 @@ export interface IdentityCheck {
 }
 
 /**
- * Reads the database's identity and compares its newest transfer with the high-water mark Redis
- * holds under `<basePrefix><identity>:`. Throws when Redis does not answer.
+ * Compares the database's newest transfer with the high-water mark Redis holds under
+ * `<basePrefix><identity>:`, for `identity` (a relay's) or, without it, the identity the database
+ * has now. Throws when Redis does not answer.
+ *
+ * Redis is read first: every transfer at or below the mark was committed before the mark was raised,
+ * so a database read after it sees them all unless it is a restore. Read the other way round, a
+ * transfer another instance commits and relays between the two reads looks like a restore, and
+ * the database would get a new identity while the other instances keep writing under the old one.
  */
 export async function checkDatabaseIdentity(
   db: Queryable,
   redis: RedisClient,
   basePrefix: string,
+  identity?: string,
 ): Promise<IdentityCheck> {
-  const [row] = await db.query<{ identity: string; newest: string }>(
-    `SELECT identity, (SELECT coalesce(max(id), 0) FROM transfers)::text AS newest FROM database_identity`,
-  )
+  let asked = identity ?? (await readIdentity(db))
+  for (;;) {
+    const highWater = await redis.zscore(highWaterKey(`${basePrefix}${asked}:`), HIGH_WATER_MEMBER)
+    const [row] = await db.query<{ identity: string; newest: string }>(
+      `SELECT identity, (SELECT coalesce(max(id), 0) FROM transfers)::text AS newest FROM database_identity`,
+    )
+    if (!row) throw new Error('database_identity is empty: the migrations did not run')
+    if (row.identity === asked)
+      return { identity: asked, restored: highWater !== null && Number(row.newest) < Number(highWater) }
+    // Renewed since: a relay's identity is no longer the database's; a boot asks again under the new one.
+    if (identity !== undefined) return { identity: row.identity, restored: false }
+    asked = row.identity
+  }
+}
+
+async function readIdentity(db: Queryable): Promise<string> {
+  const [row] = await db.query<{ identity: string }>('SELECT identity FROM database_identity')
   if (!row) throw new Error('database_identity is empty: the migrations did not run')
-  const highWater = await redis.zscore(highWaterKey(`${basePrefix}${row.identity}:`), HIGH_WATER_MEMBER)
-  return { identity: row.identity, restored: highWater !== null && Number(row.newest) < Number(highWater) }
+  return row.identity
 }
 
 /**
@@ -49,8 +69,7 @@ export async function renewDatabaseIdentity(db: Queryable, from: string): Promis
      WHERE identity = $1`,
     [from],
   )
-  const [row] = await db.query<{ identity: string }>('SELECT identity FROM database_identity')
-  return row!.identity
+  return await readIdentity(db)
 }
 
 /**
@@ -73,6 +92,5 @@ export async function settleDatabaseIdentity(
       return renewed
     }
   }
-  const [row] = await db.query<{ identity: string }>('SELECT identity FROM database_identity')
-  return row!.identity
+  return await readIdentity(db)
 }

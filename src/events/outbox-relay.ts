@@ -300,7 +300,7 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
   /** Throws DatabaseReplacedError unless the database is still the one under `database.identity`. */
   async function checkDatabase(): Promise<void> {
     if (!database) return
-    const check = await checkDatabaseIdentity(db, redis, database.basePrefix)
+    const check = await checkDatabaseIdentity(db, redis, database.basePrefix, database.identity)
     if (check.identity === database.identity && !check.restored) return
     if (check.identity === database.identity) await renewDatabaseIdentity(db, check.identity)
     throw new DatabaseReplacedError(database.identity)

@@ -20,7 +20,9 @@ import { type ModelRedis, startModelRedis } from './redis.ts'
 // database ever shows. Faults: FLUSHALL, the loss of the stream's hash slot, a failover that lost
 // the stream's last entries, a Redis restart, an instance restart, the notifiers down (events pile
 // up unread, so a loss meets them), and a restore (the database back to a backup taken before any
-// transfer: ids start again, the instances restart on it, Redis keeps what it had).
+// transfer: ids start again, the instances restart on it, Redis keeps what it had). Overlaps: an
+// instance boots, or its relay checks the database, while the other instance commits a transfer and
+// relays it between two of its calls; the check must not take that transfer for a restore.
 //
 // Faults come at the notifiers' quiet points (each is stopped, which finishes its read, and started
 // again after): docs/demo/events.md allows a duplicate only when Redis loses its data in the
@@ -49,6 +51,39 @@ interface Instance {
   prefix: string
   relay: OutboxRelay
   notifier: StreamConsumer
+  /** Holds the boot's and the relay's calls (see \`holding\`); idle unless an Overlap arms it. */
+  hold: Hold
+}
+
+/** After the \`at\`-th database or Redis call resolves, \`during\` runs before the caller goes on. */
+interface Hold {
+  at: number
+  calls: number
+  during: (() => Promise<void>) | null
+}
+
+const idle = (): Hold => ({ at: 0, calls: 0, during: null })
+
+/** \`target\` whose calls returning a promise count towards \`hold\`, and the \`at\`-th waits for its \`during\`. */
+function holding<T extends object>(target: T, hold: Hold): T {
+  return new Proxy(target, {
+    get(object, key) {
+      const value = Reflect.get(object, key, object) as unknown
+      if (typeof value !== 'function') return value
+      return (...args: unknown[]) => {
+        const result = value.apply(object, args) as unknown
+        if (!hold.during || !(result instanceof Promise)) return result
+        return result.then(async (resolved: unknown) => {
+          const during = hold.during
+          if (++hold.calls === hold.at && during) {
+            hold.during = null
+            await during()
+          }
+          return resolved
+        })
+      }
+    },
+  })
 }
 
 interface Real {
@@ -75,15 +110,17 @@ after(async () => {
 })
 
 /** An instance booting as the gateway does: its keys under the database's identity (renewed after a restore). */
-async function startInstance(real: Real): Promise<Instance> {
+async function startInstance(real: Real, hold = idle()): Promise<Instance> {
   const basePrefix = real.basePrefix
-  const identity = await settleDatabaseIdentity(real.db.db, real.redis, basePrefix, () => {})
+  const db = holding(real.db.db, hold)
+  const redis = holding(real.redis, hold)
+  const identity = await settleDatabaseIdentity(db, redis, basePrefix, () => {})
   const prefix = `${basePrefix}${identity}:`
   const stream = `${prefix}events:transfers`
   const onError = (err: unknown) => real.errors.push(err)
   const relay = createOutboxRelay({
-    db: real.db.db,
-    redis: real.redis,
+    db,
+    redis,
     stream,
     retention: RETENTION,
     batch: BATCH,
@@ -105,7 +142,7 @@ async function startInstance(real: Real): Promise<Instance> {
     onError,
   })
   if (real.notifiersUp) await notifier.start()
-  return { prefix, relay, notifier }
+  return { prefix, relay, notifier, hold }
 }
 
 /** The watching customers read what their notification streams hold now (as an open SSE stream would show it). */
@@ -309,6 +346,38 @@ class RestartInstance implements ModelCommand<Model, Real> {
   toString = () => `restartInstance(${this.which})`
 }
 
+class Overlap implements ModelCommand<Model, Real> {
+  /**
+   * Instance \`which\` boots again (\`boot\`) or runs a relay pass (\`relay\`), and after its \`at\`-th
+   * database or Redis call the other instance commits a transfer and relays it: the identity check
+   * must not take a transfer it did not see yet for a restore.
+   */
+  constructor(
+    readonly which: 0 | 1,
+    readonly kind: 'boot' | 'relay',
+    readonly at: number,
+  ) {}
+  check = () => true
+  async run(model: Model, real: Real) {
+    const hold: Hold = {
+      at: this.at,
+      calls: 0,
+      during: async () => {
+        await new MakeTransfers(this.which, 1 - this.which, 7, 1).run(model, real)
+        await real.instances[1 - this.which]!.relay.relayPending()
+      },
+    }
+    if (this.kind === 'relay') {
+      Object.assign(real.instances[this.which]!.hold, hold)
+      await real.instances[this.which]!.relay.relayPending()
+      return
+    }
+    await real.instances[this.which]!.notifier.stop()
+    real.instances[this.which] = await startInstance(real, hold)
+  }
+  toString = () => `overlap(${this.which}, ${this.kind}, ${this.at})`
+}
+
 class Restore implements ModelCommand<Model, Real> {
   check = () => true
   async run(model: Model, real: Real) {
@@ -357,6 +426,9 @@ modelTest<Model, Real>({
     fc.boolean().map((up) => new Notifiers(up)),
     fc.constantFrom<0 | 1>(0, 1).map((which) => new RestartInstance(which)),
     fc.constant(new Restore()),
+    fc
+      .tuple(fc.constantFrom<0 | 1>(0, 1), fc.constantFrom('boot', 'relay'), fc.integer({ min: 1, max: 3 }))
+      .map(([which, kind, at]) => new Overlap(which, kind as 'boot' | 'relay', at)),
   ],
   async setup() {
     server ??= await startModelRedis()
