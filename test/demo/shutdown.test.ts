@@ -524,6 +524,7 @@ describe('shutdown on SIGTERM', { skip: USE_PGLITE && 'needs a database shared a
     }
     const start = () => spawnGateway('test/helpers/shutdown-gateway.ts', env, /READY (\S+)/)
     const [a, b] = await Promise.all([start(), start()])
+    const keyPrefix = await gatewayKeyPrefix(database.db, prefix)
     let c: Gateway | null = null
     context.after(async () => {
       for (const g of [a, b, c]) {
@@ -609,8 +610,9 @@ describe('shutdown on SIGTERM', { skip: USE_PGLITE && 'needs a database shared a
          WHERE fa.customer_id = ANY($1)`,
       [customerIds],
     )
+    // An instance that joins while the others relay must not take the database for a restored one.
+    assert.equal(await gatewayKeyPrefix(database.db, prefix), keyPrefix, 'the database kept its identity')
     const probe = new Redis(redis.url)
-    const keyPrefix = await gatewayKeyPrefix(database.db, prefix)
     try {
       const expected = new Set<string>()
       for (const t of transfers) {
