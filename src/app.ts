@@ -83,6 +83,9 @@ declare module 'fastify' {
 }
 
 /** The account filter when it is off: the database answers every id. */
+/** The stricter transfers limit the demo runs in shadow mode (RATE_LIMIT_TRANSFERS_SHADOW). */
+const TRANSFERS_SHADOW = 'transfers-shadow'
+
 const NO_ACCOUNT_FILTER: Pick<AccountFilter, 'mightExist' | 'add' | 'catchUp' | 'settled'> = {
   mightExist: async () => true,
   add: async () => {},
@@ -196,6 +199,21 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
           hook: 'preHandler',
           countOnlyFailures: transferAttemptCounts,
         },
+        // What a stricter transfers limit would refuse, dark-launched: counted the same way,
+        // logged and counted as would_reject, never enforced (docs/rate-limit.md, shadow policies).
+        ...(limits.transfersShadow
+          ? [
+              {
+                name: TRANSFERS_SHADOW,
+                algorithm: 'fixed-window' as const,
+                ...limits.transfersShadow,
+                key: keyBy.customer,
+                hook: 'preHandler' as const,
+                countOnlyFailures: transferAttemptCounts,
+                shadow: true,
+              },
+            ]
+          : []),
       ],
     })
   }
@@ -255,7 +273,14 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
     deadLetterMaxLen: config.events.deadLetterRetention,
     ...deps.eventConsumer,
   })
-  await app.register(transferRoutes, { outbox: config.events.outbox })
+  await app.register(transferRoutes, {
+    outbox: config.events.outbox,
+    rateLimits: !app.hasDecorator('rateLimiter')
+      ? false
+      : config.rateLimits.transfersShadow
+        ? ['transfers', TRANSFERS_SHADOW]
+        : 'transfers',
+  })
   await app.register(notificationRoutes)
   await app.register(campaignRoutes)
   await app.register(publicAccountRoutes)

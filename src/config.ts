@@ -28,6 +28,9 @@ const EnvSchema = Type.Object({
   SESSION_ABSOLUTE_TIMEOUT: Type.Optional(Type.String({ pattern: '^[0-9]+(ms|s|m|h)$' })),
   SESSION_L1_TTL: Type.Optional(Type.String({ pattern: '^[0-9]+(ms|s|m|h)$' })),
   RATE_LIMIT_TRANSFERS: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*/[0-9]+(ms|s|m|h)$' })),
+  RATE_LIMIT_TRANSFERS_SHADOW: Type.Optional(
+    Type.String({ pattern: '^(off|[1-9][0-9]*/[0-9]+(ms|s|m|h))$' }),
+  ),
   RATE_LIMIT_LOGIN: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*/[0-9]+(ms|s|m|h)$' })),
   RATE_LIMIT_LOGIN_IP: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*/[0-9]+(ms|s|m|h)$' })),
   RATE_LIMIT_IP: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*,[0-9]+(\\.[0-9]+)?$' })),
@@ -76,6 +79,7 @@ const HINTS: Record<string, string> = {
   SESSION_ABSOLUTE_TIMEOUT: 'a duration like 8h',
   SESSION_L1_TTL: 'a duration like 5s (0s: no in-process L1)',
   RATE_LIMIT_TRANSFERS: 'LIMIT/WINDOW like 10/60s',
+  RATE_LIMIT_TRANSFERS_SHADOW: 'LIMIT/WINDOW like 3/60s, or off',
   RATE_LIMIT_LOGIN: 'LIMIT/WINDOW like 5/60s',
   RATE_LIMIT_LOGIN_IP: 'LIMIT/WINDOW like 20/60s',
   RATE_LIMIT_IP: 'CAPACITY,REFILL_PER_SECOND like 100,50',
@@ -160,6 +164,8 @@ export interface Config {
   rateLimits: {
     enabled: boolean
     transfers: WindowLimit
+    /** A stricter transfers limit in shadow mode (counted and logged, never enforced); null: none. */
+    transfersShadow: WindowLimit | null
     login: WindowLimit
     /** Every login attempt from one IP, whatever the username: bounds the password-hashing CPU one client gets. */
     loginIp: WindowLimit
@@ -307,6 +313,10 @@ export function loadConfig(env: Record<string, string | undefined> = process.env
     rateLimits: {
       enabled: (e.RATE_LIMITS ?? 'on') === 'on',
       transfers: parseWindowLimit(e.RATE_LIMIT_TRANSFERS ?? '10/60s'),
+      transfersShadow:
+        (e.RATE_LIMIT_TRANSFERS_SHADOW ?? '3/60s') === 'off'
+          ? null
+          : parseWindowLimit(e.RATE_LIMIT_TRANSFERS_SHADOW ?? '3/60s'),
       login: parseWindowLimit(e.RATE_LIMIT_LOGIN ?? '5/60s'),
       loginIp: parseWindowLimit(e.RATE_LIMIT_LOGIN_IP ?? '20/60s'),
       ip: {

@@ -1,4 +1,4 @@
-// Our five algorithms against @fastify/rate-limit (Redis store) and rate-limiter-flexible
+// Our five algorithms, and the fixed window in shadow mode, against @fastify/rate-limit (Redis store) and rate-limiter-flexible
 // (RateLimiterRedis): same GET route, same key (client IP), same ioredis client options, a limit no
 // run reaches, interleaved rounds. Then Redis round trips and commands per request (MONITOR and
 // INFO commandstats on a private redis-server) and MEMORY USAGE of each algorithm's key, the
@@ -33,6 +33,8 @@ const TARGETS: Record<string, { fastify: number; flexible?: number }> = {
   'token-bucket': { fastify: 1.0 },
 }
 const FASTIFY = '@fastify/rate-limit (Redis store)'
+/** The fixed window in shadow mode: it must cost no more than enforcing (Redis and server CPU per request). */
+const SHADOW = 'fixed-window (shadow)'
 const FLEXIBLE = 'rate-limiter-flexible (RateLimiterRedis)'
 
 const oursEntry = new URL('../servers/rate-limit-ours.ts', import.meta.url).pathname
@@ -76,6 +78,8 @@ const rateLimitScenario: Scenario = async ({ quick }) => {
       ours.push(await startServer(oursEntry, env))
       servers.push(ours[ours.length - 1]!)
     }
+    const shadow = await startServer(oursEntry, env)
+    servers.push(shadow)
     const fastify = await startServer(peersEntry, { ...env, PEER: 'fastify-rate-limit' })
     servers.push(fastify)
     const flexible = await startServer(peersEntry, { ...env, PEER: 'rate-limiter-flexible' })
@@ -92,6 +96,7 @@ const rateLimitScenario: Scenario = async ({ quick }) => {
         pid: ours[i]!.pid,
         spec: spec(`/limited/${a}`),
       })),
+      { name: SHADOW, url: shadow.url, pid: shadow.pid, spec: spec('/limited/shadow') },
       { name: FASTIFY, url: fastify.url, pid: fastify.pid, spec: spec('/limited/peer') },
       { name: FLEXIBLE, url: flexible.url, pid: flexible.pid, spec: spec('/limited/peer') },
       { name: COMPAT, url: compat.url, pid: compat.pid, spec: spec('/limited/peer') },
@@ -158,6 +163,15 @@ const rateLimitScenario: Scenario = async ({ quick }) => {
         fmt(t.redisExecuted),
       ]
     })
+    const enforcing = byName.get('fixed-window')!
+    const shadowed = byName.get(SHADOW)!
+    const over = (a?: { median: number }, b?: { median: number }) =>
+      a && b ? a.median / b.median : Number.NaN
+    const shadowCost = {
+      redisCpu: over(shadowed.redisCpuMicros, enforcing.redisCpuMicros),
+      serverCpu: over(shadowed.serverCpuMicros, enforcing.serverCpuMicros),
+      redisCommands: trips.get(SHADOW)!.redisExecuted / trips.get('fixed-window')!.redisExecuted,
+    }
     const markdown = [
       formatTable(
         [
@@ -175,6 +189,8 @@ const rateLimitScenario: Scenario = async ({ quick }) => {
       ),
       '',
       `${quick ? 'Quick run: 1 round of 1 s' : '8 interleaved rounds of 3 s'}, 50 connections, one client IP, limit 10^9 per 10 s (nothing rejected; non-2xx/errors in the throughput runs: ${failures}). Ratios are the median over rounds of each round's ratio (min–max over rounds); round trips are commands the server sent (MONITOR), commands executed include those the scripts call. ${CPU_PER_REQUEST_NOTE}`,
+      '',
+      `Shadow mode against enforcing (fixed window, one policy, medians): Redis CPU per request ${fmt(shadowCost.redisCpu)}x, server CPU ${fmt(shadowCost.serverCpu)}x, Redis commands ${fmt(shadowCost.redisCommands)}x (target: Redis CPU and commands at most 1x, ${shadowCost.redisCpu <= 1.05 && shadowCost.redisCommands <= 1 ? '✓' : '✗'}; within 5 % is noise on this machine).`,
       '',
       formatTable(
         ['algorithm', 'MEMORY USAGE of one key after 100 requests at limit 100 (bytes)'],
@@ -205,6 +221,7 @@ const rateLimitScenario: Scenario = async ({ quick }) => {
         summaries,
         roundTrips: Object.fromEntries(trips),
         memory,
+        shadowCost,
         failures,
         wrk: wrkSummaries ? { summaries: wrkSummaries, generators } : { skipped: WRK_MISSING },
       },

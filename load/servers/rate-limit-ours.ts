@@ -1,5 +1,6 @@
 // Our rate-limit plugin as a benchmark target: GET /limited/<algorithm> for each of the five
-// algorithms, keyed by client IP, with a limit no run reaches. Env: REDIS_URL; REDIS_BATCH=off writes
+// algorithms, keyed by client IP, with a limit no run reaches, and GET /limited/shadow: the fixed
+// window in shadow mode (decided and counted, never enforced). Env: REDIS_URL; REDIS_BATCH=off writes
 // every script call on its own (to measure what write batching brings).
 import Fastify from 'fastify'
 import rateLimit, { type Algorithm, type RateLimitPolicy } from '../../src/plugins/rate-limit/index.ts'
@@ -31,6 +32,21 @@ for (const algorithm of algorithms) {
         : { name: algorithm, algorithm, limit: BENCH_LIMIT, windowMs: BENCH_WINDOW_MS }
   app.get(`/limited/${algorithm}`, { config: { rateLimits: policy } }, async () => ({ ok: true }))
 }
+app.get(
+  '/limited/shadow',
+  {
+    config: {
+      rateLimits: {
+        name: 'shadow',
+        algorithm: 'fixed-window',
+        limit: BENCH_LIMIT,
+        windowMs: BENCH_WINDOW_MS,
+        shadow: true,
+      },
+    },
+  },
+  async () => ({ ok: true }),
+)
 const url = await app.listen({ port: 0, host: '127.0.0.1' })
 // Nothing to flush: exit at once, so a stop never waits on idle keep-alive sockets.
 process.on('SIGTERM', () => process.exit(0))

@@ -40,7 +40,14 @@ export const transferAttemptCounts = (reply: FastifyReply): boolean => {
 }
 
 /** `outbox: false` (OUTBOX=off) makes transfers without their outbox event, for comparing throughput. */
-const transferRoutes: FastifyPluginAsyncTypebox<{ outbox?: boolean }> = async (app, options) => {
+/** The transfer route's options: whether it writes outbox events, and its rate-limit policies by name. */
+export interface TransferRoutesOptions {
+  outbox?: boolean
+  /** Default: `'transfers'` when the rate-limit plugin is registered. */
+  rateLimits?: string | string[] | false
+}
+
+const transferRoutes: FastifyPluginAsyncTypebox<TransferRoutesOptions> = async (app, options) => {
   // Cache invalidation starts in the handler, after the commit, and is awaited in the last onSend
   // hook, after the Idempotency-Key record is stored: both are in flight together (one Redis
   // round trip instead of two), and the client still sees its response only once both are done.
@@ -65,7 +72,7 @@ const transferRoutes: FastifyPluginAsyncTypebox<{ outbox?: boolean }> = async (a
       config: {
         session: 'required',
         idempotency: { required: true, onRedisError: 'open' },
-        rateLimits: app.hasDecorator('rateLimiter') ? 'transfers' : false,
+        rateLimits: options.rateLimits ?? (app.hasDecorator('rateLimiter') ? 'transfers' : false),
       },
       schema: {
         operationId: 'createTransfer',

@@ -89,6 +89,41 @@ test('transfers are limited per customer with a fixed window', async () => {
   assert.equal(row!.n, '2', 'the rejected transfers never reached the ledger')
 })
 
+test('a stricter transfers limit in shadow mode refuses nothing and counts what it would refuse', async () => {
+  const { app, db } = await gateway(
+    { RATE_LIMIT_TRANSFERS: '5/60s', RATE_LIMIT_TRANSFERS_SHADOW: '2/60s', RATE_LIMIT_IP: '1000,1000' },
+    'on',
+  )
+  const jane = await createCustomer(db, 'jane', [1000, 1000])
+  const cookie = await login(app, jane)
+  const statuses = []
+  for (let i = 0; i < 6; i++) {
+    const res = await app.inject({
+      method: 'POST',
+      url: '/transfers',
+      headers: { cookie, 'idempotency-key': randomUUID() },
+      payload: {
+        fromAccountId: jane.accountIds[0],
+        toAccountId: jane.accountIds[1],
+        amount: 1,
+        currency: 'VND',
+      },
+    })
+    statuses.push(res.statusCode)
+    assert.doesNotMatch(String(res.headers['ratelimit-policy']), /transfers-shadow/, 'no shadow headers')
+  }
+  assert.deepEqual(statuses, [201, 201, 201, 201, 201, 429], 'only the enforced limit of 5 refuses')
+  const metrics = (await app.inject({ url: '/metrics' })).body
+  // The shadow limit of 2 would have refused the 3rd to the 6th, the one the enforced limit refused included.
+  assert.match(metrics, /rate_limit_decisions_total\{policy="transfers-shadow",outcome="would_reject"\} 4\n/)
+  assert.match(metrics, /rate_limit_decisions_total\{policy="transfers-shadow",outcome="allowed"\} 2\n/)
+  const [row] = await db.query<{ n: string }>(
+    'SELECT count(*)::text AS n FROM transfers WHERE from_account_id = $1',
+    [jane.accountIds[0]],
+  )
+  assert.equal(row!.n, '5')
+})
+
 test('transfer replays and key mismatches give their quota back; real transfers keep counting', async () => {
   const { app, db, redis, prefix } = await gateway(
     { RATE_LIMIT_TRANSFERS: '3/60s', RATE_LIMIT_IP: '1000,1000' },

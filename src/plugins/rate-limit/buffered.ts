@@ -143,7 +143,7 @@ export class BufferedPolicies {
       isBanned: false,
     }
     addDecision(outcome, decision, 'none', group.identity)
-    this.metrics.decision(lease.policy.name, 'allowed')
+    this.metrics.decision(lease.policy, 'allowed')
   }
 
   private bookFor(policy: Policy): LeaseBook {

@@ -152,14 +152,29 @@ export class RateLimitEngine implements ExactPath {
     operation: RequestOperation,
   ): Promise<Outcome | null> {
     const groups = new Map<string, Group>()
+    // Each shadow policy is a group of its own (see addToGroup), kept apart from the enforced ones.
+    const shadows = new Map<string, Group>()
     for (const asked of await askPolicies(request, policies, this.principal))
-      addToGroup(groups, asked, this.tagOf(asked.identity), this)
-    if (groups.size === 0) return null
+      addToGroup(asked.policy.shadow ? shadows : groups, asked, this.tagOf(asked.identity), this)
+    if (groups.size === 0 && shadows.size === 0) return null
     const outcome = emptyOutcome()
-    if (groups.size === 1) {
-      await this.decideGroup(groups.values().next().value!, operation, outcome, null)
-      return outcome
-    }
+    // Shadow policies are decided beside the enforced ones (their script calls go out together),
+    // each as if it were the route's only policy.
+    const shadowed =
+      shadows.size > 0
+        ? Promise.all([...shadows.values()].map((group) => this.decideShadow(group, operation)))
+        : null
+    if (groups.size === 1) await this.decideGroup(groups.values().next().value!, operation, outcome, null)
+    else if (groups.size > 1) await this.decideEnforced(groups, operation, outcome)
+    if (shadowed) for (const shadow of await shadowed) addShadow(outcome, shadow)
+    return outcome
+  }
+
+  private async decideEnforced(
+    groups: Map<string, Group>,
+    operation: RequestOperation,
+    outcome: Outcome,
+  ): Promise<void> {
     // Buffered groups first: decided in this process, they refuse without a Redis call, and what
     // they took goes back to the lease when an exact policy after them refuses.
     const ordered = [...groups.values()].sort((a, b) => +this.isBuffered(b) - +this.isBuffered(a))
@@ -168,10 +183,26 @@ export class RateLimitEngine implements ExactPath {
       await this.decideGroup(group, operation, outcome, taken)
       if (outcome.rejected || outcome.unavailable) {
         this.buffered?.giveBack(taken)
-        break
+        return
       }
     }
-    return outcome
+  }
+
+  /**
+   * One shadow policy, decided and counted as if it enforced, in an outcome of its own: what it
+   * would refuse, delay or ban never reaches the request. A store error is its own too.
+   */
+  private async decideShadow(group: Group, operation: RequestOperation): Promise<Outcome> {
+    const shadow = emptyOutcome()
+    try {
+      await this.decideGroup(group, operation, shadow, null)
+    } catch (err) {
+      this.metrics.decision(group.policies[0]!, 'error')
+      this.options.log.error({ err, policy: group.policies[0]!.name }, 'shadow rate-limit policy failed')
+    }
+    if (shadow.rejected && operation === 'consume')
+      shadow.wouldReject.push({ decision: shadow.rejected, key: group.identity })
+    return shadow
   }
 
   /** Decided from a lease: a buffered policy on Redis. */
@@ -188,7 +219,7 @@ export class RateLimitEngine implements ExactPath {
       const left = cached.until - now
       outcome.rejected = { ...cached.decision, resetMs: left, retryMs: left }
       outcome.decisions.push(outcome.rejected)
-      this.metrics.decision(cached.decision.policy.name, 'rejected_cached')
+      this.metrics.decision(cached.decision.policy, 'rejected_cached')
       return true
     }
     this.overLimit.delete(cacheKey(group))
@@ -291,7 +322,7 @@ export class RateLimitEngine implements ExactPath {
       }
       addDecision(outcome, decision, answer.ban, group.identity)
       if (operation === 'consume') {
-        metrics.decision(policy.name, allowed ? (delayed ? 'delayed' : 'allowed') : 'rejected')
+        metrics.decision(policy, allowed ? (delayed ? 'delayed' : 'allowed') : 'rejected')
       }
       if (allowed && operation === 'consume' && policy.isFailure) {
         const consumed = call.policies[i]!
@@ -437,6 +468,18 @@ export class RateLimitEngine implements ExactPath {
     const call = this.redis!.set(key, '1', 'PX', ms)
     await (this.ownTimeout ? answeredWithin(call, this.options.timeoutMs) : call)
   }
+}
+
+/**
+ * A shadow policy's part in the request's outcome: its headers when it shows them, what it would
+ * refuse, and its refunds (a count-only-failures shadow counts only failures too). Its rejection,
+ * delay and ban stay out.
+ */
+function addShadow(outcome: Outcome, shadow: Outcome): void {
+  for (const decision of shadow.decisions)
+    if (decision.policy.shadow!.headers) outcome.decisions.push(decision)
+  outcome.wouldReject.push(...shadow.wouldReject)
+  outcome.refunds.push(...shadow.refunds)
 }
 
 /** The plugin's clock when a test gives one; else a clock that never jumps. */

@@ -39,7 +39,7 @@ export class RedisFallback {
     const closed = group.policies.find((p) => p.onRedisError === 'closed')
     if (closed) {
       outcome.unavailable = closed
-      for (const p of group.policies) metrics.decision(p.name, 'degraded_closed')
+      for (const p of group.policies) metrics.decision(p, 'degraded_closed')
       return
     }
     const local: number[] = []
@@ -78,7 +78,7 @@ export class RedisFallback {
           header: resolved ? resolved.header : policy.header,
           isBanned: false,
         })
-        if (operation === 'consume') metrics.decision(policy.name, 'degraded_open')
+        if (operation === 'consume') metrics.decision(policy, 'degraded_open')
         return
       }
       const answer = reply!.policies[position]!
@@ -96,7 +96,7 @@ export class RedisFallback {
       }
       addDecision(outcome, decision, answer.ban, group.identity)
       if (operation === 'consume')
-        metrics.decision(policy.name, allowed ? 'degraded_local_allowed' : 'degraded_local_rejected')
+        metrics.decision(policy, allowed ? 'degraded_local_allowed' : 'degraded_local_rejected')
     })
     settleRejection(outcome, allowed)
   }

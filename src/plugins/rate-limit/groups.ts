@@ -32,8 +32,10 @@ export interface KeyNames {
 
 export function addToGroup(groups: Map<string, Group>, asked: Asked, tag: string, names: KeyNames): void {
   const { policy, resolved } = asked
-  // A buffered policy leases its own quota: it is decided alone, never in another policy's call.
-  const id = policy.sync ? `${policy.script}${tag}:${policy.name}` : `${policy.script}${tag}`
+  // A buffered policy leases its own quota, and a shadow policy must not refuse another's request:
+  // each is decided alone, never in another policy's call.
+  const alone = policy.sync !== null || policy.shadow !== null
+  const id = alone ? `${policy.script}${tag}:${policy.name}` : `${policy.script}${tag}`
   let group = groups.get(id)
   if (!group) {
     group = { id, tag, identity: asked.identity, policies: [], costs: [], keys: [], resolved: null }

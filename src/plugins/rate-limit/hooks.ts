@@ -28,10 +28,16 @@ function limitHook({ engine, metrics, allow, legacyHeaders }: RateLimitContext, 
       if (allow?.(request)) return
       outcome = await engine.evaluate(request, policies, 'consume')
     } catch (err) {
-      if (err instanceof RateLimitError) for (const name of err.policies) metrics.decision(name, 'error')
+      if (err instanceof RateLimitError)
+        for (const name of err.policies) metrics.decision({ name, shadow: null }, 'error')
       return sendProblem(reply, notChecked(request, err))
     }
     if (!outcome) return
+    for (const { decision, key } of outcome.wouldReject)
+      requestLog(request).info(
+        { policy: decision.policy.name, key: key.slice(0, 200), retryAfterMs: decision.retryMs },
+        'shadow rate-limit policy would reject',
+      )
     writeHeaders(reply, outcome.decisions, legacyHeaders)
     if (outcome.refunds.length)
       request.rateLimitRefunds = (request.rateLimitRefunds ?? []).concat(outcome.refunds)

@@ -9,8 +9,11 @@ export interface RateLimitMetrics {
   readonly decisions: Counter<'policy' | 'outcome'>
   readonly scriptDuration: TalliedHistogram
   readonly redisUnavailable: Counter
-  /** Counts one decision; cheap enough for every request (see `decisionsCounter`). */
-  decision(policy: string, outcome: string): void
+  /**
+   * Counts one decision; cheap enough for every request (see `decisionsCounter`). A shadow
+   * policy's rejection counts as `would_reject`.
+   */
+  decision(policy: { name: string; shadow: object | null }, outcome: string): void
   /** The script round-trip histogram of one algorithm. */
   scriptSeconds(algorithm: string): HistogramSeries
   /** Counts one group of policies decided without Redis. */
@@ -30,7 +33,7 @@ type Tallies = Map<string, Map<string, { labels: { policy: string; outcome: stri
 function decisionsCounter(tallies: Tallies): Counter<'policy' | 'outcome'> {
   const counter: Counter<'policy' | 'outcome'> = new Counter({
     name: 'rate_limit_decisions_total',
-    help: 'Rate limit decisions by policy and outcome (allowed, delayed, rejected, rejected_cached, degraded_*, error)',
+    help: 'Rate limit decisions by policy and outcome (allowed, delayed, rejected, rejected_cached, would_reject, degraded_*, error)',
     labelNames: ['policy', 'outcome'] as const,
     registers: [],
     collect() {
@@ -80,15 +83,16 @@ export function createRateLimitMetrics(): RateLimitMetrics {
     scriptDuration,
     redisUnavailable,
     unavailable: () => redisUnavailable.inc(),
-    decision(policy, outcome) {
-      let outcomes = byPolicy.get(policy)
+    decision({ name, shadow }, outcome) {
+      if (shadow && (outcome === 'rejected' || outcome === 'rejected_cached')) outcome = 'would_reject'
+      let outcomes = byPolicy.get(name)
       if (!outcomes) {
         outcomes = new Map()
-        byPolicy.set(policy, outcomes)
+        byPolicy.set(name, outcomes)
       }
       const cell = outcomes.get(outcome)
       if (cell) cell.n++
-      else outcomes.set(outcome, { labels: { policy, outcome }, n: 1 })
+      else outcomes.set(outcome, { labels: { policy: name, outcome }, n: 1 })
     },
     scriptSeconds(algorithm) {
       let series = scriptSeries.get(algorithm)

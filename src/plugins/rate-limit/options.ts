@@ -40,6 +40,7 @@ export const POLICY_KEYS = optionKeys<RateLimitPolicy>({
   hook: true,
   countOnlyFailures: true,
   sync: true,
+  shadow: true,
   onRedisError: true,
   localShare: true,
   maxDelayMs: true,

@@ -27,6 +27,8 @@ export interface Outcome {
   degraded: boolean
   /** The rejected decision's key (its identity) when this request began its ban: onBanReach is due. */
   banReached: string | null
+  /** Shadow policies that would have refused this request, with their keys (logged, never enforced). */
+  wouldReject: Array<{ decision: Decision; key: string }>
 }
 
 /**
@@ -63,6 +65,7 @@ export function emptyOutcome(): Outcome {
     refunds: [],
     degraded: false,
     banReached: null,
+    wouldReject: [],
   }
 }
 

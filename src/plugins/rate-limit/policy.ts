@@ -13,6 +13,7 @@ import type {
   Policy,
   RateLimitPolicy,
   Resolved,
+  ShadowOptions,
   SyncOptions,
   SyncSettings,
 } from './types.ts'
@@ -53,6 +54,23 @@ function syncSettings(
       '`sync` excludes `ban`, `exponentialBackoff` and `continueExceeding`: they count each rejection in Redis',
     )
   return { intervalMs, batch }
+}
+
+/** `shadow` checked: null for a policy that enforces. */
+function shadowSettings(
+  raw: unknown,
+  p: RateLimitPolicy,
+  fail: (message: string) => never,
+): Required<ShadowOptions> | null {
+  if (raw === undefined || raw === false) return null
+  if (raw === true) return { headers: false }
+  if (typeof raw !== 'object' || raw === null || Array.isArray(raw))
+    fail(`\`shadow\` must be true, false or { headers? }, got ${describeValue(raw)}`)
+  const given = raw as ShadowOptions
+  policyCheck.known(given, ['headers'], `policy '${p.name}': shadow`)
+  if (given.headers !== undefined && typeof given.headers !== 'boolean')
+    fail(`\`shadow.headers\` must be a boolean, got ${describeValue(given.headers)}`)
+  return { headers: given.headers ?? false }
 }
 
 /** Most rejections `ban.after` may wait for. */
@@ -177,6 +195,7 @@ export function normalizePolicy(
       fail(`\`${option}\` must be a function of (request, decision)`)
   }
   const sync = syncSettings(p.sync, p, fail)
+  const shadow = shadowSettings(p.shadow, p, fail)
   const failures = p.countOnlyFailures
   const isFailure =
     typeof failures === 'function'
@@ -199,6 +218,7 @@ export function normalizePolicy(
     hook,
     isFailure,
     sync,
+    shadow,
     onRedisError,
     // A buffered policy knows how many instances share its quota: without `localShare`, the
     // fallback's share follows them (null); an exact one falls back on the whole limit.
@@ -286,6 +306,7 @@ const OPTION_DEFAULTS: { [K in keyof Omit<RateLimitPolicy, 'name'>]-?: unknown }
   hook: 'onRequest',
   countOnlyFailures: false,
   sync: false,
+  shadow: false,
   onRedisError: 'open',
   localShare: 1,
   maxDelayMs: 0,
@@ -328,6 +349,8 @@ export function signature(raw: RateLimitPolicy, defaults: Partial<RateLimitPolic
       const { intervalMs, batch } = value === true ? {} : (value as SyncOptions)
       return [parseDuration(intervalMs ?? DEFAULT_SYNC.intervalMs) ?? intervalMs, batch ?? DEFAULT_SYNC.batch]
     }
+    if (option === 'shadow' && value)
+      return [value === true ? false : Boolean((value as ShadowOptions).headers)]
     if (option === 'ban' && value && typeof value === 'object') {
       const { after, onBanReach } = value as BanOptions
       return [after, onBanReach ? functionId(onBanReach) : null]

@@ -52,6 +52,13 @@ export interface RateLimitPolicy {
    * bucket and GCRA; see "Buffered mode" in docs/rate-limit.md for its error bounds. Default: exact.
    */
   sync?: boolean | SyncOptions
+  /**
+   * Shadow (dry-run) mode: the policy decides and counts as if it enforced, and never refuses,
+   * delays or bans: a request it would refuse goes on, counted as `would_reject` in
+   * rate_limit_decisions_total and logged. `{ headers: true }` also sends its RateLimit headers.
+   * Removing it makes the policy enforce. Default: enforce.
+   */
+  shadow?: boolean | ShadowOptions
   /** Default 'open'. */
   onRedisError?: FailureMode
   /** With onRedisError 'local': this process's share of the limit, in (0, 1]. Default 1. */
@@ -89,6 +96,12 @@ export interface SyncOptions {
   intervalMs?: Duration
   /** Most units one lease takes (default 100): the most one instance may hold unused per key. */
   batch?: number
+}
+
+/** How a shadow policy shows itself. */
+export interface ShadowOptions {
+  /** Send its RateLimit-Policy and RateLimit headers, as an enforcing policy does (default false). */
+  headers?: boolean
 }
 
 /** A buffered policy's settings, checked. */
@@ -146,6 +159,8 @@ export interface Policy {
   isFailure: ((reply: FastifyReply) => boolean) | null
   /** Buffered mode's settings; null: exact (every request decided by Redis). */
   sync: SyncSettings | null
+  /** Shadow mode (never refuses); null: the policy enforces. */
+  shadow: Required<ShadowOptions> | null
   onRedisError: FailureMode
   /** Share of the quota the `'local'` fallback enforces; null: a buffered policy's, 1 / the live instances. */
   localShare: number | null
