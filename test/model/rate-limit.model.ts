@@ -1,4 +1,5 @@
 import assert from 'node:assert/strict'
+import { Writable } from 'node:stream'
 import fc from 'fast-check'
 import Fastify, { type FastifyInstance } from 'fastify'
 import type { Redis } from 'ioredis'
@@ -15,7 +16,10 @@ import { dataLosses, type ModelRedis, startModelRedis } from './redis.ts'
  * answer (allowed, remaining, reset, retry after, limit) must be the reference's. Faults: FLUSHALL,
  * the loss of one identity's hash slot, a Redis restart, an instance restart (its over-limit cache,
  * or the memory store, is lost), a jump of `b`'s clock, and a rolling deploy that changes a policy's
- * limit and window on one instance while the other still runs the old settings.
+ * limit and window on one instance while the other still runs the old settings. Each instance also
+ * has a shadow twin of every policy (same settings, its own keys) on a route: through it a request is
+ * always answered 200, with the twin's headers as the reference says, and logged as a would-be
+ * refusal exactly when the reference refuses it.
  */
 
 type Algorithm = 'fixed-window' | 'sliding-log' | 'sliding-counter' | 'token-bucket' | 'gcra'
@@ -53,6 +57,22 @@ const SETTINGS: Record<Algorithm, [Setting, Setting]> = {
 }
 
 const policyName = (algorithm: Algorithm) => `model-${algorithm}`
+const shadowName = (algorithm: Algorithm) => `shadow-${algorithm}`
+/** The model's name of an identity as the shadow twin counts it: its own keys, the same slot. */
+const SHADOW = 'shadow:'
+const baseIdentity = (identity: string) =>
+  identity.startsWith(SHADOW) ? identity.slice(SHADOW.length) : identity
+
+/** The shadow twin of each policy, keyed by `?id=` and costing `?cost=`, its headers shown. */
+function shadowsOf(settings: Record<Algorithm, 0 | 1>): RateLimitPolicy[] {
+  return policiesOf(settings).map((policy) => ({
+    ...policy,
+    name: shadowName(policy.algorithm),
+    key: (request) => (request.query as { id: string }).id,
+    cost: (request) => Number((request.query as { cost: string }).cost),
+    shadow: { headers: true },
+  }))
+}
 
 function policiesOf(settings: Record<Algorithm, 0 | 1>): RateLimitPolicy[] {
   return ALGORITHMS.map((algorithm) => {
@@ -261,6 +281,8 @@ interface Real {
   apps: Record<InstanceName, FastifyInstance>
   skew: { ms: number }
   prefix: string
+  /** Per instance: the shadow twins' would-be refusals logged since the last shadow request. */
+  wouldReject: Record<InstanceName, string[]>
 }
 
 /**
@@ -274,11 +296,22 @@ function stateKey(algorithm: Algorithm, identity: string, setting: Setting): str
 }
 
 async function buildInstance(
-  real: Pick<Real, 'client' | 'skew' | 'server' | 'prefix'>,
+  real: Pick<Real, 'client' | 'skew' | 'server' | 'prefix' | 'wouldReject'>,
   name: InstanceName,
   settings: Record<Algorithm, 0 | 1>,
 ) {
-  const app = Fastify()
+  const logged = real.wouldReject[name]
+  const stream = new Writable({
+    write(chunk, _encoding, done) {
+      for (const line of String(chunk).split('\n')) {
+        if (!line) continue
+        const entry = JSON.parse(line) as { msg: string; policy: string; key: string }
+        if (entry.msg === 'shadow rate-limit policy would reject') logged.push(`${entry.policy}|${entry.key}`)
+      }
+      done()
+    },
+  })
+  const app = Fastify({ logger: { level: 'info', stream }, disableRequestLogging: true })
   const now = name === 'b' ? () => real.server.clock.now() + real.skew.ms : () => real.server.clock.now()
   await app.register(
     rateLimit,
@@ -293,11 +326,73 @@ async function buildInstance(
           timeoutMs: 60_000,
         },
   )
+  await app.register(async (scope) => {
+    for (const policy of shadowsOf(settings))
+      scope.get(`/shadow/${policy.algorithm}`, { config: { rateLimits: policy } }, async () => 'ok')
+  })
   await app.ready()
   return app
 }
 
 const instanceNow = (model: Model, name: InstanceName) => model.now + (name === 'b' ? model.skew : 0)
+
+/**
+ * The reference's answer to a request of `identity` under `algorithm` on `instance` (its over-limit
+ * cache, else the store's state), the model updated as the real system must be.
+ */
+function expectedAnswer(
+  model: Model,
+  instance: InstanceName,
+  algorithm: Algorithm,
+  identity: string,
+  cost: number,
+) {
+  const setting = SETTINGS[algorithm][model.settings[instance][algorithm]]
+  const store = instance === 'm' ? model.memory : model.redis
+  const key = stateKey(algorithm, identity, setting)
+  const cacheKey = `${algorithm}|${identity}`
+  const cache = instance === 'm' ? undefined : model.cache[instance]
+  const local = instanceNow(model, instance)
+  let expected: Omit<RateLimitResult, 'degraded' | 'banned' | 'banReached' | 'delayMs'>
+  const cached = cache?.get(cacheKey)
+  if (cached && cost > 0 && local < cached.until && cost >= cached.cost) {
+    // Answered from the instance's over-limit cache, without Redis.
+    const left = cached.until - local
+    expected = {
+      allowed: false,
+      remaining: cached.remaining,
+      retryAfterMs: left,
+      limit: cached.limit,
+      resetMs: left,
+    }
+  } else {
+    if (cost > 0) cache?.delete(cacheKey)
+    const decided = answer(algorithm, setting, store.get(key), model.now, cost)
+    if (decided.next) store.set(key, decided.next)
+    else store.delete(key)
+    expected = {
+      allowed: decided.allowed,
+      remaining: decided.remaining,
+      retryAfterMs: decided.allowed ? 0 : decided.retryMs,
+      limit: setting.limit,
+      resetMs: decided.resetMs,
+    }
+    if (!decided.allowed && cache && cost > 0)
+      cache.set(cacheKey, {
+        until: local + decided.retryMs,
+        cost,
+        remaining: decided.remaining,
+        limit: setting.limit,
+      })
+    if (decided.allowed && cost > 0) {
+      const historyKey = `${instance === 'm' ? 'm' : 'r'}|${key}`
+      const history = model.history.get(historyKey)
+      if (!history || history.setting !== setting) model.history.set(historyKey, { units: [], setting })
+      model.history.get(historyKey)!.units.push({ at: model.now, cost })
+    }
+  }
+  return expected
+}
 
 class Request implements ModelCommand<Model, Real> {
   constructor(
@@ -315,50 +410,7 @@ class Request implements ModelCommand<Model, Real> {
     const { cost } = this
     const { instance, algorithm, identity } = this.again && model.last ? model.last : this
     model.last = { instance, algorithm, identity }
-    const setting = SETTINGS[algorithm][model.settings[instance][algorithm]]
-    const store = instance === 'm' ? model.memory : model.redis
-    const key = stateKey(algorithm, identity, setting)
-    const cacheKey = `${algorithm}|${identity}`
-    const cache = instance === 'm' ? undefined : model.cache[instance]
-    const local = instanceNow(model, instance)
-    let expected: Omit<RateLimitResult, 'degraded' | 'banned' | 'banReached' | 'delayMs'>
-    const cached = cache?.get(cacheKey)
-    if (cached && cost > 0 && local < cached.until && cost >= cached.cost) {
-      // Answered from the instance's over-limit cache, without Redis.
-      const left = cached.until - local
-      expected = {
-        allowed: false,
-        remaining: cached.remaining,
-        retryAfterMs: left,
-        limit: cached.limit,
-        resetMs: left,
-      }
-    } else {
-      if (cost > 0) cache?.delete(cacheKey)
-      const decided = answer(algorithm, setting, store.get(key), model.now, cost)
-      if (decided.next) store.set(key, decided.next)
-      else store.delete(key)
-      expected = {
-        allowed: decided.allowed,
-        remaining: decided.remaining,
-        retryAfterMs: decided.allowed ? 0 : decided.retryMs,
-        limit: setting.limit,
-        resetMs: decided.resetMs,
-      }
-      if (!decided.allowed && cache && cost > 0)
-        cache.set(cacheKey, {
-          until: local + decided.retryMs,
-          cost,
-          remaining: decided.remaining,
-          limit: setting.limit,
-        })
-      if (decided.allowed && cost > 0) {
-        const historyKey = `${instance === 'm' ? 'm' : 'r'}|${key}`
-        const history = model.history.get(historyKey)
-        if (!history || history.setting !== setting) model.history.set(historyKey, { units: [], setting })
-        model.history.get(historyKey)!.units.push({ at: model.now, cost })
-      }
-    }
+    const expected = expectedAnswer(model, instance, algorithm, identity, cost)
     const result = await real.apps[instance].rateLimiter.consume(policyName(algorithm), identity, cost)
     assert.equal(result.degraded, false, 'decided without Redis')
     const { allowed, remaining, retryAfterMs, limit, resetMs } = result
@@ -372,6 +424,35 @@ class Request implements ModelCommand<Model, Real> {
   toString() {
     if (this.again) return `request(again, cost ${this.cost})`
     return `request(${this.instance}, ${this.algorithm}, ${this.identity}, cost ${this.cost})`
+  }
+}
+
+/** A request through the shadow twin's route: always 200, its headers and would-be refusal as the reference says. */
+class ShadowRequest implements ModelCommand<Model, Real> {
+  constructor(
+    readonly instance: InstanceName,
+    readonly algorithm: Algorithm,
+    readonly identity: string,
+    readonly cost: number,
+  ) {}
+  check() {
+    return true
+  }
+  async run(model: Model, real: Real) {
+    const { instance, algorithm, identity, cost } = this
+    const expected = expectedAnswer(model, instance, algorithm, `${SHADOW}${identity}`, cost)
+    const logged = real.wouldReject[instance]
+    logged.length = 0
+    const res = await real.apps[instance].inject({ url: `/shadow/${algorithm}?id=${identity}&cost=${cost}` })
+    assert.equal(res.statusCode, 200, 'a shadow policy never refuses')
+    assert.equal(
+      res.headers.ratelimit,
+      `"${shadowName(algorithm)}";r=${expected.remaining};t=${Math.ceil(expected.resetMs / 1000)}`,
+    )
+    assert.deepEqual(logged, expected.allowed ? [] : [`${shadowName(algorithm)}|${identity}`], 'would reject')
+  }
+  toString() {
+    return `shadowRequest(${this.instance}, ${this.algorithm}, ${this.identity}, cost ${this.cost})`
   }
 }
 
@@ -443,10 +524,12 @@ class DropSlot implements ModelCommand<Model, Real> {
   async run(model: Model, real: Real) {
     const slot = hashSlot(identityTag(this.identity))
     const lost = IDENTITIES.filter((identity) => hashSlot(identityTag(identity)) === slot)
+    // A shadow twin's keys share their identity's slot.
     for (const key of [...model.redis.keys()])
-      if (lost.includes(key.split('|')[1] as never)) model.redis.delete(key)
+      if (lost.includes(baseIdentity(key.split('|')[1]!) as never)) model.redis.delete(key)
     for (const key of [...model.history.keys()])
-      if (key.startsWith('r|') && lost.includes(key.split('|')[2] as never)) model.history.delete(key)
+      if (key.startsWith('r|') && lost.includes(baseIdentity(key.split('|')[2]!) as never))
+        model.history.delete(key)
     await real.server.dropSlot(identityTag(this.identity))
   }
   toString() {
@@ -544,12 +627,18 @@ const requests = fc
     ([instance, algorithm, identity, cost, again]) => new Request(instance, algorithm, identity, cost, again),
   )
 
+// Costs from 1: a cost of 0 skips a route's policy (no decision, no header).
+const shadowRequests = fc
+  .tuple(instances, algorithms, fc.constantFrom('x', 'x', 'x', 'y'), fc.integer({ min: 1, max: 3 }))
+  .map(([instance, algorithm, identity, cost]) => new ShadowRequest(instance, algorithm, identity, cost))
+
 modelTest<Model, Real>({
   name: 'rate-limit',
   runs: 40,
   maxCommands: 60,
   commands: [
     ...Array.from({ length: 8 }, () => requests),
+    ...Array.from({ length: 2 }, () => shadowRequests),
     fc
       .oneof(
         fc.constantFrom(1, 128, 160, 200, 250, 256, 400, 600, 800, 1000),
@@ -572,7 +661,7 @@ modelTest<Model, Real>({
       'token-bucket': 0,
       gcra: 0,
     } as const
-    const partial = { server, client, skew: { ms: 0 }, prefix: 'rl:' }
+    const partial = { server, client, skew: { ms: 0 }, prefix: 'rl:', wouldReject: { a: [], b: [], m: [] } }
     const apps = {
       a: await buildInstance(partial, 'a', zero),
       b: await buildInstance(partial, 'b', zero),
