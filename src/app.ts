@@ -7,7 +7,6 @@ import {
   closeWith,
   createRedisClient,
   idempotency,
-  keyBy,
   metrics,
   type RedisClient,
   rateLimit,
@@ -23,6 +22,7 @@ import { registerProblemHandlers, scheduleFailureOf } from './errors.ts'
 import events from './events/plugin.ts'
 import { type AccountFilter, createAccountFilter } from './ledger/account-filter.ts'
 import publicAccounts from './public-accounts/plugin.ts'
+import { demoRateLimits, TRANSFERS_SHADOW } from './rate-limits.ts'
 import accountRoutes from './routes/accounts.ts'
 import campaignRoutes from './routes/campaigns.ts'
 import healthRoutes from './routes/health.ts'
@@ -34,7 +34,7 @@ import problemRoutes from './routes/problems.ts'
 import publicAccountRoutes from './routes/public-accounts.ts'
 import scheduledTransferRoutes from './routes/scheduled-transfers.ts'
 import sessionRoutes from './routes/session.ts'
-import transferRoutes, { transferAttemptCounts } from './routes/transfers.ts'
+import transferRoutes from './routes/transfers.ts'
 import { registerScheduler, type SchedulerTuning } from './scheduler/service.ts'
 
 export interface GatewayDependencies {
@@ -83,9 +83,6 @@ declare module 'fastify' {
 }
 
 /** The account filter when it is off: the database answers every id. */
-/** The stricter transfers limit the demo runs in shadow mode (RATE_LIMIT_TRANSFERS_SHADOW). */
-const TRANSFERS_SHADOW = 'transfers-shadow'
-
 const NO_ACCOUNT_FILTER: Pick<AccountFilter, 'mightExist' | 'add' | 'catchUp' | 'settled'> = {
   mightExist: async () => true,
   add: async () => {},
@@ -166,55 +163,10 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
     // After sessions, so the per-customer key can read request.session; routes name the others.
     await app.register(rateLimit, {
       keyPrefix: `${prefix}rl:`,
-      defaults: { onRedisError: 'local' },
-      policies: [
-        {
-          name: 'ip',
-          algorithm: 'token-bucket',
-          limit: limits.ip.capacity,
-          refillPerSecond: limits.ip.refillPerSecond,
-          // A flood limit: decided from leases, with the error bounds docs/rate-limit.md states.
-          // The money and security limits below stay exact.
-          sync: limits.ip.sync,
-        },
-      ],
-      namedPolicies: [
-        // scrypt costs ~50 ms of CPU: one IP gets this many password checks, a new username each time or not.
-        { name: 'login-ip', algorithm: 'sliding-counter', ...limits.loginIp },
-        {
-          name: 'login',
-          algorithm: 'sliding-log',
-          ...limits.login,
-          key: keyBy.bodyField('username'),
-          hook: 'preHandler',
-          countOnlyFailures: (reply) => reply.statusCode === 401,
-        },
-        // preHandler: the session is known from preParsing on (see the session plugin). Checked
-        // before the Idempotency-Key, then given back by replays and key mismatches.
-        {
-          name: 'transfers',
-          algorithm: 'fixed-window',
-          ...limits.transfers,
-          key: keyBy.customer,
-          hook: 'preHandler',
-          countOnlyFailures: transferAttemptCounts,
-        },
-        // What a stricter transfers limit would refuse, dark-launched: counted the same way,
-        // logged and counted as would_reject, never enforced (docs/rate-limit.md, shadow policies).
-        ...(limits.transfersShadow
-          ? [
-              {
-                name: TRANSFERS_SHADOW,
-                algorithm: 'fixed-window' as const,
-                ...limits.transfersShadow,
-                key: keyBy.customer,
-                hook: 'preHandler' as const,
-                countOnlyFailures: transferAttemptCounts,
-                shadow: true,
-              },
-            ]
-          : []),
-      ],
+      ...demoRateLimits(limits),
+      // Changed with `npm run limits` (docs/demo/operations.md): seen by every instance at once,
+      // or within 5 s when a message is lost.
+      overrides: true,
     })
   }
 

@@ -53,6 +53,7 @@ const SCRIPT_NAMES = [
   'rateLimitFixedWindow',
   'rateLimitGcra',
   'rateLimitInstances',
+  'rateLimitOverride',
   'rateLimitSlidingCounter',
   'rateLimitSlidingLog',
   'rateLimitTokenBucket',

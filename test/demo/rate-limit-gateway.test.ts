@@ -1,6 +1,8 @@
 import assert from 'node:assert/strict'
 import { randomUUID } from 'node:crypto'
 import { after, before, test } from 'node:test'
+import { setTimeout as sleep } from 'node:timers/promises'
+import { runLimits } from '../../src/limits-cli.ts'
 import {
   buildTestApp,
   createCustomer,
@@ -9,7 +11,7 @@ import {
   type TestApp,
   type TestDatabase,
 } from '../helpers/gateway.ts'
-import { deleteKeys, keysWithoutTtl, listen } from '../helpers/index.ts'
+import { deleteKeys, keysWithoutTtl, listen, TEST_REDIS_URL } from '../helpers/index.ts'
 
 // The demo gateway's wiring (docs/demo/http-api.md): token bucket per IP on every route, sliding log per
 // username on POST /session counting failed logins only, fixed window per customer on POST /transfers.
@@ -122,6 +124,48 @@ test('a stricter transfers limit in shadow mode refuses nothing and counts what 
     [jane.accountIds[0]],
   )
   assert.equal(row!.n, '5')
+})
+
+test('npm run limits: an override set from the command line is applied by the running gateway', async () => {
+  const t = await gateway({ RATE_LIMIT_TRANSFERS: '1/60s', RATE_LIMIT_IP: '1000,1000' }, 'on')
+  const kim = await createCustomer(t.db, 'kim', [1000, 1000])
+  const cookie = await login(t.app, kim)
+  const key = `customer:${kim.customerId}`
+  const env = { NODE_ENV: 'test', DATABASE_URL: database.url!, REDIS_URL: TEST_REDIS_URL, ...cluster }
+  const limits = (...args: string[]) => runLimits([...args, '--key-prefix', t.basePrefix], env)
+  assert.match(
+    await limits('set', 'transfers', key, '3', '--ttl', '10m', '--reason', 'vip', '--by', 'ci'),
+    new RegExp(`^set: transfers ${key} limit 3 until \\d{4}-`),
+  )
+  // The gateway learns it from the channel (its poll, 5 s, is the bound when a message is lost).
+  for (let i = 0; (await t.app.rateLimiter.consume('transfers', key, 0)).limit !== 3; i++) {
+    assert.ok(i < 500, 'the gateway applied the override')
+    await sleep(10)
+  }
+  const statuses = []
+  for (let i = 0; i < 4; i++) {
+    const res = await t.app.inject({
+      method: 'POST',
+      url: '/transfers',
+      headers: { cookie, 'idempotency-key': randomUUID() },
+      payload: {
+        fromAccountId: kim.accountIds[0],
+        toAccountId: kim.accountIds[1],
+        amount: 1,
+        currency: 'VND',
+      },
+    })
+    statuses.push(res.statusCode)
+  }
+  assert.deepEqual(statuses, [201, 201, 201, 429], 'the override of 3 replaces the limit of 1')
+  assert.match(await limits('list'), new RegExp(`^transfers ${key} limit 3 until .* \\(vip, by ci\\)$`))
+  assert.match(
+    await limits('history'),
+    new RegExp(`set transfers ${key} limit 3 for 600000 ms \\(vip\\) by ci`),
+  )
+  assert.equal(await limits('remove', 'transfers', key, '--by', 'ci'), `removed: transfers ${key}`)
+  assert.equal(await limits('list'), 'no overrides in force')
+  await assert.rejects(limits('set', 'nope', key, '3', '--ttl', '1m'), /unknown policy 'nope'/)
 })
 
 test('transfer replays and key mismatches give their quota back; real transfers keep counting', async () => {

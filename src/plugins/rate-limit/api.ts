@@ -5,6 +5,7 @@ import { type Duration, durationOption } from './duration.ts'
 import { RateLimitArgumentError } from './errors.ts'
 import type { LeaseReport } from './leases.ts'
 import type { RateLimitResult } from './outcome.ts'
+import type { RateLimitOverrides } from './overrides.ts'
 import type { Decision } from './types.ts'
 
 /** `app.rateLimiter`: the plugin's policies, by name, for code outside a route's hooks. */
@@ -28,7 +29,22 @@ export interface RateLimitDecorator {
   sync(): Promise<void>
   /** Buffered policies: the live instances this one counts, and the unused units it holds per policy. */
   leases(): LeaseReport
+  /**
+   * Runtime overrides of a policy's limit per key (the plugin's `overrides` option; without it every
+   * call throws `RateLimitArgumentError`).
+   */
+  readonly overrides: RateLimitOverrides
 }
+
+/** `app.rateLimiter.overrides` of a plugin registered without `overrides`. */
+const OVERRIDES_OFF: RateLimitOverrides = (() => {
+  const off = async (): Promise<never> => {
+    throw new RateLimitArgumentError(
+      'rate-limit plugin: overrides are off: register the plugin with `overrides: true` to change limits at runtime',
+    )
+  }
+  return { set: off, remove: off, list: off, history: off, refresh: off }
+})()
 
 export function rateLimiterApi({ engine, policies }: RateLimitContext): RateLimitDecorator {
   return {
@@ -63,6 +79,7 @@ export function rateLimiterApi({ engine, policies }: RateLimitContext): RateLimi
     },
     sync: async () => engine.buffered?.sync(),
     leases: () => engine.buffered?.leaseReport() ?? { instances: 1, policies: {} },
+    overrides: engine.overrides?.api ?? OVERRIDES_OFF,
   }
 }
 

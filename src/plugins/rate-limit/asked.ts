@@ -1,7 +1,8 @@
 import type { FastifyRequest } from 'fastify'
 import type { PrincipalFunction } from '../common/principal.ts'
 import { RateLimitArgumentError, RateLimitError } from './errors.ts'
-import { checkDynamic, shown } from './policy.ts'
+import type { OverrideBook } from './overrides.ts'
+import { checkDynamic, resolve, shown } from './policy.ts'
 import type { Policy, Resolved } from './types.ts'
 
 /**
@@ -23,6 +24,7 @@ export async function askPolicies(
   request: FastifyRequest,
   policies: readonly Policy[],
   principal: PrincipalFunction,
+  overrides: Pick<OverrideBook, 'limitOf'> | null,
 ): Promise<Asked[]> {
   const returned: Array<{
     policy: Policy
@@ -76,7 +78,13 @@ export async function askPolicies(
     if (identity === null || identity === undefined) continue
     if (typeof identity !== 'string')
       throw new RateLimitError([policy.name], `its key function returned ${shown(identity)}, not a string`)
-    const resolved = policy.dynamic ? checkDynamic(policy, item.limit, item.windowMs) : undefined
+    // An override of this identity's limit replaces the policy's (its limit function's too).
+    const override = overrides?.limitOf(policy.name, identity)
+    const resolved = policy.dynamic
+      ? checkDynamic(policy, override ?? item.limit, item.windowMs)
+      : override !== undefined
+        ? resolve(policy, override, policy.windowMs, 1)
+        : undefined
     if (typeof resolved === 'string') throw new RateLimitError([policy.name], resolved)
     // A constant cost was checked at boot. A computed one reaches Lua only as a whole number of
     // units: a fraction or a huge number breaks the script, a negative one would hand quota back.
@@ -98,6 +106,18 @@ export async function askPolicies(
 export function capCost(policy: Policy, cost: number, resolved: Resolved | undefined): number {
   const limit = resolved ? resolved.quota.limit : policy.limit
   return cost > limit ? limit + 1 : cost
+}
+
+/** `resolved` (a per-request quota, or none) with an override's limit in place of the policy's. */
+export function overridden(
+  policy: Policy,
+  limit: number | undefined,
+  resolved: Resolved | undefined,
+): Resolved | undefined {
+  if (limit === undefined) return resolved
+  const checked = checkDynamic(policy, limit, resolved ? resolved.quota.windowMs : policy.windowMs)
+  if (typeof checked === 'string') throw new RateLimitError([policy.name], checked)
+  return checked
 }
 
 /** Resolves a policy's per-request limit and window for a programmatic call (needs the request). */

@@ -4,6 +4,7 @@ import { type PluginContext, pluginContext, redisPluginContext } from '../common
 import { RateLimitEngine } from './engine.ts'
 import { createRateLimitMetrics, type RateLimitMetrics } from './metrics.ts'
 import type { RateLimitSettings } from './options.ts'
+import { OverrideBook } from './overrides.ts'
 import { PolicyBook } from './policies.ts'
 
 /**
@@ -45,6 +46,18 @@ export async function createContext(
     onExceeded: settings.onExceeded ?? null,
     errorResponse: settings.errorResponse ?? null,
   })
+  const overrides = settings.overrides
+    ? new OverrideBook({
+        redis: base.redis,
+        keyPrefix: settings.keyPrefix,
+        pollMs: settings.overrides.pollMs,
+        policies,
+        now: settings.now ?? Date.now,
+        log: base.log,
+        changed: (action) => base.metrics.overrideChanged(action),
+      })
+    : null
+  if (overrides) base.metrics.overrideSources.add(() => overrides.counts())
   const engine = new RateLimitEngine(base.redis, {
     keyPrefix: settings.keyPrefix,
     // In memory every decision is as cheap as the cache would be.
@@ -56,6 +69,7 @@ export async function createContext(
     principal: base.principal,
     memoryMaxKeys: settings.memoryMaxKeys,
     now: settings.now,
+    overrides,
   })
   return Object.freeze({
     ...base,

@@ -3,17 +3,18 @@ import type { RedisClient } from '../../redis/client.ts'
 import { commandTimeoutOf } from '../../redis/command-bounds.ts'
 import { withTimeout } from '../../redis/timeout.ts'
 import type { PrincipalFunction } from '../common/principal.ts'
-import { askPolicies, capCost, resolveFor } from './asked.ts'
+import { askPolicies, capCost, overridden, resolveFor } from './asked.ts'
 import { BufferedPolicies, type ExactPath, type Taken } from './buffered.ts'
 import { RateLimitError } from './errors.ts'
-import { FALLBACK_MAX_KEYS, RedisFallback } from './fallback.ts'
+import { FALLBACK_MAX_KEYS, RedisFallback, redisUnavailable } from './fallback.ts'
 import { addToGroup, callOf, type Group, nonceFor } from './groups.ts'
-import { identityTag, MAX_CACHED_IDENTITY } from './keys.ts'
+import { IdentityTags } from './keys.ts'
 import { monotonicNow } from './leases.ts'
 import { acquireStore, type MemoryStore, memoryStoreId, releaseStore } from './memory.ts'
 import type { RateLimitMetrics } from './metrics.ts'
 import {
   addDecision,
+  addShadow,
   emptyOutcome,
   type Outcome,
   type RateLimitResult,
@@ -22,6 +23,7 @@ import {
   resultOf,
   settleRejection,
 } from './outcome.ts'
+import type { OverrideBook } from './overrides.ts'
 import { decodeReply, encodeCall, runEncoded, type ScriptCall, type ScriptReply } from './protocol.ts'
 import type { Decision, Policy, Resolved } from './types.ts'
 
@@ -43,39 +45,12 @@ export interface EngineOptions {
   memoryMaxKeys?: number
   /** This process's clock in ms since the epoch (the memory stores and the over-limit cache read it). */
   now?: () => number
+  /** Runtime overrides of limits per key; null when the plugin has them off. */
+  overrides?: OverrideBook | null
 }
 
 /** Decisions taken without Redis are logged at most this often per engine (each one is counted). */
 const UNAVAILABLE_LOG_INTERVAL_MS = 10_000
-
-/**
- * Redis error replies that say the server cannot serve anyone right now (loading, a busy script,
- * a failover in progress, out of memory, refused credentials), not that this call was wrong.
- */
-const UNAVAILABLE_REPLIES = new Set([
-  'LOADING',
-  'BUSY',
-  'MASTERDOWN',
-  'CLUSTERDOWN',
-  'TRYAGAIN',
-  'READONLY',
-  'NOREPLICAS',
-  'MISCONF',
-  'OOM',
-  'NOAUTH',
-  'NOPERM',
-])
-
-/**
- * Connection failures and timeouts (any error that is not a Redis reply) and the replies above
- * mean Redis is down. Any other reply (a script error, a key of another type) is about the keys
- * of this call: their policies follow their onRedisError, and Redis stays in use for the others.
- */
-function redisUnavailable(err: unknown): boolean {
-  if (!(err instanceof Error) || err.name !== 'ReplyError') return true
-  const space = err.message.indexOf(' ')
-  return UNAVAILABLE_REPLIES.has(space < 0 ? err.message : err.message.slice(0, space))
-}
 
 /** Decides requests against policies: one script call per key identity, with fallbacks. */
 export class RateLimitEngine implements ExactPath {
@@ -91,7 +66,7 @@ export class RateLimitEngine implements ExactPath {
   private readonly ownTimeout: boolean
   private readonly now: () => number
   private redisDownUntil = 0
-  private readonly tags = new Map<string, string>()
+  private readonly tags = new IdentityTags()
   private lastUnavailableLog = 0
   /** Policies whose script call Redis refused, logged once each (every later refusal is counted). */
   private readonly scriptErrorsLogged = new Set<string>()
@@ -99,12 +74,14 @@ export class RateLimitEngine implements ExactPath {
   private readonly principal: PrincipalFunction
   /** Buffered policies' leases (Redis store only: in memory every decision is exact and as cheap). */
   readonly buffered: BufferedPolicies | null
+  readonly overrides: OverrideBook | null
 
   constructor(redis: RedisClient | null, options: EngineOptions) {
     this.redis = redis
     this.options = options
     this.metrics = options.metrics
     this.principal = options.principal ?? (() => null)
+    this.overrides = options.overrides ?? null
     this.memoryId = memoryStoreId(options.keyPrefix)
     this.now = options.now ?? Date.now
     this.fallback = new RedisFallback(options.keyPrefix, () => this.buffered?.instances ?? 1, this.now)
@@ -154,8 +131,8 @@ export class RateLimitEngine implements ExactPath {
     const groups = new Map<string, Group>()
     // Each shadow policy is a group of its own (see addToGroup), kept apart from the enforced ones.
     const shadows = new Map<string, Group>()
-    for (const asked of await askPolicies(request, policies, this.principal))
-      addToGroup(asked.policy.shadow ? shadows : groups, asked, this.tagOf(asked.identity), this)
+    for (const asked of await askPolicies(request, policies, this.principal, this.overrides))
+      addToGroup(asked.policy.shadow ? shadows : groups, asked, this.tags.of(asked.identity), this)
     if (groups.size === 0 && shadows.size === 0) return null
     const outcome = emptyOutcome()
     // Shadow policies are decided beside the enforced ones (their script calls go out together),
@@ -389,25 +366,10 @@ export class RateLimitEngine implements ExactPath {
 
   /** Lets go of the in-process stores this engine used, and gives back its leases (the app is closing). */
   async close(): Promise<void> {
+    await this.overrides?.close()
     if (this.memory) releaseStore(this.memoryId)
     this.fallback.close()
     await this.buffered?.close()
-  }
-
-  /**
-   * Hashing is most of the per-request CPU outside Redis: recent identities keep their tag. Only
-   * short identities are remembered: 10000 long client-supplied strings (a body field can be a
-   * megabyte) would otherwise be held here.
-   */
-  private tagOf(identity: string): string {
-    if (identity.length > MAX_CACHED_IDENTITY) return identityTag(identity)
-    let tag = this.tags.get(identity)
-    if (tag === undefined) {
-      if (this.tags.size >= 10_000) this.tags.clear()
-      tag = identityTag(identity)
-      this.tags.set(identity, tag)
-    }
-    return tag
   }
 
   /** Gives back what a successful request consumed under a count-only-failures policy. */
@@ -434,10 +396,14 @@ export class RateLimitEngine implements ExactPath {
     cost: number,
     request: FastifyRequest | undefined,
   ): Promise<RateLimitResult> {
-    const resolved = await resolveFor(policy, request, 'consume()')
+    const resolved = overridden(
+      policy,
+      this.overrides?.limitOf(policy.name, identity),
+      await resolveFor(policy, request, 'consume()'),
+    )
     const groups = new Map<string, Group>()
     const asked = { policy, identity, cost: capCost(policy, cost, resolved), resolved }
-    addToGroup(groups, asked, this.tagOf(identity), this)
+    addToGroup(groups, asked, this.tags.of(identity), this)
     const group = groups.values().next().value!
     const outcome = emptyOutcome()
     // Cost 0 asks without consuming: a peek.
@@ -448,7 +414,7 @@ export class RateLimitEngine implements ExactPath {
   /** `app.rateLimiter.reset`: deletes the key's counter and block (and what this process remembers of them). */
   async reset(policy: Policy, identity: string, request: FastifyRequest | undefined): Promise<void> {
     const resolved = await resolveFor(policy, request, 'reset()')
-    const tag = this.tagOf(identity)
+    const tag = this.tags.of(identity)
     const keys = [this.counterKey(tag, policy, resolved)]
     if (policy.penalised) keys.push(`${keys[0]}:rejections`)
     if (policy.blockMs > 0) keys.push(`${this.keyOf(tag, policy)}:block`)
@@ -463,23 +429,11 @@ export class RateLimitEngine implements ExactPath {
 
   /** `app.rateLimiter.block`: rejects the key under this policy for `ms` from now. */
   async block(policy: Policy, identity: string, ms: number): Promise<void> {
-    const key = `${this.keyOf(this.tagOf(identity), policy)}:block`
+    const key = `${this.keyOf(this.tags.of(identity), policy)}:block`
     if (this.memory) return this.memory.block(key, ms)
     const call = this.redis!.set(key, '1', 'PX', ms)
     await (this.ownTimeout ? answeredWithin(call, this.options.timeoutMs) : call)
   }
-}
-
-/**
- * A shadow policy's part in the request's outcome: its headers when it shows them, what it would
- * refuse, and its refunds (a count-only-failures shadow counts only failures too). Its rejection,
- * delay and ban stay out.
- */
-function addShadow(outcome: Outcome, shadow: Outcome): void {
-  for (const decision of shadow.decisions)
-    if (decision.policy.shadow!.headers) outcome.decisions.push(decision)
-  outcome.wouldReject.push(...shadow.wouldReject)
-  outcome.refunds.push(...shadow.refunds)
 }
 
 /** The plugin's clock when a test gives one; else a clock that never jumps. */

@@ -111,3 +111,32 @@ export class RedisFallback {
     this.store = null
   }
 }
+
+/**
+ * Redis error replies that say the server cannot serve anyone right now (loading, a busy script,
+ * a failover in progress, out of memory, refused credentials), not that this call was wrong.
+ */
+const UNAVAILABLE_REPLIES = new Set([
+  'LOADING',
+  'BUSY',
+  'MASTERDOWN',
+  'CLUSTERDOWN',
+  'TRYAGAIN',
+  'READONLY',
+  'NOREPLICAS',
+  'MISCONF',
+  'OOM',
+  'NOAUTH',
+  'NOPERM',
+])
+
+/**
+ * Connection failures and timeouts (any error that is not a Redis reply) and the replies above
+ * mean Redis is down. Any other reply (a script error, a key of another type) is about the keys
+ * of this call: their policies follow their onRedisError, and Redis stays in use for the others.
+ */
+export function redisUnavailable(err: unknown): boolean {
+  if (!(err instanceof Error) || err.name !== 'ReplyError') return true
+  const space = err.message.indexOf(' ')
+  return UNAVAILABLE_REPLIES.has(space < 0 ? err.message : err.message.slice(0, space))
+}

@@ -22,6 +22,15 @@ export { clientAddress, type KeyFunction, keyBy } from './keys.ts'
 export type { LeaseReport } from './leases.ts'
 export type { RateLimitPluginOptions } from './options.ts'
 export type { RateLimitResult } from './outcome.ts'
+export {
+  MAX_OVERRIDES,
+  type Override,
+  type OverrideChange,
+  type OverrideInput,
+  type OverrideNote,
+  overrideKeys,
+} from './override-store.ts'
+export type { RateLimitOverrides } from './overrides.ts'
 export type { Algorithm } from './protocol.ts'
 export type {
   AllowList,
@@ -35,6 +44,7 @@ export type {
   LimitFunction,
   RateLimitPolicy,
   RouteRateLimit,
+  ShadowOptions,
   SyncOptions,
 } from './types.ts'
 export type { PrincipalFunction }
@@ -67,6 +77,7 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
   app.addHook('onReady', async () => {
     checkReady(app, context)
     await context.engine.buffered?.startSync(context.policies.all)
+    await context.engine.overrides?.start()
   })
   app.addHook('onClose', async () => context.engine.close())
 }

@@ -9,7 +9,7 @@ import type { PrincipalFunction } from '../common/principal.ts'
 export type KeyFunction = (request: FastifyRequest, principal: PrincipalFunction) => string | null | undefined
 
 /** Longest identity the engine remembers the tag of; longer ones are hashed on each request. */
-export const MAX_CACHED_IDENTITY = 512
+const MAX_CACHED_IDENTITY = 512
 
 /**
  * The hash tag of a key identity. Client-supplied parts (usernames, headers, forwarded IPs) never
@@ -19,6 +19,26 @@ export const MAX_CACHED_IDENTITY = 512
  */
 export function identityTag(identity: string): string {
   return createHash('sha256').update(identity).digest('base64url').slice(0, 22)
+}
+
+/**
+ * Hashing is most of the per-request CPU outside Redis: recent identities keep their tag. Only
+ * short identities are remembered: 10000 long client-supplied strings (a body field can be a
+ * megabyte) would otherwise be held here.
+ */
+export class IdentityTags {
+  private readonly tags = new Map<string, string>()
+
+  of(identity: string): string {
+    if (identity.length > MAX_CACHED_IDENTITY) return identityTag(identity)
+    let tag = this.tags.get(identity)
+    if (tag === undefined) {
+      if (this.tags.size >= 10_000) this.tags.clear()
+      tag = identityTag(identity)
+      this.tags.set(identity, tag)
+    }
+    return tag
+  }
 }
 
 /**

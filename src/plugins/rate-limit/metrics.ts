@@ -1,4 +1,4 @@
-import { Counter } from 'prom-client'
+import { Counter, Gauge } from 'prom-client'
 import { type HistogramSeries, TalliedHistogram } from '../common/tallied-histogram.ts'
 
 /**
@@ -21,6 +21,12 @@ export interface RateLimitMetrics {
   readonly leaseCalls: Counter<'call'>
   /** Counts one Redis call of buffered mode: a lease acquired, a lease returned, or a heartbeat. */
   leaseCall(call: 'acquire' | 'return' | 'heartbeat'): void
+  readonly overrides: Gauge<'policy'>
+  /** Each plugin instance's overrides in force, per policy (summed when a scrape collects them). */
+  readonly overrideSources: Set<() => Map<string, number>>
+  readonly overrideChanges: Counter<'action'>
+  /** Counts an override set or removed by this process. */
+  overrideChanged(action: 'set' | 'remove'): void
 }
 
 type Tallies = Map<string, Map<string, { labels: { policy: string; outcome: string }; n: number }>>
@@ -75,8 +81,32 @@ export function createRateLimitMetrics(): RateLimitMetrics {
       }
     },
   })
+  const overrideSources = new Set<() => Map<string, number>>()
+  const overrides: Gauge<'policy'> = new Gauge({
+    name: 'rate_limit_overrides',
+    help: 'Rate limit overrides in force in this process, by policy',
+    labelNames: ['policy'] as const,
+    registers: [],
+    collect() {
+      overrides.reset()
+      const sums = new Map<string, number>()
+      for (const source of overrideSources)
+        for (const [policy, n] of source()) sums.set(policy, (sums.get(policy) ?? 0) + n)
+      for (const [policy, n] of sums) overrides.set({ policy }, n)
+    },
+  })
+  const overrideChanges = new Counter({
+    name: 'rate_limit_override_changes_total',
+    help: 'Rate limit overrides set or removed by this process',
+    labelNames: ['action'] as const,
+    registers: [],
+  })
   const scriptSeries = new Map<string, HistogramSeries>()
   return {
+    overrides,
+    overrideSources,
+    overrideChanges,
+    overrideChanged: (action) => overrideChanges.inc({ action }),
     leaseCalls,
     leaseCall: (call) => void leaseCounts[call]++,
     decisions: decisionsCounter(byPolicy),

@@ -224,6 +224,23 @@ const PLUGIN_DECLARATIONS = {
     default: false,
     doc: 'also `X-RateLimit-Limit/-Remaining/-Reset` for the tightest policy',
   }),
+  overrides: option.custom<{ pollMs: number } | null, boolean | { pollMs?: Duration }>({
+    type: 'boolean | { pollMs? }',
+    default: null,
+    defaultText: '`false`',
+    doc: "runtime [overrides](#overrides) of a policy's limit per key (`app.rateLimiter.overrides`): `true`, or `{ pollMs }`, how often each instance checks for a change whose message it missed (default 5 s, at least 100 ms)",
+    read(value, fail) {
+      if (value === false) return null
+      if (value === true) return { pollMs: 5000 }
+      if (typeof value !== 'object' || value === null || Array.isArray(value))
+        fail(`\`overrides\` must be true, false or { pollMs? }, got ${describeValue(value)}`)
+      const given = value as { pollMs?: Duration }
+      pluginCheck.known(given, ['pollMs'], 'overrides')
+      const pollMs = durationOption('overrides.pollMs', given.pollMs ?? 5000, 1, fail)
+      if (pollMs < 100) fail('`overrides.pollMs` must be at least 100 ms (every poll is a Redis call)')
+      return { pollMs }
+    },
+  }),
   overLimitCacheKeys: option.integer({
     min: 0,
     default: 10_000,

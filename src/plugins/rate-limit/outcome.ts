@@ -113,3 +113,15 @@ export function resultOf(outcome: Outcome, limit: number): RateLimitResult {
     banReached: outcome.banReached !== null,
   }
 }
+
+/**
+ * A shadow policy's part in the request's outcome: its headers when it shows them, what it would
+ * refuse, and its refunds (a count-only-failures shadow counts only failures too). Its rejection,
+ * delay and ban stay out.
+ */
+export function addShadow(outcome: Outcome, shadow: Outcome): void {
+  for (const decision of shadow.decisions)
+    if (decision.policy.shadow!.headers) outcome.decisions.push(decision)
+  outcome.wouldReject.push(...shadow.wouldReject)
+  outcome.refunds.push(...shadow.refunds)
+}

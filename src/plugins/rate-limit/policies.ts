@@ -62,6 +62,11 @@ export class PolicyBook {
     return [...this.global, ...own]
   }
 
+  /** A policy by name, if one is defined. */
+  find(name: string): Policy | undefined {
+    return this.known.get(name)?.policy
+  }
+
   /** A policy by name, for app.rateLimiter's `caller`. */
   byName(name: string, caller: string): Policy {
     const found = typeof name === 'string' ? this.known.get(name) : undefined

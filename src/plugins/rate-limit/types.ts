@@ -10,7 +10,7 @@ import type { Algorithm, Quota, RateLimitScript } from './protocol.ts'
 // imports no other part of the plugin but the script protocol below it.
 //
 // The parts import one way only, each from those listed before it: protocol, types, options,
-// policy, policies, asked, groups, memory-keyspace, memory-windows and memory-buckets, memory,
+// policy, policies, override-store, overrides, asked, groups, memory-keyspace, memory-windows and memory-buckets, memory,
 // outcome, fallback, leases, buffered, engine, responses, context, api, hooks, index (and the leaves errors,
 // duration, keys and metrics, which import no other part). test/boundaries.test.ts fails on any
 // circle of imports inside a folder.
