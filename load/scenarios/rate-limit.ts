@@ -1,4 +1,4 @@
-// Our five algorithms, and the fixed window in shadow mode, against @fastify/rate-limit (Redis store) and rate-limiter-flexible
+// Our five algorithms, the fixed window in shadow mode and a concurrency policy, against @fastify/rate-limit (Redis store) and rate-limiter-flexible
 // (RateLimiterRedis): same GET route, same key (client IP), same ioredis client options, a limit no
 // run reaches, interleaved rounds. Then Redis round trips and commands per request (MONITOR and
 // INFO commandstats on a private redis-server) and MEMORY USAGE of each algorithm's key, the
@@ -35,6 +35,8 @@ const TARGETS: Record<string, { fastify: number; flexible?: number }> = {
 const FASTIFY = '@fastify/rate-limit (Redis store)'
 /** The fixed window in shadow mode: it must cost no more than enforcing (Redis and server CPU per request). */
 const SHADOW = 'fixed-window (shadow)'
+/** A concurrency slot taken and given back: it must cost no more Redis CPU per request than a token bucket. */
+const CONCURRENCY = 'concurrency (take + give back)'
 const FLEXIBLE = 'rate-limiter-flexible (RateLimiterRedis)'
 
 const oursEntry = new URL('../servers/rate-limit-ours.ts', import.meta.url).pathname
@@ -80,6 +82,8 @@ const rateLimitScenario: Scenario = async ({ quick }) => {
     }
     const shadow = await startServer(oursEntry, env)
     servers.push(shadow)
+    const concurrency = await startServer(oursEntry, env)
+    servers.push(concurrency)
     const fastify = await startServer(peersEntry, { ...env, PEER: 'fastify-rate-limit' })
     servers.push(fastify)
     const flexible = await startServer(peersEntry, { ...env, PEER: 'rate-limiter-flexible' })
@@ -97,6 +101,7 @@ const rateLimitScenario: Scenario = async ({ quick }) => {
         spec: spec(`/limited/${a}`),
       })),
       { name: SHADOW, url: shadow.url, pid: shadow.pid, spec: spec('/limited/shadow') },
+      { name: CONCURRENCY, url: concurrency.url, pid: concurrency.pid, spec: spec('/limited/concurrency') },
       { name: FASTIFY, url: fastify.url, pid: fastify.pid, spec: spec('/limited/peer') },
       { name: FLEXIBLE, url: flexible.url, pid: flexible.pid, spec: spec('/limited/peer') },
       { name: COMPAT, url: compat.url, pid: compat.pid, spec: spec('/limited/peer') },
@@ -172,6 +177,12 @@ const rateLimitScenario: Scenario = async ({ quick }) => {
       serverCpu: over(shadowed.serverCpuMicros, enforcing.serverCpuMicros),
       redisCommands: trips.get(SHADOW)!.redisExecuted / trips.get('fixed-window')!.redisExecuted,
     }
+    const bucket = byName.get('token-bucket')!
+    const slots = byName.get(CONCURRENCY)!
+    const concurrencyCost = {
+      redisCpu: over(slots.redisCpuMicros, bucket.redisCpuMicros),
+      redisCommands: trips.get(CONCURRENCY)!.redisExecuted / trips.get('token-bucket')!.redisExecuted,
+    }
     const markdown = [
       formatTable(
         [
@@ -191,6 +202,8 @@ const rateLimitScenario: Scenario = async ({ quick }) => {
       `${quick ? 'Quick run: 1 round of 1 s' : '8 interleaved rounds of 3 s'}, 50 connections, one client IP, limit 10^9 per 10 s (nothing rejected; non-2xx/errors in the throughput runs: ${failures}). Ratios are the median over rounds of each round's ratio (min–max over rounds); round trips are commands the server sent (MONITOR), commands executed include those the scripts call. ${CPU_PER_REQUEST_NOTE}`,
       '',
       `Shadow mode against enforcing (fixed window, one policy, medians): Redis CPU per request ${fmt(shadowCost.redisCpu)}x, server CPU ${fmt(shadowCost.serverCpu)}x, Redis commands ${fmt(shadowCost.redisCommands)}x (target: Redis CPU and commands at most 1x, ${shadowCost.redisCpu <= 1.05 && shadowCost.redisCommands <= 1.01 ? '✓' : '✗'}; within 5 % of CPU and 1 % of commands, MONITOR's sampling, is noise).`,
+      '',
+      `Concurrency (a slot taken and given back per request) against the token bucket, medians: Redis CPU per request ${fmt(concurrencyCost.redisCpu)}x, Redis commands ${fmt(concurrencyCost.redisCommands)}x (target: Redis CPU at most 1x, ${concurrencyCost.redisCpu <= 1.05 ? '✓' : '✗'}; within 5 % is noise).`,
       '',
       formatTable(
         ['algorithm', 'MEMORY USAGE of one key after 100 requests at limit 100 (bytes)'],
@@ -222,6 +235,7 @@ const rateLimitScenario: Scenario = async ({ quick }) => {
         roundTrips: Object.fromEntries(trips),
         memory,
         shadowCost,
+        concurrencyCost,
         failures,
         wrk: wrkSummaries ? { summaries: wrkSummaries, generators } : { skipped: WRK_MISSING },
       },

@@ -32,6 +32,12 @@ for (const algorithm of algorithms) {
         : { name: algorithm, algorithm, limit: BENCH_LIMIT, windowMs: BENCH_WINDOW_MS }
   app.get(`/limited/${algorithm}`, { config: { rateLimits: policy } }, async () => ({ ok: true }))
 }
+// Requests in flight: a slot taken and given back per request.
+app.get(
+  '/limited/concurrency',
+  { config: { rateLimits: { name: 'concurrency', algorithm: 'concurrency', limit: BENCH_LIMIT } } },
+  async () => ({ ok: true }),
+)
 app.get(
   '/limited/shadow',
   {

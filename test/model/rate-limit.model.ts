@@ -67,7 +67,7 @@ const baseIdentity = (identity: string) =>
 function shadowsOf(settings: Record<Algorithm, 0 | 1>): RateLimitPolicy[] {
   return policiesOf(settings).map((policy) => ({
     ...policy,
-    name: shadowName(policy.algorithm),
+    name: shadowName(policy.algorithm as Algorithm),
     key: (request) => (request.query as { id: string }).id,
     cost: (request) => Number((request.query as { cost: string }).cost),
     shadow: { headers: true },

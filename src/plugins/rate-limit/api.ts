@@ -59,6 +59,10 @@ export function rateLimiterApi({ engine, policies }: RateLimitContext): RateLimi
         throw new RateLimitArgumentError(
           'rate-limit plugin: consume(): `cost` must be a whole number of units (0 or more)',
         )
+      if (policy.algorithm === 'concurrency' && cost > 0)
+        throw new RateLimitArgumentError(
+          `rate-limit plugin: consume(): policy '${policy.name}' counts requests in flight, whose slots a route gives back when its response ends: put it on a route (cost 0 only checks)`,
+        )
       return engine.consume(policy, key, cost, request)
     },
     async reset(name, key, request) {

@@ -6,7 +6,7 @@ import type { PrincipalFunction } from '../common/principal.ts'
 import { askPolicies, capCost, overridden, resolveFor } from './asked.ts'
 import { BufferedPolicies, type ExactPath, type Taken } from './buffered.ts'
 import { RateLimitError } from './errors.ts'
-import { FALLBACK_MAX_KEYS, RedisFallback, redisUnavailable } from './fallback.ts'
+import { FALLBACK_MAX_KEYS, RedisFallback, RedisTroubleNotes, redisUnavailable } from './fallback.ts'
 import { addToGroup, callOf, type Group, nonceFor } from './groups.ts'
 import { IdentityTags } from './keys.ts'
 import { monotonicNow } from './leases.ts'
@@ -16,6 +16,7 @@ import {
   addDecision,
   addShadow,
   emptyOutcome,
+  inFlight,
   type Outcome,
   type RateLimitResult,
   type Refund,
@@ -49,9 +50,6 @@ export interface EngineOptions {
   overrides?: OverrideBook | null
 }
 
-/** Decisions taken without Redis are logged at most this often per engine (each one is counted). */
-const UNAVAILABLE_LOG_INTERVAL_MS = 10_000
-
 /** Decides requests against policies: one script call per key identity, with fallbacks. */
 export class RateLimitEngine implements ExactPath {
   private readonly redis: RedisClient | null
@@ -67,9 +65,7 @@ export class RateLimitEngine implements ExactPath {
   private readonly now: () => number
   private redisDownUntil = 0
   private readonly tags = new IdentityTags()
-  private lastUnavailableLog = 0
-  /** Policies whose script call Redis refused, logged once each (every later refusal is counted). */
-  private readonly scriptErrorsLogged = new Set<string>()
+  private readonly notes: RedisTroubleNotes
   private readonly metrics: RateLimitMetrics
   private readonly principal: PrincipalFunction
   /** Buffered policies' leases (Redis store only: in memory every decision is exact and as cheap). */
@@ -85,6 +81,7 @@ export class RateLimitEngine implements ExactPath {
     this.memoryId = memoryStoreId(options.keyPrefix)
     this.now = options.now ?? Date.now
     this.fallback = new RedisFallback(options.keyPrefix, () => this.buffered?.instances ?? 1, this.now)
+    this.notes = new RedisTroubleNotes(options.log, this.metrics, options.keyPrefix, this.now)
     this.memory = redis
       ? null
       : acquireStore(this.memoryId, options.memoryMaxKeys ?? FALLBACK_MAX_KEYS, this.now)
@@ -153,8 +150,11 @@ export class RateLimitEngine implements ExactPath {
     outcome: Outcome,
   ): Promise<void> {
     // Buffered groups first: decided in this process, they refuse without a Redis call, and what
-    // they took goes back to the lease when an exact policy after them refuses.
-    const ordered = [...groups.values()].sort((a, b) => +this.isBuffered(b) - +this.isBuffered(a))
+    // they took goes back to the lease when an exact policy after them refuses. Then concurrency:
+    // its slots go back at once when a policy after it refuses (the hooks give back `releases`).
+    const order = (group: Group) =>
+      this.isBuffered(group) ? 2 : group.policies.some((p) => p.algorithm === 'concurrency') ? 1 : 0
+    const ordered = [...groups.values()].sort((a, b) => order(b) - order(a))
     const taken: Taken[] = []
     for (const group of ordered) {
       await this.decideGroup(group, operation, outcome, taken)
@@ -245,11 +245,11 @@ export class RateLimitEngine implements ExactPath {
   async send(group: Group, call: ScriptCall): Promise<{ reply: ScriptReply; call: ScriptCall } | null> {
     const redis = this.redis!
     if (redis.status !== 'ready') {
-      this.noteUnavailable(`Redis connection is ${redis.status}`)
+      this.notes.unavailable(`Redis connection is ${redis.status}`)
       return null
     }
     if (this.now() < this.redisDownUntil) {
-      this.noteUnavailable('Redis failed within retryRedisAfterMs')
+      this.notes.unavailable('Redis failed within retryRedisAfterMs')
       return null
     }
     const algorithm = group.policies[0]!.algorithm
@@ -261,11 +261,11 @@ export class RateLimitEngine implements ExactPath {
       wire = await (this.ownTimeout ? answeredWithin(sent, this.options.timeoutMs) : sent)
     } catch (err) {
       if (!redisUnavailable(err)) {
-        this.noteScriptError(group, encoded.keys, err as Error)
+        this.notes.scriptError(group, encoded.keys, err as Error)
         return null
       }
       this.redisDownUntil = this.now() + this.options.retryRedisAfterMs
-      this.noteUnavailable((err as Error).message, err)
+      this.notes.unavailable((err as Error).message, err)
       return null
     }
     this.metrics.scriptSeconds(algorithm).observe((performance.now() - started) / 1000)
@@ -297,17 +297,20 @@ export class RateLimitEngine implements ExactPath {
         header: resolved ? resolved.header : policy.header,
         isBanned: answer.ban !== 'none',
       }
+      if (policy.algorithm === 'concurrency') inFlight(decision)
       addDecision(outcome, decision, answer.ban, group.identity)
       if (operation === 'consume') {
         metrics.decision(policy, allowed ? (delayed ? 'delayed' : 'allowed') : 'rejected')
       }
-      if (allowed && operation === 'consume' && policy.isFailure) {
+      if (allowed && operation === 'consume' && (policy.isFailure || policy.algorithm === 'concurrency')) {
         const consumed = call.policies[i]!
-        outcome.refunds.push({
+        const refund = {
           policy,
           nonce: call.nonce,
           call: { ...consumed, maxDelayMs: 0, refundWindow: answer.refundWindow },
-        })
+        }
+        if (policy.isFailure) outcome.refunds.push(refund)
+        else outcome.releases.push(refund)
       }
     })
     settleRejection(outcome, allowed)
@@ -322,7 +325,10 @@ export class RateLimitEngine implements ExactPath {
     return (
       this.options.overLimitCacheKeys > 0 &&
       group.resolved === null &&
-      group.policies.every((p) => !p.penalised && !p.isFailure && p.maxDelayMs === 0)
+      // A slot frees whenever a request ends: a refusal says nothing of the next request.
+      group.policies.every(
+        (p) => !p.penalised && !p.isFailure && p.maxDelayMs === 0 && p.algorithm !== 'concurrency',
+      )
     )
   }
 
@@ -333,37 +339,6 @@ export class RateLimitEngine implements ExactPath {
     this.overLimit.set(cacheKey(group), { until: this.now() + decision.retryMs, cost, decision })
   }
 
-  /** Fail-open is a policy, not a silence: counted every time, logged at most every 10 s. */
-  private noteUnavailable(reason: string, err?: unknown): void {
-    this.metrics.unavailable()
-    const now = this.now()
-    if (now - this.lastUnavailableLog < UNAVAILABLE_LOG_INTERVAL_MS) return
-    this.lastUnavailableLog = now
-    this.options.log.warn(
-      { err, reason },
-      'Redis unavailable, policies decide by their onRedisError (open, closed or local)',
-    )
-  }
-
-  /**
-   * Redis refused a policy's script (WRONGTYPE: a key of another type where the policy keeps its
-   * counter; or any other script error): no request can fix it, so it is logged once per policy,
-   * with the keys and what to do, at error level; every refusal is counted in
-   * rate_limit_redis_unavailable_total and by the decision's degraded outcome.
-   */
-  private noteScriptError(group: Group, keys: readonly string[], err: Error): void {
-    this.metrics.unavailable()
-    const names = group.policies.map((p) => p.name)
-    if (names.every((name) => this.scriptErrorsLogged.has(name))) return
-    for (const name of names) this.scriptErrorsLogged.add(name)
-    const modes = group.policies.map((p) => `'${p.name}': ${p.onRedisError}`).join(', ')
-    this.options.log.error(
-      { err, policy: names.join(', '), keys },
-      `Redis refused the script of policy '${names.join("', '")}' on ${keys.join(', ')} (${err.message}); until fixed it is decided by its onRedisError (${modes}). ` +
-        `A key of another type under the key prefix '${this.options.keyPrefix}' means something else writes there: give this plugin a keyPrefix of its own, or delete those keys (they expire with their TTL)`,
-    )
-  }
-
   /** Lets go of the in-process stores this engine used, and gives back its leases (the app is closing). */
   async close(): Promise<void> {
     await this.overrides?.close()
@@ -372,7 +347,10 @@ export class RateLimitEngine implements ExactPath {
     await this.buffered?.close()
   }
 
-  /** Gives back what a successful request consumed under a count-only-failures policy. */
+  /**
+   * Gives back what a successful request consumed under a count-only-failures policy, or the slot
+   * of a request that ended under a concurrency policy (where it was taken: Redis or the local limiter).
+   */
   async refund(refund: Refund): Promise<void> {
     const { policy } = refund
     const call: ScriptCall = {
@@ -382,8 +360,8 @@ export class RateLimitEngine implements ExactPath {
       blocks: [],
       penalties: [],
     }
-    if (this.memory) {
-      this.memory.answer(policy.algorithm, call)
+    if (this.memory || refund.local) {
+      ;(this.memory ?? this.fallback).answer(policy.algorithm, call)
       return
     }
     await runEncoded(this.redis!, policy.algorithm, encodeCall(policy.algorithm, call))

@@ -1,9 +1,10 @@
+import type { FastifyBaseLogger } from 'fastify'
 import { RateLimitError } from './errors.ts'
 import { callOf, type Group, type KeyNames, localResolvedOf, nonceFor } from './groups.ts'
 import { acquireStore, type MemoryStore, releaseStore } from './memory.ts'
 import type { RateLimitMetrics } from './metrics.ts'
 import { addDecision, type Outcome, type RequestOperation, settleRejection } from './outcome.ts'
-import type { ScriptReply } from './protocol.ts'
+import type { Algorithm, ScriptCall, ScriptReply } from './protocol.ts'
 
 /** Keys of the in-process limiter that stands in while Redis is down. */
 export const FALLBACK_MAX_KEYS = 10_000
@@ -47,10 +48,11 @@ export class RedisFallback {
       if (p.onRedisError === 'local') local.push(i)
     })
     let reply: ScriptReply | null = null
+    let call: ScriptCall | null = null
     const instances = this.instances()
     if (local.length > 0) {
       this.store ??= acquireStore(this.storeId, FALLBACK_MAX_KEYS, this.now)
-      const call = callOf(group, operation, nonceFor(group), names, local, instances)
+      call = callOf(group, operation, nonceFor(group), names, local, instances)
       try {
         reply = this.store.answer(group.policies[0]!.algorithm, call)
       } catch (err) {
@@ -97,8 +99,21 @@ export class RedisFallback {
       addDecision(outcome, decision, answer.ban, group.identity)
       if (operation === 'consume')
         metrics.decision(policy, allowed ? 'degraded_local_allowed' : 'degraded_local_rejected')
+      // A slot taken here is given back here when the response ends.
+      if (allowed && operation === 'consume' && policy.algorithm === 'concurrency')
+        outcome.releases.push({
+          policy,
+          nonce: call!.nonce,
+          call: { ...call!.policies[position]!, maxDelayMs: 0, refundWindow: answer.refundWindow },
+          local: true,
+        })
     })
     settleRejection(outcome, allowed)
+  }
+
+  /** A call on the local limiter: a concurrency slot it gave, given back. */
+  answer(algorithm: Algorithm, call: ScriptCall): void {
+    this.store?.answer(algorithm, call)
   }
 
   /** `reset`: what this process counted for the keys goes too. */
@@ -139,4 +154,52 @@ export function redisUnavailable(err: unknown): boolean {
   if (!(err instanceof Error) || err.name !== 'ReplyError') return true
   const space = err.message.indexOf(' ')
   return UNAVAILABLE_REPLIES.has(space < 0 ? err.message : err.message.slice(0, space))
+}
+
+/** Decisions taken without Redis are logged at most this often per engine (each one is counted). */
+const UNAVAILABLE_LOG_INTERVAL_MS = 10_000
+
+/** What an engine says when Redis cannot decide: counted every time, logged sparingly. */
+export class RedisTroubleNotes {
+  private lastUnavailableLog = 0
+  /** Policies whose script call Redis refused, logged once each (every later refusal is counted). */
+  private readonly scriptErrorsLogged = new Set<string>()
+
+  constructor(
+    private readonly log: FastifyBaseLogger,
+    private readonly metrics: RateLimitMetrics,
+    private readonly keyPrefix: string,
+    private readonly now: () => number,
+  ) {}
+
+  /** Fail-open is a policy, not a silence: counted every time, logged at most every 10 s. */
+  unavailable(reason: string, err?: unknown): void {
+    this.metrics.unavailable()
+    const now = this.now()
+    if (now - this.lastUnavailableLog < UNAVAILABLE_LOG_INTERVAL_MS) return
+    this.lastUnavailableLog = now
+    this.log.warn(
+      { err, reason },
+      'Redis unavailable, policies decide by their onRedisError (open, closed or local)',
+    )
+  }
+
+  /**
+   * Redis refused a policy's script (WRONGTYPE: a key of another type where the policy keeps its
+   * counter; or any other script error): no request can fix it, so it is logged once per policy,
+   * with the keys and what to do, at error level; every refusal is counted in
+   * rate_limit_redis_unavailable_total and by the decision's degraded outcome.
+   */
+  scriptError(group: Group, keys: readonly string[], err: Error): void {
+    this.metrics.unavailable()
+    const names = group.policies.map((p) => p.name)
+    if (names.every((name) => this.scriptErrorsLogged.has(name))) return
+    for (const name of names) this.scriptErrorsLogged.add(name)
+    const modes = group.policies.map((p) => `'${p.name}': ${p.onRedisError}`).join(', ')
+    this.log.error(
+      { err, policy: names.join(', '), keys },
+      `Redis refused the script of policy '${names.join("', '")}' on ${keys.join(', ')} (${err.message}); until fixed it is decided by its onRedisError (${modes}). ` +
+        `A key of another type under the key prefix '${this.keyPrefix}' means something else writes there: give this plugin a keyPrefix of its own, or delete those keys (they expire with their TTL)`,
+    )
+  }
 }

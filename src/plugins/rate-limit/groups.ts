@@ -60,7 +60,9 @@ let sequence = 0
 
 /** Only the sliding log stores members; the other scripts ignore the nonce. */
 export function nonceFor(group: Group): string {
-  return group.policies[0]!.algorithm === 'sliding-log' ? `${PROCESS_NONCE}${(++sequence).toString(36)}` : ''
+  return group.policies[0]!.script === 'rateLimitSlidingLog'
+    ? `${PROCESS_NONCE}${(++sequence).toString(36)}`
+    : ''
 }
 
 /** The quota of the group's policy at `index`. */

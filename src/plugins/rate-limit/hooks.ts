@@ -12,7 +12,7 @@ import { addRouteHook, routeName } from '../common/route-hooks.ts'
 import type { RateLimitContext } from './context.ts'
 import { RateLimitError, RateLimitNoPolicyError } from './errors.ts'
 import { routeConfigCheck } from './options.ts'
-import type { Outcome } from './outcome.ts'
+import type { Outcome, Refund } from './outcome.ts'
 import { notChecked, requestLog, sendRejection, writeHeaders } from './responses.ts'
 import type { Policy } from './types.ts'
 
@@ -22,6 +22,13 @@ import type { Policy } from './types.ts'
 
 /** Decides a request under `policies`: headers on the way, the rejection, or the wait it was given. */
 function limitHook({ engine, metrics, allow, legacyHeaders }: RateLimitContext, policies: Policy[]) {
+  const giveBack = (request: FastifyRequest, releases: Refund[]) => {
+    for (const release of releases)
+      engine.refund(release).catch((err) =>
+        // Not given back: the slot returns when its lease ends.
+        requestLog(request).warn({ err, policy: release.policy.name }, 'concurrency slot not given back'),
+      )
+  }
   return async function rateLimitHook(request: FastifyRequest, reply: FastifyReply) {
     let outcome: Outcome | null
     try {
@@ -41,6 +48,13 @@ function limitHook({ engine, metrics, allow, legacyHeaders }: RateLimitContext, 
     writeHeaders(reply, outcome.decisions, legacyHeaders)
     if (outcome.refunds.length)
       request.rateLimitRefunds = (request.rateLimitRefunds ?? []).concat(outcome.refunds)
+    const { releases } = outcome
+    if (releases.length) {
+      // Refused by another policy: the slots go back now. Else when the response ends, is cut or
+      // its client goes away ('close' comes in every case, after a streamed body's last byte).
+      if (outcome.rejected || outcome.unavailable) giveBack(request, releases)
+      else reply.raw.once('close', () => giveBack(request, releases))
+    }
     if (outcome.rejected || outcome.unavailable) return sendRejection(request, reply, outcome)
     if (outcome.delayMs > 0) await sleep(outcome.delayMs)
   }

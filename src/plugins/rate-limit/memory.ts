@@ -39,6 +39,7 @@ type AlgorithmAnswer = (keys: Keyspace, call: ScriptCall, now: number, overLimit
 const ANSWER_OF_ALGORITHM: Record<Algorithm, AlgorithmAnswer> = {
   'fixed-window': fixedWindow,
   'sliding-log': slidingLog,
+  concurrency: slidingLog,
   'sliding-counter': slidingCounter,
   'token-bucket': tokenBucket,
   gcra,

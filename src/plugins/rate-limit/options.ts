@@ -35,6 +35,7 @@ export const POLICY_KEYS = optionKeys<RateLimitPolicy>({
   limit: true,
   windowMs: true,
   refillPerSecond: true,
+  leaseMs: true,
   key: true,
   cost: true,
   hook: true,

@@ -10,6 +10,8 @@ export interface Refund {
   nonce: string
   /** The consume's policy call, with the window it counted in. */
   call: PolicyCall
+  /** Decided by the local limiter while Redis was down: given back there. */
+  local?: boolean
 }
 
 /** A route's request is checked by consuming its cost, or only by peeking at the quota. */
@@ -23,6 +25,8 @@ export interface Outcome {
   unavailable: Policy | null
   delayMs: number
   refunds: Refund[]
+  /** Concurrency slots taken: given back when the response ends (at once if the request is refused). */
+  releases: Refund[]
   /** Decided without Redis (by the policies' onRedisError). */
   degraded: boolean
   /** The rejected decision's key (its identity) when this request began its ban: onBanReach is due. */
@@ -63,6 +67,7 @@ export function emptyOutcome(): Outcome {
     unavailable: null,
     delayMs: 0,
     refunds: [],
+    releases: [],
     degraded: false,
     banReached: null,
     wouldReject: [],
@@ -124,4 +129,18 @@ export function addShadow(outcome: Outcome, shadow: Outcome): void {
     if (decision.policy.shadow!.headers) outcome.decisions.push(decision)
   outcome.wouldReject.push(...shadow.wouldReject)
   outcome.refunds.push(...shadow.refunds)
+  outcome.releases.push(...shadow.releases)
+}
+
+/** How long a client refused a concurrency slot is told to wait: a slot frees whenever a request ends. */
+const CONCURRENCY_RETRY_MS = 1000
+
+/**
+ * A concurrency decision's times: its script's are when the oldest slot's lease ends, the latest a
+ * slot frees. Slots usually free sooner (a request ends), so a refusal says retry in at most 1 s,
+ * and free slots say nothing to wait for.
+ */
+export function inFlight(decision: Decision): void {
+  decision.retryMs = Math.min(decision.retryMs, CONCURRENCY_RETRY_MS)
+  decision.resetMs = decision.remaining === 0 ? Math.min(decision.resetMs, CONCURRENCY_RETRY_MS) : 0
 }

@@ -73,6 +73,9 @@ function shadowSettings(
   return { headers: given.headers ?? false }
 }
 
+/** How long a concurrency slot is held at most when its `leaseMs` is not given. */
+const DEFAULT_LEASE_MS = 60_000
+
 /** Most rejections `ban.after` may wait for. */
 const MAX_BAN_AFTER = 1_000_000
 
@@ -112,8 +115,12 @@ export function normalizePolicy(
     policyCheck.fail(`${where}policy '${name ?? String(p.name)}': ${message}`)
   if (!name) fail('`name` must be 1-64 characters of A-Z a-z 0-9 _ . -')
   if (!(p.algorithm in SCRIPT_OF_ALGORITHM)) {
-    fail('`algorithm` must be one of fixed-window, sliding-log, sliding-counter, token-bucket, gcra')
+    fail(
+      '`algorithm` must be one of fixed-window, sliding-log, sliding-counter, token-bucket, gcra, concurrency',
+    )
   }
+  const concurrency = p.algorithm === 'concurrency'
+  if (p.leaseMs !== undefined && !concurrency) fail('`leaseMs` applies to concurrency only')
   const limitFn = typeof p.limit === 'function' ? p.limit : null
   if (!limitFn && !positiveInt(p.limit))
     fail('`limit` must be a positive integer or a function of the request')
@@ -129,6 +136,18 @@ export function normalizePolicy(
     )
       fail('`refillPerSecond` must be a positive number')
     if (p.windowMs !== undefined) fail('`windowMs` does not apply to the token bucket (use refillPerSecond)')
+  } else if (concurrency) {
+    if (p.windowMs !== undefined)
+      fail(
+        '`windowMs` does not apply to concurrency: a slot is held while its request runs (`leaseMs` bounds it)',
+      )
+    if (p.refillPerSecond !== undefined) fail('`refillPerSecond` applies to the token bucket only')
+    // The slot's lease is the sliding log's window.
+    windowMs = durationOption('leaseMs', p.leaseMs ?? DEFAULT_LEASE_MS, 1, fail)
+    if (p.countOnlyFailures)
+      fail(
+        '`countOnlyFailures` does not apply to concurrency: every slot is given back when its response ends',
+      )
   } else {
     if (typeof p.windowMs === 'function') windowFn = p.windowMs
     else windowMs = durationOption('windowMs', p.windowMs, 1, fail, true)
@@ -266,7 +285,11 @@ export function resolve(policy: Policy, limit: number, windowMs: number, share: 
   const q = share < 1 ? Math.max(1, Math.floor(limit * share)) : limit
   const bucket = policy.algorithm === 'token-bucket'
   return {
-    header: `"${policy.name}";q=${q};w=${windowSecOf(policy, limit, windowMs)}`,
+    // Requests in flight have no window: the draft's quota unit says what q counts.
+    header:
+      policy.algorithm === 'concurrency'
+        ? `"${policy.name}";q=${q};qu="concurrent-requests"`
+        : `"${policy.name}";q=${q};w=${windowSecOf(policy, limit, windowMs)}`,
     quota: bucket
       ? { limit: q, windowMs: 0, refillPerSecond: policy.refillPerSecond * share }
       : { limit: q, windowMs, refillPerSecond: 0 },
@@ -301,6 +324,7 @@ const OPTION_DEFAULTS: { [K in keyof Omit<RateLimitPolicy, 'name'>]-?: unknown }
   limit: undefined,
   windowMs: undefined,
   refillPerSecond: undefined,
+  leaseMs: undefined,
   key: keyBy.ip,
   cost: 1,
   hook: 'onRequest',
@@ -319,7 +343,7 @@ const OPTION_DEFAULTS: { [K in keyof Omit<RateLimitPolicy, 'name'>]-?: unknown }
   errorResponse: undefined,
 }
 
-const DURATIONS = new Set(['windowMs', 'maxDelayMs', 'blockMs'])
+const DURATIONS = new Set(['windowMs', 'leaseMs', 'maxDelayMs', 'blockMs'])
 
 const functionIds = new WeakMap<object, number>()
 let functionCount = 0

@@ -20,8 +20,18 @@ import { callScript, defineScript, type ScriptClient } from '../../redis/scripts
  *       reset and retry; a consume its policy rejects starts the block.
  */
 
-/** How a policy counts; each algorithm is one script. */
-export type Algorithm = 'fixed-window' | 'sliding-log' | 'sliding-counter' | 'token-bucket' | 'gcra'
+/**
+ * How a policy counts; each algorithm is one script. `concurrency` (requests in flight) runs the
+ * sliding log's: a request's slot is a member of the log, its lease the window, and the engine
+ * removes it (a refund under the request's nonce) when the response ends.
+ */
+export type Algorithm =
+  | 'fixed-window'
+  | 'sliding-log'
+  | 'sliding-counter'
+  | 'token-bucket'
+  | 'gcra'
+  | 'concurrency'
 
 /** The rate-limit script of each algorithm. */
 export const SCRIPT_OF_ALGORITHM = {
@@ -30,6 +40,7 @@ export const SCRIPT_OF_ALGORITHM = {
   'sliding-counter': 'rateLimitSlidingCounter',
   'token-bucket': 'rateLimitTokenBucket',
   gcra: 'rateLimitGcra',
+  concurrency: 'rateLimitSlidingLog',
 } as const satisfies Record<Algorithm, string>
 
 export type RateLimitScript = (typeof SCRIPT_OF_ALGORITHM)[Algorithm]
@@ -43,12 +54,15 @@ const rateLimitScript = (name: RateLimitScript) =>
     reply: (raw) => raw as number[],
   })
 
+const SLIDING_LOG = rateLimitScript(SCRIPT_OF_ALGORITHM['sliding-log'])
+
 const DEFINITION_OF_ALGORITHM = {
   'fixed-window': rateLimitScript(SCRIPT_OF_ALGORITHM['fixed-window']),
-  'sliding-log': rateLimitScript(SCRIPT_OF_ALGORITHM['sliding-log']),
+  'sliding-log': SLIDING_LOG,
   'sliding-counter': rateLimitScript(SCRIPT_OF_ALGORITHM['sliding-counter']),
   'token-bucket': rateLimitScript(SCRIPT_OF_ALGORITHM['token-bucket']),
   gcra: rateLimitScript(SCRIPT_OF_ALGORITHM.gcra),
+  concurrency: SLIDING_LOG,
 } satisfies Record<Algorithm, unknown>
 
 /** Consume the cost, only check it (change nothing), or give back what an earlier consume took. */

@@ -63,7 +63,9 @@ function rejection(outcome: Outcome): HttpProblem {
     429,
     'rate-limited',
     'Too many requests',
-    `Rate limit '${d.policy.name}' (${quota} s) exceeded; retry in ${seconds} s.`,
+    d.policy.algorithm === 'concurrency'
+      ? `Rate limit '${d.policy.name}' (${d.limit} requests at once) reached; retry in ${seconds} s.`
+      : `Rate limit '${d.policy.name}' (${quota} s) exceeded; retry in ${seconds} s.`,
     {
       headers: { 'retry-after': String(seconds) },
       extra: { policy: d.policy.name },

@@ -36,6 +36,11 @@ export interface RateLimitPolicy {
   /** Token bucket only: tokens added per second. */
   refillPerSecond?: number
   /**
+   * Concurrency only: the longest a request holds its slot (default 60 s). A slot is given back when
+   * the response ends or the client goes away; one whose instance died comes back after this long.
+   */
+  leaseMs?: Duration
+  /**
    * Whose quota a request uses: 'ip' (default) or a function, sync or async (resolved once per
    * request, before the store call); null or undefined skips the policy.
    */

@@ -484,7 +484,7 @@ describe('options are checked at registration', () => {
     [
       'algorithm',
       { policies: [{ name: 'a', algorithm: 'leaky' as never, limit: 1, windowMs: 1000 }] },
-      "rate-limit plugin: policy 'a': `algorithm` must be one of fixed-window, sliding-log, sliding-counter, token-bucket, gcra",
+      "rate-limit plugin: policy 'a': `algorithm` must be one of fixed-window, sliding-log, sliding-counter, token-bucket, gcra, concurrency",
     ],
     [
       'refill',

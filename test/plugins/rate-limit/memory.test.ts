@@ -214,6 +214,8 @@ describe('the memory store answers every script call as the Lua script does', ()
     'sliding-counter': { limit: 4, second: 86_400_000, maxDelay: [0] },
     'token-bucket': { limit: 4, second: 0.05, maxDelay: [0, 60_000] },
     gcra: { limit: 4, second: 86_400_000, maxDelay: [0, 30_000_000] },
+    // The sliding log's script: a slot per member, its lease the window.
+    concurrency: { limit: 4, second: 86_400_000, maxDelay: [0] },
   }
   for (const algorithm of Object.keys(params) as Algorithm[]) {
     test(`${algorithm}: 400 random calls (consume, peek, refund, several policies, blocks, resets)`, async (t) => {
