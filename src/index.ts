@@ -93,6 +93,7 @@ export {
   type RateLimitResult,
   RateLimitUnknownPolicyError,
   type RouteRateLimit,
+  type SettleFunction,
   type ShadowOptions,
   type SyncOptions,
 } from './plugins/rate-limit/index.ts'

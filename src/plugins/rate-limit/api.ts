@@ -6,6 +6,7 @@ import { RateLimitArgumentError } from './errors.ts'
 import type { LeaseReport } from './leases.ts'
 import type { RateLimitResult } from './outcome.ts'
 import type { RateLimitOverrides } from './overrides.ts'
+import { reconcile } from './settlements.ts'
 import type { Decision } from './types.ts'
 
 /** `app.rateLimiter`: the plugin's policies, by name, for code outside a route's hooks. */
@@ -30,6 +31,12 @@ export interface RateLimitDecorator {
   /** Buffered policies: the live instances this one counts, and the unused units it holds per policy. */
   leases(): LeaseReport
   /**
+   * Reconciles what `request` reserved under the `settle` policy `policy` with its actual cost
+   * (a whole number, 0 or more): the rest is given back, or the excess charged. Once per request;
+   * a policy with a settle function is then not settled again when the response ends.
+   */
+  settle(request: FastifyRequest, policy: string, actual: number): Promise<void>
+  /**
    * Runtime overrides of a policy's limit per key (the plugin's `overrides` option; without it every
    * call throws `RateLimitArgumentError`).
    */
@@ -46,7 +53,7 @@ const OVERRIDES_OFF: RateLimitOverrides = (() => {
   return { set: off, remove: off, list: off, history: off, refresh: off }
 })()
 
-export function rateLimiterApi({ engine, policies }: RateLimitContext): RateLimitDecorator {
+export function rateLimiterApi({ engine, policies, metrics }: RateLimitContext): RateLimitDecorator {
   return {
     async peek(request, names) {
       const named = [names].flat().map((name) => policies.byName(name, 'peek()'))
@@ -84,6 +91,21 @@ export function rateLimiterApi({ engine, policies }: RateLimitContext): RateLimi
     sync: async () => engine.buffered?.sync(),
     leases: () => engine.buffered?.leaseReport() ?? { instances: 1, policies: {} },
     overrides: engine.overrides?.api ?? OVERRIDES_OFF,
+    async settle(request, name, actual) {
+      const policy = policies.byName(name, 'settle()')
+      if (!Number.isSafeInteger(actual) || actual < 0)
+        throw new RateLimitArgumentError(
+          `rate-limit plugin: settle(): \`actual\` must be a whole number of units (0 or more), got ${describeValue(actual)}`,
+        )
+      const reservation = request.rateLimitReservations?.find(
+        (r) => r.reserved.policy === policy && !r.settled,
+      )
+      if (!reservation)
+        throw new RateLimitArgumentError(
+          `rate-limit plugin: settle(): this request has no reservation under policy '${policy.name}' to settle (the policy has no \`settle\`, did not apply to it, or it was settled already)`,
+        )
+      await reconcile(engine, metrics, request, reservation, actual)
+    },
   }
 }
 

@@ -302,15 +302,19 @@ export class RateLimitEngine implements ExactPath {
       if (operation === 'consume') {
         metrics.decision(policy, allowed ? (delayed ? 'delayed' : 'allowed') : 'rejected')
       }
-      if (allowed && operation === 'consume' && (policy.isFailure || policy.algorithm === 'concurrency')) {
-        const consumed = call.policies[i]!
-        const refund = {
+      if (allowed && operation === 'consume') {
+        const pending = policy.isFailure
+          ? outcome.refunds
+          : policy.algorithm === 'concurrency'
+            ? outcome.releases
+            : policy.settle
+              ? outcome.settlements
+              : null
+        pending?.push({
           policy,
           nonce: call.nonce,
-          call: { ...consumed, maxDelayMs: 0, refundWindow: answer.refundWindow },
-        }
-        if (policy.isFailure) outcome.refunds.push(refund)
-        else outcome.releases.push(refund)
+          call: { ...call.policies[i]!, maxDelayMs: 0, refundWindow: answer.refundWindow },
+        })
       }
     })
     settleRejection(outcome, allowed)
@@ -352,7 +356,6 @@ export class RateLimitEngine implements ExactPath {
    * of a request that ended under a concurrency policy (where it was taken: Redis or the local limiter).
    */
   async refund(refund: Refund): Promise<void> {
-    const { policy } = refund
     const call: ScriptCall = {
       operation: 'refund',
       nonce: refund.nonce,
@@ -360,11 +363,13 @@ export class RateLimitEngine implements ExactPath {
       blocks: [],
       penalties: [],
     }
-    if (this.memory || refund.local) {
-      ;(this.memory ?? this.fallback).answer(policy.algorithm, call)
-      return
-    }
-    await runEncoded(this.redis!, policy.algorithm, encodeCall(policy.algorithm, call))
+    await this.run(refund.policy, call, refund.local)
+  }
+
+  /** A call of its own (a refund, a charge) where the request was decided: memory, the local limiter or Redis. */
+  async run(policy: Policy, call: ScriptCall, local = false): Promise<void> {
+    if (this.memory || local) (this.memory ?? this.fallback).answer(policy.algorithm, call)
+    else await runEncoded(this.redis!, policy.algorithm, encodeCall(policy.algorithm, call))
   }
 
   /** `app.rateLimiter.consume`: one policy, one identity, the same keys a route uses. */

@@ -99,9 +99,11 @@ export class RedisFallback {
       addDecision(outcome, decision, answer.ban, group.identity)
       if (operation === 'consume')
         metrics.decision(policy, allowed ? 'degraded_local_allowed' : 'degraded_local_rejected')
-      // A slot taken here is given back here when the response ends.
-      if (allowed && operation === 'consume' && policy.algorithm === 'concurrency')
-        outcome.releases.push({
+      // A slot taken here is given back here when the response ends, a reservation reconciled here.
+      const pending =
+        policy.algorithm === 'concurrency' ? outcome.releases : policy.settle ? outcome.settlements : null
+      if (allowed && operation === 'consume' && pending)
+        pending.push({
           policy,
           nonce: call!.nonce,
           call: { ...call!.policies[position]!, maxDelayMs: 0, refundWindow: answer.refundWindow },

@@ -14,6 +14,7 @@ import { RateLimitError, RateLimitNoPolicyError } from './errors.ts'
 import { routeConfigCheck } from './options.ts'
 import type { Outcome, Refund } from './outcome.ts'
 import { notChecked, requestLog, sendRejection, writeHeaders } from './responses.ts'
+import { keepReservations } from './settlements.ts'
 import type { Policy } from './types.ts'
 
 // The plugin's hooks, each a function of the plugin instance's context: the check of a route's
@@ -48,6 +49,7 @@ function limitHook({ engine, metrics, allow, legacyHeaders }: RateLimitContext, 
     writeHeaders(reply, outcome.decisions, legacyHeaders)
     if (outcome.refunds.length)
       request.rateLimitRefunds = (request.rateLimitRefunds ?? []).concat(outcome.refunds)
+    if (outcome.settlements.length) keepReservations(engine, metrics, request, reply, outcome.settlements)
     const { releases } = outcome
     if (releases.length) {
       // Refused by another policy: the slots go back now. Else when the response ends, is cut or

@@ -7,6 +7,7 @@ import { createContext } from './context.ts'
 import { checkReady, limitNotFound, limitRoute } from './hooks.ts'
 import { RATE_LIMIT_OPTIONS, type RateLimitPluginOptions } from './options.ts'
 import type { Refund } from './outcome.ts'
+import type { Reservation } from './settlements.ts'
 import type { RouteRateLimit } from './types.ts'
 
 export type { RateLimitDecorator } from './api.ts'
@@ -44,6 +45,7 @@ export type {
   LimitFunction,
   RateLimitPolicy,
   RouteRateLimit,
+  SettleFunction,
   ShadowOptions,
   SyncOptions,
 } from './types.ts'
@@ -59,6 +61,7 @@ declare module 'fastify' {
   }
   interface FastifyRequest {
     rateLimitRefunds: Refund[] | null
+    rateLimitReservations: Reservation[] | null
   }
 }
 
@@ -71,6 +74,7 @@ async function rateLimitPlugin(app: FastifyInstance, options: RateLimitPluginOpt
   pluginRegistered(app, 'rateLimits')
   const context = await createContext(app, settings)
   app.decorateRequest('rateLimitRefunds', null)
+  app.decorateRequest('rateLimitReservations', null)
   app.decorate<RateLimitDecorator>('rateLimiter', rateLimiterApi(context))
   app.addHook('onRoute', limitRoute(app, context))
   limitNotFound(app, context)

@@ -27,6 +27,9 @@ export interface RateLimitMetrics {
   readonly overrideChanges: Counter<'action'>
   /** Counts an override set or removed by this process. */
   overrideChanged(action: 'set' | 'remove'): void
+  readonly settlements: Counter<'policy' | 'outcome'>
+  /** Counts a reservation reconciled: given back, charged more, or exact. */
+  settled(policy: string, outcome: 'refunded' | 'charged' | 'exact'): void
 }
 
 type Tallies = Map<string, Map<string, { labels: { policy: string; outcome: string }; n: number }>>
@@ -101,8 +104,16 @@ export function createRateLimitMetrics(): RateLimitMetrics {
     labelNames: ['action'] as const,
     registers: [],
   })
+  const settlements = new Counter({
+    name: 'rate_limit_settlements_total',
+    help: 'Reserved costs reconciled with the actual cost, by policy and outcome (refunded, charged, exact)',
+    labelNames: ['policy', 'outcome'] as const,
+    registers: [],
+  })
   const scriptSeries = new Map<string, HistogramSeries>()
   return {
+    settlements,
+    settled: (policy, outcome) => settlements.inc({ policy, outcome }),
     overrides,
     overrideSources,
     overrideChanges,

@@ -40,6 +40,8 @@ export const POLICY_KEYS = optionKeys<RateLimitPolicy>({
   cost: true,
   hook: true,
   countOnlyFailures: true,
+  settle: true,
+  quotaUnit: true,
   sync: true,
   shadow: true,
   onRedisError: true,

@@ -27,6 +27,8 @@ export interface Outcome {
   refunds: Refund[]
   /** Concurrency slots taken: given back when the response ends (at once if the request is refused). */
   releases: Refund[]
+  /** Reserved costs of `settle` policies: reconciled with the actual cost when the response ends. */
+  settlements: Refund[]
   /** Decided without Redis (by the policies' onRedisError). */
   degraded: boolean
   /** The rejected decision's key (its identity) when this request began its ban: onBanReach is due. */
@@ -68,6 +70,7 @@ export function emptyOutcome(): Outcome {
     delayMs: 0,
     refunds: [],
     releases: [],
+    settlements: [],
     degraded: false,
     banReached: null,
     wouldReject: [],
@@ -130,6 +133,7 @@ export function addShadow(outcome: Outcome, shadow: Outcome): void {
   outcome.wouldReject.push(...shadow.wouldReject)
   outcome.refunds.push(...shadow.refunds)
   outcome.releases.push(...shadow.releases)
+  outcome.settlements.push(...shadow.settlements)
 }
 
 /** How long a client refused a concurrency slot is told to wait: a slot frees whenever a request ends. */

@@ -73,6 +73,26 @@ function shadowSettings(
   return { headers: given.headers ?? false }
 }
 
+const QUOTA_UNIT = /^[a-z][a-z0-9-]{0,31}$/
+
+/** `settle` checked: null when the cost is final; the policies whose count cannot be reconciled refused. */
+function settleSetting(p: RateLimitPolicy, fail: (message: string) => never): Policy['settle'] {
+  const raw = p.settle
+  if (raw === undefined || (raw as unknown) === false) return null
+  if (raw !== true && typeof raw !== 'function')
+    fail(
+      `\`settle\` must be true (the route settles) or a function of (request, reply), got ${describeValue(raw)}`,
+    )
+  if (p.algorithm === 'concurrency')
+    fail('`settle` does not apply to concurrency: a slot has no cost to reconcile')
+  if (p.sync) fail('`settle` and `sync` exclude each other: a lease counts units before their cost is known')
+  if (p.countOnlyFailures)
+    fail(
+      '`settle` and `countOnlyFailures` exclude each other: both change the count once the response is known',
+    )
+  return raw === true ? 'route' : raw
+}
+
 /** How long a concurrency slot is held at most when its `leaseMs` is not given. */
 const DEFAULT_LEASE_MS = 60_000
 
@@ -215,6 +235,11 @@ export function normalizePolicy(
   }
   const sync = syncSettings(p.sync, p, fail)
   const shadow = shadowSettings(p.shadow, p, fail)
+  const settle = settleSetting(p, fail)
+  if (p.quotaUnit !== undefined && (typeof p.quotaUnit !== 'string' || !QUOTA_UNIT.test(p.quotaUnit)))
+    fail("`quotaUnit` must be a short name (a-z, 0-9 and '-', up to 32 characters), such as 'bytes'")
+  if (p.quotaUnit !== undefined && concurrency)
+    fail('`quotaUnit` does not apply to concurrency: it counts concurrent-requests')
   const failures = p.countOnlyFailures
   const isFailure =
     typeof failures === 'function'
@@ -238,6 +263,8 @@ export function normalizePolicy(
     isFailure,
     sync,
     shadow,
+    settle,
+    quotaUnit: p.quotaUnit ?? null,
     onRedisError,
     // A buffered policy knows how many instances share its quota: without `localShare`, the
     // fallback's share follows them (null); an exact one falls back on the whole limit.
@@ -289,7 +316,7 @@ export function resolve(policy: Policy, limit: number, windowMs: number, share: 
     header:
       policy.algorithm === 'concurrency'
         ? `"${policy.name}";q=${q};qu="concurrent-requests"`
-        : `"${policy.name}";q=${q};w=${windowSecOf(policy, limit, windowMs)}`,
+        : `"${policy.name}";q=${q};w=${windowSecOf(policy, limit, windowMs)}${policy.quotaUnit ? `;qu="${policy.quotaUnit}"` : ''}`,
     quota: bucket
       ? { limit: q, windowMs: 0, refillPerSecond: policy.refillPerSecond * share }
       : { limit: q, windowMs, refillPerSecond: 0 },
@@ -329,6 +356,8 @@ const OPTION_DEFAULTS: { [K in keyof Omit<RateLimitPolicy, 'name'>]-?: unknown }
   cost: 1,
   hook: 'onRequest',
   countOnlyFailures: false,
+  settle: undefined,
+  quotaUnit: undefined,
   sync: false,
   shadow: false,
   onRedisError: 'open',

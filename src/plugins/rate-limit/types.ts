@@ -11,7 +11,7 @@ import type { Algorithm, Quota, RateLimitScript } from './protocol.ts'
 //
 // The parts import one way only, each from those listed before it: protocol, types, options,
 // policy, policies, override-store, overrides, asked, groups, memory-keyspace, memory-windows and memory-buckets, memory,
-// outcome, fallback, leases, buffered, engine, responses, context, api, hooks, index (and the leaves errors,
+// outcome, fallback, leases, buffered, engine, responses, settlements, context, api, hooks, index (and the leaves errors,
 // duration, keys and metrics, which import no other part). test/boundaries.test.ts fails on any
 // circle of imports inside a folder.
 
@@ -51,6 +51,16 @@ export interface RateLimitPolicy {
   hook?: 'onRequest' | 'preHandler'
   /** Count a request only if its response is a failure (default predicate: status >= 400). */
   countOnlyFailures?: boolean | ((reply: FastifyReply) => boolean)
+  /**
+   * Reserve, then reconcile: `cost` is reserved at admission (an estimate), and the actual cost
+   * settles it when the response ends: a function of (request, reply) called then, or `true` for a
+   * route that calls `app.rateLimiter.settle(request, name, actual)` itself. What was reserved and
+   * not used is given back; more is charged (token bucket and GCRA: as debt the next requests of
+   * the key pay; the windowed algorithms: only while their window has room).
+   */
+  settle?: true | SettleFunction
+  /** The unit the policy counts (`'bytes'`, `'tokens'`), advertised as `qu` in RateLimit-Policy. */
+  quotaUnit?: string
   /**
    * Buffered mode: this instance admits requests from a lease of the remaining quota and talks to
    * Redis once per lease and per sync, not per request (`true`: the defaults). Fixed window, token
@@ -115,6 +125,9 @@ export interface SyncSettings {
   batch: number
 }
 
+/** The actual cost of a request, known when its response ended (or was cut): a whole number, 0 or more. */
+export type SettleFunction = (request: FastifyRequest, reply: FastifyReply) => number
+
 /** A per-request limit: a positive whole number, or a promise of one. */
 export type LimitFunction = (request: FastifyRequest) => number | Promise<number>
 
@@ -162,6 +175,9 @@ export interface Policy {
   cost: number | ((request: FastifyRequest) => number)
   hook: 'onRequest' | 'preHandler'
   isFailure: ((reply: FastifyReply) => boolean) | null
+  /** Reserve, then reconcile: 'route' settles through app.rateLimiter.settle; null: the cost is final. */
+  settle: SettleFunction | 'route' | null
+  quotaUnit: string | null
   /** Buffered mode's settings; null: exact (every request decided by Redis). */
   sync: SyncSettings | null
   /** Shadow mode (never refuses); null: the policy enforces. */
