@@ -50,6 +50,7 @@ const SCRIPT_NAMES = [
   'lockExtend',
   'lockHolder',
   'lockRelease',
+  'rateLimitConcurrency',
   'rateLimitFixedWindow',
   'rateLimitGcra',
   'rateLimitInstances',

@@ -356,6 +356,13 @@ export class RateLimitEngine implements ExactPath {
    * of a request that ended under a concurrency policy (where it was taken: Redis or the local limiter).
    */
   async refund(refund: Refund): Promise<void> {
+    const { policy, nonce, call: taken } = refund
+    if (policy.algorithm === 'concurrency' && !this.memory && !refund.local) {
+      // A slot given back is its members removed: one ZREM, no script.
+      const slots = Array.from({ length: taken.cost }, (_, k) => `${nonce}:${k + 1}`)
+      await this.redis!.zrem(taken.key, ...slots)
+      return
+    }
     const call: ScriptCall = {
       operation: 'refund',
       nonce: refund.nonce,

@@ -58,9 +58,10 @@ export function addToGroup(groups: Map<string, Group>, asked: Asked, tag: string
 const PROCESS_NONCE = randomBytes(6).toString('base64url')
 let sequence = 0
 
-/** Only the sliding log stores members; the other scripts ignore the nonce. */
+/** Only the sliding log and concurrency store members; the other scripts ignore the nonce. */
 export function nonceFor(group: Group): string {
-  return group.policies[0]!.script === 'rateLimitSlidingLog'
+  const { algorithm } = group.policies[0]!
+  return algorithm === 'sliding-log' || algorithm === 'concurrency'
     ? `${PROCESS_NONCE}${(++sequence).toString(36)}`
     : ''
 }

@@ -210,6 +210,86 @@ export function slidingLog(
   return reply
 }
 
+/**
+ * src/lua/rate-limit-concurrency.lua: slots scored by the end of their lease (`times`), the nonce
+ * each was taken under; a refund removes a nonce's slots.
+ */
+export function concurrency(
+  store: Keyspace,
+  call: ScriptCall,
+  now: number,
+  overLimit: boolean[],
+): ScriptReply {
+  const { operation, nonce } = call
+  const reply = admitted()
+  const counts: number[] = []
+  call.policies.forEach(({ key, quota, cost }, i) => {
+    const entry = store.read(key, 'concurrency', now)
+    if (operation === 'refund') {
+      // ZREM of the slots taken under this nonce.
+      if (entry) {
+        for (let k = entry.nonces!.length - 1; k >= 0; k--) {
+          if (entry.nonces![k] === nonce) {
+            entry.nonces!.splice(k, 1)
+            entry.times!.splice(k, 1)
+          }
+        }
+        if (entry.times!.length === 0) store.delete([key])
+      }
+      return
+    }
+    // ZCOUNT (now .. +inf: the slots whose lease has not ended
+    counts[i] = entry ? entry.times!.filter((end) => end > now).length : 0
+    if (counts[i]! + cost > quota.limit) {
+      reply.allowed = false
+      overLimit[i] = true
+    }
+  })
+  if (operation === 'refund') return reply
+  call.policies.forEach(({ key, quota, cost }, i) => {
+    const { limit, windowMs: lease } = quota
+    let count = counts[i]!
+    let retry = 0
+    let entry = store.read(key, 'concurrency', now)
+    if (reply.allowed && operation === 'consume') {
+      if (!entry) {
+        entry = store.create(key, 'concurrency', now)
+        entry.times = []
+        entry.nonces = []
+      }
+      for (let unit = 0; unit < cost; unit++) insertSorted(entry.times!, entry.nonces!, now + lease, nonce)
+      // PEXPIRE GT, else NX: never shortened, set on a set without a TTL.
+      if (entry.expiresAt === Number.POSITIVE_INFINITY || entry.expiresAt < now + lease)
+        entry.expiresAt = now + lease
+      count += cost
+    } else {
+      if (entry && operation === 'consume') {
+        // ZREMRANGEBYSCORE -inf .. now
+        let drop = 0
+        while (drop < entry.times!.length && entry.times![drop]! <= now) drop++
+        entry.times!.splice(0, drop)
+        entry.nonces!.splice(0, drop)
+        if (entry.times!.length === 0) {
+          store.delete([key])
+          entry = undefined
+        }
+      }
+      if (entry && entry.expiresAt === Number.POSITIVE_INFINITY) entry.expiresAt = now + lease
+      if (count + cost > limit) {
+        retry = lease
+        if (cost <= limit && entry) {
+          // ZRANGEBYSCORE (now .. +inf LIMIT count + cost - limit - 1 1
+          const ends = entry.times!.filter((end) => end > now)
+          const end = ends[count + cost - limit - 1]
+          if (end !== undefined) retry = end - now
+        }
+      }
+    }
+    reply.policies.push(policyReply(Math.max(0, limit - count), retry, retry, 0))
+  })
+  return reply
+}
+
 export function slidingCounter(
   store: Keyspace,
   call: ScriptCall,

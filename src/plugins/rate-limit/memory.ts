@@ -1,6 +1,6 @@
 import { gcra, tokenBucket } from './memory-buckets.ts'
 import type { Entry, Keyspace } from './memory-keyspace.ts'
-import { fixedWindow, slidingCounter, slidingLog } from './memory-windows.ts'
+import { concurrency, fixedWindow, slidingCounter, slidingLog } from './memory-windows.ts'
 import {
   type Algorithm,
   decodeCall,
@@ -39,7 +39,7 @@ type AlgorithmAnswer = (keys: Keyspace, call: ScriptCall, now: number, overLimit
 const ANSWER_OF_ALGORITHM: Record<Algorithm, AlgorithmAnswer> = {
   'fixed-window': fixedWindow,
   'sliding-log': slidingLog,
-  concurrency: slidingLog,
+  concurrency,
   'sliding-counter': slidingCounter,
   'token-bucket': tokenBucket,
   gcra,

@@ -21,9 +21,9 @@ import { callScript, defineScript, type ScriptClient } from '../../redis/scripts
  */
 
 /**
- * How a policy counts; each algorithm is one script. `concurrency` (requests in flight) runs the
- * sliding log's: a request's slot is a member of the log, its lease the window, and the engine
- * removes it (a refund under the request's nonce) when the response ends.
+ * How a policy counts; each algorithm is one script. `concurrency` counts requests in flight: a
+ * request's slot is taken by a consume (its lease is the quota's window) and removed by a refund
+ * under the request's nonce, which the engine sends when the response ends.
  */
 export type Algorithm =
   | 'fixed-window'
@@ -40,7 +40,7 @@ export const SCRIPT_OF_ALGORITHM = {
   'sliding-counter': 'rateLimitSlidingCounter',
   'token-bucket': 'rateLimitTokenBucket',
   gcra: 'rateLimitGcra',
-  concurrency: 'rateLimitSlidingLog',
+  concurrency: 'rateLimitConcurrency',
 } as const satisfies Record<Algorithm, string>
 
 export type RateLimitScript = (typeof SCRIPT_OF_ALGORITHM)[Algorithm]
@@ -54,15 +54,13 @@ const rateLimitScript = (name: RateLimitScript) =>
     reply: (raw) => raw as number[],
   })
 
-const SLIDING_LOG = rateLimitScript(SCRIPT_OF_ALGORITHM['sliding-log'])
-
 const DEFINITION_OF_ALGORITHM = {
   'fixed-window': rateLimitScript(SCRIPT_OF_ALGORITHM['fixed-window']),
-  'sliding-log': SLIDING_LOG,
+  'sliding-log': rateLimitScript(SCRIPT_OF_ALGORITHM['sliding-log']),
   'sliding-counter': rateLimitScript(SCRIPT_OF_ALGORITHM['sliding-counter']),
   'token-bucket': rateLimitScript(SCRIPT_OF_ALGORITHM['token-bucket']),
   gcra: rateLimitScript(SCRIPT_OF_ALGORITHM.gcra),
-  concurrency: SLIDING_LOG,
+  concurrency: rateLimitScript(SCRIPT_OF_ALGORITHM.concurrency),
 } satisfies Record<Algorithm, unknown>
 
 /** Consume the cost, only check it (change nothing), or give back what an earlier consume took. */
