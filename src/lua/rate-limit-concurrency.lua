@@ -11,22 +11,26 @@
 -- Reply per policy: remaining, reset ms and retry ms (when enough leases end: the latest a slot
 -- frees), 0; the delay is always 0
 -- #include now
--- Slots are added with the lease's end; the set's TTL is never shortened (GT), and set when it has
--- none (NX: a new set).
-local function take(key, lease, cost, nonce)
+-- Slots are added with the lease's end. The set lives as long as its latest lease: with no live
+-- slot (a new set, or only ended leases) its TTL is the lease; else it is never shortened (GT).
+local function take(key, lease, cost, nonce, live)
   local add = {}
   for k = 1, cost do
     add[#add + 1] = now + lease
     add[#add + 1] = nonce .. ':' .. k
   end
   redis.call('ZADD', key, unpack(add))
-  if redis.call('PEXPIRE', key, lease, 'GT') == 0 then redis.call('PEXPIRE', key, lease, 'NX') end
+  if live == 0 then
+    redis.call('PEXPIRE', key, lease)
+  else
+    redis.call('PEXPIRE', key, lease, 'GT')
+  end
 end
 if #KEYS == 1 and ARGV[1] == 'c' then
   local key, limit, lease, cost = KEYS[1], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
   local live = redis.call('ZCOUNT', key, '(' .. now, '+inf')
   if live + cost <= limit then
-    take(key, lease, cost, ARGV[2])
+    take(key, lease, cost, ARGV[2], live)
     return { 1, 0, limit - live - cost, 0, 0, 0 }
   end
 end
@@ -50,7 +54,7 @@ for i = 1, n do
   local limit, lease, cost = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
   local count, retry = counts[i], 0
   if reply[1] == 1 and op == 'c' then
-    take(KEYS[i], lease, cost, nonce)
+    take(KEYS[i], lease, cost, nonce, count)
     count = count + cost
   else
     -- Refused: the slots whose lease ended go. A set left without a TTL gets one (NX).

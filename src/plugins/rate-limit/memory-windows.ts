@@ -135,16 +135,7 @@ export function slidingLog(
   call.policies.forEach(({ key, quota, cost }, i) => {
     const entry = store.read(key, 'sliding-log', now)
     if (operation === 'refund') {
-      // ZREM of the members added under this nonce.
-      if (entry) {
-        for (let k = entry.nonces!.length - 1; k >= 0; k--) {
-          if (entry.nonces![k] === nonce) {
-            entry.nonces!.splice(k, 1)
-            entry.times!.splice(k, 1)
-          }
-        }
-        if (entry.times!.length === 0) store.delete([key])
-      }
+      if (entry) removeNonce(store, key, entry, nonce)
       return
     }
     // ZCOUNT now - window + 1 .. +inf
@@ -226,16 +217,7 @@ export function concurrency(
   call.policies.forEach(({ key, quota, cost }, i) => {
     const entry = store.read(key, 'concurrency', now)
     if (operation === 'refund') {
-      // ZREM of the slots taken under this nonce.
-      if (entry) {
-        for (let k = entry.nonces!.length - 1; k >= 0; k--) {
-          if (entry.nonces![k] === nonce) {
-            entry.nonces!.splice(k, 1)
-            entry.times!.splice(k, 1)
-          }
-        }
-        if (entry.times!.length === 0) store.delete([key])
-      }
+      if (entry) removeNonce(store, key, entry, nonce)
       return
     }
     // ZCOUNT (now .. +inf: the slots whose lease has not ended
@@ -258,9 +240,8 @@ export function concurrency(
         entry.nonces = []
       }
       for (let unit = 0; unit < cost; unit++) insertSorted(entry.times!, entry.nonces!, now + lease, nonce)
-      // PEXPIRE GT, else NX: never shortened, set on a set without a TTL.
-      if (entry.expiresAt === Number.POSITIVE_INFINITY || entry.expiresAt < now + lease)
-        entry.expiresAt = now + lease
+      // No live slot: PEXPIRE lease; else PEXPIRE GT (never shortened; a set without a TTL keeps none).
+      entry.expiresAt = count === 0 ? now + lease : Math.max(entry.expiresAt, now + lease)
       count += cost
     } else {
       if (entry && operation === 'consume') {
@@ -370,6 +351,17 @@ export function slidingCounter(
 }
 
 /** ZADD of one unit: times stay ascending (a clock step back lands where Redis would sort it). */
+/** ZREM of the members added under `nonce` (a sliding log's units, a concurrency policy's slots). */
+function removeNonce(store: Keyspace, key: string, entry: Entry, nonce: string): void {
+  for (let k = entry.nonces!.length - 1; k >= 0; k--) {
+    if (entry.nonces![k] === nonce) {
+      entry.nonces!.splice(k, 1)
+      entry.times!.splice(k, 1)
+    }
+  }
+  if (entry.times!.length === 0) store.delete([key])
+}
+
 function insertSorted(times: number[], nonces: string[], at: number, nonce: string): void {
   let k = times.length
   while (k > 0 && times[k - 1]! > at) k--

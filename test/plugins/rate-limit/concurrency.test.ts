@@ -1,11 +1,12 @@
 import assert from 'node:assert/strict'
 import { PassThrough } from 'node:stream'
-import { after, before, describe, test } from 'node:test'
+import { describe, test } from 'node:test'
 import { setTimeout as sleep } from 'node:timers/promises'
 import Fastify, { type FastifyInstance, type RouteHandlerMethod } from 'fastify'
 import rateLimit, { type RateLimitPolicy } from '../../../src/plugins/rate-limit/index.ts'
 import { connectRedis, createRedisClient, type RedisClient } from '../../../src/plugins/redis/index.ts'
-import { keysWithoutTtl, listen, testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
+import { listen, testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
+import { redisSuite, until } from './fixtures.ts'
 
 // Concurrency policies (requests in flight), on Redis (or the Cluster, under `npm run
 // test:cluster`) and on the memory store: the limit holds under 200 parallel requests from three
@@ -13,21 +14,7 @@ import { keysWithoutTtl, listen, testRedisConnection, uniquePrefix } from '../..
 // body ends or fails, and at once when another policy refuses the request; a dead instance's slots
 // come back after their lease.
 
-let redis: RedisClient
-const prefixes: string[] = []
-const apps: FastifyInstance[] = []
-
-before(async () => {
-  redis = createRedisClient(testRedisConnection())
-  await connectRedis(redis)
-})
-
-after(async () => {
-  for (const app of apps) await app.close()
-  for (const prefix of prefixes)
-    assert.deepEqual(await keysWithoutTtl(redis, prefix, { remove: true }), [], 'every key carries a TTL')
-  redis.disconnect()
-})
+const suite = redisSuite()
 
 const byCustomer = (request: { headers: Record<string, unknown> }) =>
   `customer:${String(request.headers['x-customer'])}`
@@ -48,7 +35,7 @@ async function instance(
   prefix: string,
   policies: RateLimitPolicy[],
   handler: RouteHandlerMethod,
-  client: RedisClient = redis,
+  client: RedisClient = suite.redis,
 ) {
   const app = Fastify()
   await app.register(rateLimit, {
@@ -56,7 +43,7 @@ async function instance(
     keyPrefix: prefix,
   })
   app.get('/', { config: { rateLimits: policies } }, handler)
-  apps.push(app)
+  suite.apps.push(app)
   return { app, url: await listen(app) }
 }
 
@@ -64,22 +51,13 @@ async function instance(
 const free = async (app: FastifyInstance, customer: string) =>
   (await app.rateLimiter.consume('exports', `customer:${customer}`, 0)).remaining
 
-async function until(what: string, check: () => Promise<boolean>, ms = 10_000) {
-  const deadline = Date.now() + ms
-  while (!(await check())) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
-    await sleep(10)
-  }
-}
-
 const get = (url: string, customer: string, signal?: AbortSignal) =>
   fetch(url, { headers: { 'x-customer': customer }, signal })
 
 for (const store of ['redis', 'memory'] as const) {
   describe(`concurrency policies on the ${store} store`, () => {
     test('200 parallel requests on three instances: never more than 5 in flight, the rest 429, every slot back', async () => {
-      const prefix = uniquePrefix('rlc')
-      prefixes.push(prefix)
+      const prefix = suite.prefix('rlc')
       let inFlight = 0
       let most = 0
       const handler: RouteHandlerMethod = async () => {
@@ -112,12 +90,14 @@ for (const store of ['redis', 'memory'] as const) {
       assert.match(String(admitted.headers.get('ratelimit')), /^"exports";r=[0-4];t=0$/)
       await until('every slot back', async () => (await free(instances[0]!.app, 'ann')) === 5)
       if (store === 'redis')
-        assert.equal(await redis.zcard(`${prefix}{${await tag('customer:ann')}}:exports:concurrency`), 0)
+        assert.equal(
+          await suite.redis.zcard(`${prefix}{${await tag('customer:ann')}}:exports:concurrency`),
+          0,
+        )
     })
 
     test('a client that goes away gives its slot back; a streamed body holds it to its last byte, or until it fails', async () => {
-      const prefix = uniquePrefix('rlc')
-      prefixes.push(prefix)
+      const prefix = suite.prefix('rlc')
       const bodies: PassThrough[] = []
       let release!: () => void
       const hung = new Promise<void>((resolve) => {
@@ -164,8 +144,7 @@ for (const store of ['redis', 'memory'] as const) {
     })
 
     test('beside a rate policy: refused by either, nothing is held by the other', async () => {
-      const prefix = uniquePrefix('rlc')
-      prefixes.push(prefix)
+      const prefix = suite.prefix('rlc')
       const { app, url } = await instance(
         store,
         prefix,
@@ -185,8 +164,7 @@ for (const store of ['redis', 'memory'] as const) {
 }
 
 test('a dead instance’s slots come back when their lease ends', async () => {
-  const prefix = uniquePrefix('rlc')
-  prefixes.push(prefix)
+  const prefix = suite.prefix('rlc')
   const own = createRedisClient(testRedisConnection())
   await connectRedis(own)
   let started!: () => void
@@ -240,7 +218,7 @@ test('a concurrency policy takes leaseMs, not a window; consume() only peeks at 
     namedPolicies: [exports()],
   })
   await app.ready()
-  apps.push(app)
+  suite.apps.push(app)
   assert.equal((await app.rateLimiter.consume('exports', 'customer:x', 0)).remaining, 5)
   await assert.rejects(app.rateLimiter.consume('exports', 'customer:x'), /counts requests in flight/)
 })

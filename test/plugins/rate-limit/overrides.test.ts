@@ -1,6 +1,5 @@
 import assert from 'node:assert/strict'
-import { after, before, describe, test } from 'node:test'
-import { setTimeout as sleep } from 'node:timers/promises'
+import { describe, test } from 'node:test'
 import Fastify, { type FastifyInstance } from 'fastify'
 import metrics from '../../../src/plugins/metrics/index.ts'
 import rateLimit, {
@@ -9,28 +8,14 @@ import rateLimit, {
   type RateLimitPolicy,
   RateLimitUnknownPolicyError,
 } from '../../../src/plugins/rate-limit/index.ts'
-import { connectRedis, createRedisClient, type RedisClient } from '../../../src/plugins/redis/index.ts'
-import { keysWithoutTtl, testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
+import { uniquePrefix } from '../../helpers/index.ts'
+import { redisSuite, until } from './fixtures.ts'
 
 // Runtime overrides of a policy's limit per key, on Redis (or the Cluster, under `npm run
 // test:cluster`) and on the memory store: set on one instance, applied by every instance (through
 // the channel, or the poll when a message is lost), expired, removed, audited, counted.
 
-let redis: RedisClient
-const prefixes: string[] = []
-const apps: FastifyInstance[] = []
-
-before(async () => {
-  redis = createRedisClient(testRedisConnection())
-  await connectRedis(redis)
-})
-
-after(async () => {
-  for (const app of apps) await app.close()
-  for (const prefix of prefixes)
-    assert.deepEqual(await keysWithoutTtl(redis, prefix, { remove: true }), [], 'every key carries a TTL')
-  redis.disconnect()
-})
+const suite = redisSuite()
 
 const POLICY: RateLimitPolicy = {
   name: 'plan',
@@ -47,28 +32,20 @@ async function instance(store: Store, prefix: string, overrides: unknown = { pol
   const app = Fastify()
   await app.register(metrics, { path: '/metrics', processMetrics: false })
   await app.register(rateLimit, {
-    ...(store === 'redis' ? { redis } : { store: 'memory' }),
+    ...(store === 'redis' ? { redis: suite.redis } : { store: 'memory' }),
     keyPrefix: prefix,
     namedPolicies: [POLICY],
     overrides: overrides as boolean,
   })
   app.get('/', { config: { rateLimits: 'plan' } }, async () => 'ok')
   await app.ready()
-  apps.push(app)
+  suite.apps.push(app)
   return app
 }
 
 /** The limit `app` applies to `customer` now (a peek: cost 0 consumes nothing). */
 const limitOf = async (app: FastifyInstance, customer: string) =>
   (await app.rateLimiter.consume('plan', `customer:${customer}`, 0)).limit
-
-async function until(what: string, check: () => Promise<boolean>, ms = 10_000) {
-  const deadline = Date.now() + ms
-  while (!(await check())) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
-    await sleep(20)
-  }
-}
 
 const statuses = async (app: FastifyInstance, customer: string, n: number) => {
   const out: number[] = []
@@ -80,8 +57,7 @@ const statuses = async (app: FastifyInstance, customer: string, n: number) => {
 for (const store of ['redis', 'memory'] as const) {
   describe(`overrides on the ${store} store`, () => {
     test('an override changes one key’s limit until removed; other keys keep the policy’s', async () => {
-      const prefix = uniquePrefix('rlo')
-      prefixes.push(prefix)
+      const prefix = suite.prefix('rlo')
       const app = await instance(store, prefix)
       const set = await app.rateLimiter.overrides.set('plan', 'customer:vip', {
         limit: 5,
@@ -143,8 +119,7 @@ for (const store of ['redis', 'memory'] as const) {
     })
 
     test('an override ends with its ttl', async () => {
-      const prefix = uniquePrefix('rlo')
-      prefixes.push(prefix)
+      const prefix = suite.prefix('rlo')
       const app = await instance(store, prefix)
       await app.rateLimiter.overrides.set('plan', 'customer:brief', { limit: 9, ttl: 300 })
       assert.equal(await limitOf(app, 'brief'), 9)
@@ -153,8 +128,7 @@ for (const store of ['redis', 'memory'] as const) {
     })
 
     test('bad calls are refused with what to write, and nothing is stored', async () => {
-      const prefix = uniquePrefix('rlo')
-      prefixes.push(prefix)
+      const prefix = suite.prefix('rlo')
       const app = await instance(store, prefix)
       const { overrides } = app.rateLimiter
       await assert.rejects(
@@ -185,8 +159,7 @@ for (const store of ['redis', 'memory'] as const) {
 
 describe('overrides shared by instances (Redis)', () => {
   test('set on one instance, applied by the others at once through the channel', async () => {
-    const prefix = uniquePrefix('rlo')
-    prefixes.push(prefix)
+    const prefix = suite.prefix('rlo')
     const [a, b] = [await instance('redis', prefix), await instance('redis', prefix, { pollMs: 60_000 })]
     await a.rateLimiter.overrides.set('plan', 'customer:tenant', { limit: 4, ttl: '10 minutes' })
     // b polls only every minute: what it applies before came on the channel.
@@ -197,8 +170,7 @@ describe('overrides shared by instances (Redis)', () => {
   })
 
   test('a change whose message is lost is applied at the next poll', async () => {
-    const prefix = uniquePrefix('rlo')
-    prefixes.push(prefix)
+    const prefix = suite.prefix('rlo')
     const app = await instance('redis', prefix, { pollMs: 100 })
     // As the script writes it, without the PUBLISH: only the version moved.
     const keys = overrideKeys(prefix)
@@ -211,23 +183,22 @@ describe('overrides shared by instances (Redis)', () => {
       reason: '',
       by: '',
     }
-    await redis.hset(keys.entries, 'plan\ncustomer:quiet', JSON.stringify(override))
-    await redis.pexpire(keys.entries, 600_000)
-    await redis.incr(keys.version)
-    await redis.pexpire(keys.version, 600_000)
+    await suite.redis.hset(keys.entries, 'plan\ncustomer:quiet', JSON.stringify(override))
+    await suite.redis.pexpire(keys.entries, 600_000)
+    await suite.redis.incr(keys.version)
+    await suite.redis.pexpire(keys.version, 600_000)
     await until('the poll to apply it', async () => (await limitOf(app, 'quiet')) === 7)
   })
 
   test('an override of a policy this instance does not have, or a limit it cannot take, is ignored', async () => {
-    const prefix = uniquePrefix('rlo')
-    prefixes.push(prefix)
+    const prefix = suite.prefix('rlo')
     const app = await instance('redis', prefix, { pollMs: 100 })
     const keys = overrideKeys(prefix)
     for (const [policy, limit] of [
       ['other', 9],
       ['plan', -1],
     ] as const)
-      await redis.hset(
+      await suite.redis.hset(
         keys.entries,
         `${policy}\ncustomer:x`,
         JSON.stringify({
@@ -240,7 +211,7 @@ describe('overrides shared by instances (Redis)', () => {
           by: '',
         }),
       )
-    await redis.pexpire(keys.entries, 600_000)
+    await suite.redis.pexpire(keys.entries, 600_000)
     await app.rateLimiter.overrides.refresh()
     assert.equal(await limitOf(app, 'x'), 2)
   })
@@ -250,7 +221,7 @@ test('without `overrides`, the API says how to turn them on; a bad option fails 
   const app = Fastify()
   await app.register(rateLimit, { store: 'memory', keyPrefix: uniquePrefix('rlo'), namedPolicies: [POLICY] })
   await app.ready()
-  apps.push(app)
+  suite.apps.push(app)
   await assert.rejects(
     app.rateLimiter.overrides.set('plan', 'customer:a', { limit: 3, ttl: '1h' }),
     /overrides are off: register the plugin with `overrides: true`/,

@@ -1,33 +1,18 @@
 import assert from 'node:assert/strict'
 import { PassThrough } from 'node:stream'
-import { after, before, describe, test } from 'node:test'
-import { setTimeout as sleep } from 'node:timers/promises'
+import { describe, test } from 'node:test'
 import Fastify, { type FastifyInstance, type FastifyReply, type RouteHandlerMethod } from 'fastify'
 import metrics from '../../../src/plugins/metrics/index.ts'
 import rateLimit, { type RateLimitPolicy } from '../../../src/plugins/rate-limit/index.ts'
-import { connectRedis, createRedisClient, type RedisClient } from '../../../src/plugins/redis/index.ts'
-import { keysWithoutTtl, listen, testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
+import { listen } from '../../helpers/index.ts'
+import { redisSuite, until } from './fixtures.ts'
 
 // Reserve, then reconcile, on Redis (or the Cluster, under `npm run test:cluster`) and on the
 // memory store: a request reserves its estimated cost; when its response ends the actual cost
 // settles it. Less is given back; more is charged: as debt the next requests pay (token bucket,
 // GCRA), or only while the window has room (fixed window). An aborted stream is charged what it sent.
 
-let redis: RedisClient
-const prefixes: string[] = []
-const apps: FastifyInstance[] = []
-
-before(async () => {
-  redis = createRedisClient(testRedisConnection())
-  await connectRedis(redis)
-})
-
-after(async () => {
-  for (const app of apps) await app.close()
-  for (const prefix of prefixes)
-    assert.deepEqual(await keysWithoutTtl(redis, prefix, { remove: true }), [], 'every key carries a TTL')
-  redis.disconnect()
-})
+const suite = redisSuite()
 
 type Store = 'redis' | 'memory'
 
@@ -37,11 +22,10 @@ const used = (_request: unknown, reply: FastifyReply) => Number(reply.getHeader(
 /** An app whose `/` reports `?used=` as its actual cost, under `policy`; with the metrics route. */
 async function build(store: Store, policy: RateLimitPolicy, handler?: RouteHandlerMethod) {
   const app = Fastify()
-  const prefix = uniquePrefix('rls')
-  prefixes.push(prefix)
+  const prefix = suite.prefix('rls')
   await app.register(metrics, { path: '/metrics', processMetrics: false })
   await app.register(rateLimit, {
-    ...(store === 'redis' ? { redis } : { store: 'memory' }),
+    ...(store === 'redis' ? { redis: suite.redis } : { store: 'memory' }),
     keyPrefix: prefix,
   })
   app.get(
@@ -53,20 +37,12 @@ async function build(store: Store, policy: RateLimitPolicy, handler?: RouteHandl
         return 'ok'
       }),
   )
-  apps.push(app)
+  suite.apps.push(app)
   return { app, url: await listen(app) }
 }
 
 const left = async (app: FastifyInstance, policy: string) =>
   (await app.rateLimiter.consume(policy, 'ip:127.0.0.1', 0)).remaining
-
-async function until(what: string, check: () => Promise<boolean>, ms = 10_000) {
-  const deadline = Date.now() + ms
-  while (!(await check())) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
-    await sleep(10)
-  }
-}
 
 for (const store of ['redis', 'memory'] as const) {
   describe(`reserve, then reconcile, on the ${store} store`, () => {

@@ -1,48 +1,32 @@
 import assert from 'node:assert/strict'
-import { after, before, describe, test } from 'node:test'
+import { describe, test } from 'node:test'
 import type { FastifyInstance } from 'fastify'
 import metrics from '../../../src/plugins/metrics/index.ts'
 import rateLimit, { type RateLimitPolicy } from '../../../src/plugins/rate-limit/index.ts'
-import { connectRedis, createRedisClient, type RedisClient } from '../../../src/plugins/redis/index.ts'
-import { keysWithoutTtl, testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
-import { loggedApp } from './fixtures.ts'
+import { uniquePrefix } from '../../helpers/index.ts'
+import { loggedApp, redisSuite } from './fixtures.ts'
 
 // Shadow (dry-run) policies, on Redis (or the Cluster, under `npm run test:cluster`) and on the
 // memory store: a shadow policy never refuses, and counts exactly what the same policy enforcing
 // would have refused: the same requests sent to a shadow app and to an enforcing one give as many
 // would_reject decisions as 429s, and the same counters.
 
-let redis: RedisClient
-const prefixes: string[] = []
-const apps: FastifyInstance[] = []
-
-before(async () => {
-  redis = createRedisClient(testRedisConnection())
-  await connectRedis(redis)
-})
-
-after(async () => {
-  for (const app of apps) await app.close()
-  for (const prefix of prefixes)
-    assert.deepEqual(await keysWithoutTtl(redis, prefix, { remove: true }), [], 'every key carries a TTL')
-  redis.disconnect()
-})
+const suite = redisSuite()
 
 type Store = 'redis' | 'memory'
 
 /** An app whose `/` route has `policies`, with the metrics route and its info-level log lines. */
 async function build(store: Store, policies: RateLimitPolicy[]) {
   const { app, logs } = loggedApp('info')
-  const prefix = uniquePrefix('rls')
-  prefixes.push(prefix)
+  const prefix = suite.prefix('rls')
   await app.register(metrics, { path: '/metrics', processMetrics: false })
   await app.register(rateLimit, {
-    ...(store === 'redis' ? { redis } : { store: 'memory' }),
+    ...(store === 'redis' ? { redis: suite.redis } : { store: 'memory' }),
     keyPrefix: prefix,
   })
   app.get('/', { config: { rateLimits: policies } }, async () => ({ ok: true }))
   await app.ready()
-  apps.push(app)
+  suite.apps.push(app)
   return { app, logs }
 }
 
