@@ -34,6 +34,7 @@ import problemRoutes from './routes/problems.ts'
 import publicAccountRoutes from './routes/public-accounts.ts'
 import scheduledTransferRoutes from './routes/scheduled-transfers.ts'
 import sessionRoutes from './routes/session.ts'
+import statementRoutes from './routes/statement.ts'
 import transferRoutes from './routes/transfers.ts'
 import { registerScheduler, type SchedulerTuning } from './scheduler/service.ts'
 
@@ -210,6 +211,9 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
   await app.register(accountRoutes)
   // History cursors are signed with keys derived from the session secrets (src/routes/history.ts).
   await app.register(historyRoutes, { secrets: config.session.secrets })
+  await app.register(statementRoutes, {
+    rateLimits: app.hasDecorator('rateLimiter') ? ['exports', 'export-bytes'] : false,
+  })
   // The leaderboard and daily totals: two more consumer groups on the transfer events.
   await app.register(campaigns, {
     prefix,

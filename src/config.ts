@@ -31,6 +31,8 @@ const EnvSchema = Type.Object({
   RATE_LIMIT_TRANSFERS_SHADOW: Type.Optional(
     Type.String({ pattern: '^(off|[1-9][0-9]*/[0-9]+(ms|s|m|h))$' }),
   ),
+  RATE_LIMIT_EXPORTS: Type.Optional(Type.String({ pattern: '^[1-9][0-9]{0,2}$' })),
+  RATE_LIMIT_EXPORT_BYTES: Type.Optional(Type.String({ pattern: '^[1-9][0-9]{3,11}$' })),
   RATE_LIMIT_LOGIN: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*/[0-9]+(ms|s|m|h)$' })),
   RATE_LIMIT_LOGIN_IP: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*/[0-9]+(ms|s|m|h)$' })),
   RATE_LIMIT_IP: Type.Optional(Type.String({ pattern: '^[1-9][0-9]*,[0-9]+(\\.[0-9]+)?$' })),
@@ -80,6 +82,8 @@ const HINTS: Record<string, string> = {
   SESSION_L1_TTL: 'a duration like 5s (0s: no in-process L1)',
   RATE_LIMIT_TRANSFERS: 'LIMIT/WINDOW like 10/60s',
   RATE_LIMIT_TRANSFERS_SHADOW: 'LIMIT/WINDOW like 3/60s, or off',
+  RATE_LIMIT_EXPORTS: 'a whole number from 1 to 999',
+  RATE_LIMIT_EXPORT_BYTES: 'bytes a day, a whole number from 1000',
   RATE_LIMIT_LOGIN: 'LIMIT/WINDOW like 5/60s',
   RATE_LIMIT_LOGIN_IP: 'LIMIT/WINDOW like 20/60s',
   RATE_LIMIT_IP: 'CAPACITY,REFILL_PER_SECOND like 100,50',
@@ -166,6 +170,10 @@ export interface Config {
     transfers: WindowLimit
     /** A stricter transfers limit in shadow mode (counted and logged, never enforced); null: none. */
     transfersShadow: WindowLimit | null
+    /** Statement exports of a customer in flight at once. */
+    exports: number
+    /** Bytes of statements a customer downloads a day. */
+    exportBytes: number
     login: WindowLimit
     /** Every login attempt from one IP, whatever the username: bounds the password-hashing CPU one client gets. */
     loginIp: WindowLimit
@@ -317,6 +325,8 @@ export function loadConfig(env: Record<string, string | undefined> = process.env
         (e.RATE_LIMIT_TRANSFERS_SHADOW ?? '3/60s') === 'off'
           ? null
           : parseWindowLimit(e.RATE_LIMIT_TRANSFERS_SHADOW ?? '3/60s'),
+      exports: Number(e.RATE_LIMIT_EXPORTS ?? '2'),
+      exportBytes: Number(e.RATE_LIMIT_EXPORT_BYTES ?? '50000000'),
       login: parseWindowLimit(e.RATE_LIMIT_LOGIN ?? '5/60s'),
       loginIp: parseWindowLimit(e.RATE_LIMIT_LOGIN_IP ?? '20/60s'),
       ip: {

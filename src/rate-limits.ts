@@ -1,6 +1,10 @@
 import { keyBy, type RateLimitPluginOptions } from 'fastify-redis-gateway'
 import type { Config } from './config.ts'
+import { exportedBytes } from './routes/statement.ts'
 import { transferAttemptCounts } from './routes/transfers.ts'
+
+/** What a statement export reserves of the daily byte budget when it starts (settled with what it sent). */
+export const EXPORT_ESTIMATE_BYTES = 256 * 1024
 
 /** The stricter transfers limit the demo runs in shadow mode (RATE_LIMIT_TRANSFERS_SHADOW). */
 export const TRANSFERS_SHADOW = 'transfers-shadow'
@@ -61,6 +65,27 @@ export function demoRateLimits(
             },
           ]
         : []),
+      // Statement exports: a few of a customer at once, and a daily budget of bytes, reserved as an
+      // estimate and settled with the bytes the export sent (docs/demo/http-api.md).
+      {
+        name: 'exports',
+        algorithm: 'concurrency',
+        limit: limits.exports,
+        leaseMs: '10 minutes',
+        key: keyBy.customer,
+        hook: 'preHandler',
+      },
+      {
+        name: 'export-bytes',
+        algorithm: 'token-bucket',
+        limit: limits.exportBytes,
+        refillPerSecond: limits.exportBytes / 86_400,
+        cost: Math.min(EXPORT_ESTIMATE_BYTES, limits.exportBytes),
+        quotaUnit: 'bytes',
+        settle: exportedBytes,
+        key: keyBy.customer,
+        hook: 'preHandler',
+      },
     ],
   }
 }
