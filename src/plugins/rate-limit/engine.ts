@@ -322,8 +322,8 @@ export class RateLimitEngine implements ExactPath {
   }
 
   /**
-   * Count-only-failures and delaying policies change state outside this cache's view, and a
-   * per-request limit may differ on the next request: never cached.
+   * Count-only-failures, settled and delaying policies change state outside this cache's view (a
+   * refund, a settlement), and a per-request limit may differ on the next request: never cached.
    */
   private cacheable(group: Group): boolean {
     return (
@@ -331,7 +331,8 @@ export class RateLimitEngine implements ExactPath {
       group.resolved === null &&
       // A slot frees whenever a request ends: a refusal says nothing of the next request.
       group.policies.every(
-        (p) => !p.penalised && !p.isFailure && p.maxDelayMs === 0 && p.algorithm !== 'concurrency',
+        (p) =>
+          !p.penalised && !p.isFailure && !p.settle && p.maxDelayMs === 0 && p.algorithm !== 'concurrency',
       )
     )
   }
