@@ -71,14 +71,15 @@ test('a scripted session moves every counter by exactly what it did', async () =
   // Rate limits: the IP bucket decides each of the seven requests (not /metrics: registered before
   // the rate-limit plugin, it has no limit); the per-IP login counter allows all three attempts; the
   // login policy counts failures only, so the success was refunded, the first wrong password allowed
-  // and the second rejected.
+  // and the second rejected. The shadow transfers limit (3 a minute) allows both transfers.
   const decisions = (labels: Record<string, string>) => moved('rate_limit_decisions_total', labels)
   assert.equal(decisions({ policy: 'login', outcome: 'allowed' }), 2)
   assert.equal(decisions({ policy: 'login', outcome: 'rejected' }), 1)
   assert.equal(decisions({ policy: 'ip', outcome: 'allowed' }), 7)
   assert.equal(decisions({ policy: 'login-ip', outcome: 'allowed' }), 3)
   assert.equal(decisions({ policy: 'transfers', outcome: 'allowed' }), 2)
-  assert.equal(moved('rate_limit_decisions_total'), 15)
+  assert.equal(decisions({ policy: 'transfers-shadow', outcome: 'allowed' }), 2)
+  assert.equal(moved('rate_limit_decisions_total'), 17)
 
   // Idempotency: one new claim, stored once, then one replay; nothing else.
   assert.equal(moved('idempotency_requests_total', { outcome: 'new' }), 1)
@@ -117,11 +118,12 @@ test('a scripted session moves every counter by exactly what it did', async () =
   assert.equal(redis('idempotency', 'script:idempotencyClaim'), 2)
   assert.equal(redis('idempotency', 'script:idempotencyComplete'), 1)
   // Limits: the IP bucket once (it is buffered: one lease admits all seven requests); the transfers window for both transfers (the replay
-  // too: limits run before idempotency) plus the replay's refund (a replay is free); the per-IP
+  // too: limits run before idempotency) plus the replay's refund (a replay is free), and the same
+  // three for the shadow transfers limit, which counts as `transfers` does; the per-IP
   // login counter for each attempt; the login log for each attempt plus the success's refund.
   assert.equal(redis('rate-limit', 'script:rateLimitTokenBucket'), 1)
   assert.equal(redis('rate-limit', 'script:rateLimitSlidingCounter'), 3)
-  assert.equal(redis('rate-limit', 'script:rateLimitFixedWindow'), 3)
+  assert.equal(redis('rate-limit', 'script:rateLimitFixedWindow'), 6)
   assert.equal(redis('rate-limit', 'script:rateLimitSlidingLog'), 4)
   // The cache, on the main client too: a prefetched peek (GET) for the first balance request (the
   // second is answered by the L1, which no peek is sent for); the miss then

@@ -155,7 +155,8 @@ describe('three gateway processes', {
               amount,
               currency: 'VND',
               // Still in the future when sent if creating them took longer than planned.
-              runAt: new Date(Math.max(base + (i % 50) * 40, Date.now() + 500)).toISOString(),
+              // (2 s: a loaded machine has taken over 500 ms between here and the gateway's check.)
+              runAt: new Date(Math.max(base + (i % 50) * 40, Date.now() + 2000)).toISOString(),
             }),
           })
           assert.equal(res.status, 201, await res.text())
