@@ -26,6 +26,7 @@ import {
 } from './outcome.ts'
 import type { OverrideBook } from './overrides.ts'
 import { decodeReply, encodeCall, runEncoded, type ScriptCall, type ScriptReply } from './protocol.ts'
+import { SlotReturns } from './slot-returns.ts'
 import type { Decision, Policy, Resolved } from './types.ts'
 
 export { memoryStoreOf } from './memory.ts'
@@ -71,6 +72,8 @@ export class RateLimitEngine implements ExactPath {
   /** Buffered policies' leases (Redis store only: in memory every decision is exact and as cheap). */
   readonly buffered: BufferedPolicies | null
   readonly overrides: OverrideBook | null
+  /** Concurrency slots on their way back to Redis (Redis store only). */
+  private readonly slotReturns: SlotReturns | null
 
   constructor(redis: RedisClient | null, options: EngineOptions) {
     this.redis = redis
@@ -95,6 +98,7 @@ export class RateLimitEngine implements ExactPath {
           options.log,
         )
       : null
+    this.slotReturns = redis ? new SlotReturns(redis) : null
     // Without a command timeout on the client, a stalled Redis would hold requests: bound it here.
     this.ownTimeout = redis !== null && !commandTimeoutOf(redis)
   }
@@ -350,6 +354,7 @@ export class RateLimitEngine implements ExactPath {
     if (this.memory) releaseStore(this.memoryId)
     this.fallback.close()
     await this.buffered?.close()
+    await this.slotReturns?.flush()
   }
 
   /**
@@ -359,10 +364,9 @@ export class RateLimitEngine implements ExactPath {
   async refund(refund: Refund): Promise<void> {
     const { policy, nonce, call: taken } = refund
     if (policy.algorithm === 'concurrency' && !this.memory && !refund.local) {
-      // A slot given back is its members removed: one ZREM, no script.
+      // A slot given back is its members removed: a ZREM, no script, shared by the turn's returns.
       const slots = Array.from({ length: taken.cost }, (_, k) => `${nonce}:${k + 1}`)
-      await this.redis!.zrem(taken.key, ...slots)
-      return
+      return this.slotReturns!.giveBack(taken.key, slots)
     }
     const call: ScriptCall = {
       operation: 'refund',
