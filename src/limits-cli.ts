@@ -9,7 +9,7 @@
 //   history [--count <n>]
 //
 // <key> is the identity the policy keys by: `customer:<id>` (transfers, transfers-shadow),
-// `ip:<address>` (ip, login-ip), `username:<name>` (login).
+// `ip:<address>` or an IP range `ip:<network>/<prefix>` (ip, login-ip), `username:<name>` (login).
 import { userInfo } from 'node:os'
 import { pathToFileURL } from 'node:url'
 import { parseArgs } from 'node:util'

@@ -59,7 +59,7 @@ const HEX_GROUP = /^[0-9a-f]{1,4}$/i
 const IPV4 = /^(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})$/
 
 /** The eight 16-bit groups of an IPv6 address (zone, `::` and a dotted IPv4 tail allowed), or null. */
-function ipv6Groups(address: string): number[] | null {
+export function ipv6Groups(address: string): number[] | null {
   const zone = address.indexOf('%')
   const text = zone === -1 ? address : address.slice(0, zone)
   const halves = text.split('::')

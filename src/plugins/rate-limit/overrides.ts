@@ -3,6 +3,7 @@ import type { Redis } from 'ioredis'
 import { describeValue, isCluster, type RedisClient, rawClient } from '../../redis/client.ts'
 import { durationOption } from './duration.ts'
 import { RateLimitArgumentError } from './errors.ts'
+import { parseNetwork, RangeTable, rangeOfKey } from './ip-ranges.ts'
 import {
   AUDIT_LENGTH,
   type Change,
@@ -19,10 +20,10 @@ import type { PolicyBook } from './policies.ts'
 import type { Policy } from './types.ts'
 
 /**
- * Overrides: a policy's limit for one key (a tenant, a customer, an IP), changed at runtime until
+ * Overrides: a policy's limit for one key (a tenant, a customer, an IP or an IP range), changed at runtime until
  * it expires. They are stored in Redis (or, with the memory store, in this process), and every
  * plugin instance keeps a copy it reads on the hot path: no Redis read per request. A change is
- * published on a channel (each instance reloads at once) and raises a version every instance
+ * published on a channel (each instance reloads at once) and replaces a version token every instance
  * polls (the bound when a message is lost: `pollMs`).
  */
 
@@ -38,6 +39,12 @@ export interface RateLimitOverrides {
   history(count?: number): Promise<OverrideChange[]>
   /** Reloads this instance's copy now (a change is otherwise seen at once, or within `pollMs`). */
   refresh(): Promise<void>
+}
+
+/** One policy's overrides: by identity, and those of IP ranges by network. */
+interface PolicyOverrides {
+  exact: Map<string, Override>
+  ranges: RangeTable<Override> | null
 }
 
 const MAX_TTL_MS = 30 * 24 * 3600 * 1000
@@ -63,7 +70,7 @@ export interface OverrideBookOptions {
  * channel and the poll, and the API that changes them.
  */
 export class OverrideBook {
-  private byPolicy = new Map<string, Map<string, Override>>()
+  private byPolicy = new Map<string, PolicyOverrides>()
   private readonly store: OverrideStore
   private readonly keys: ReturnType<typeof overrideKeys>
   private loadedVersion = ''
@@ -93,18 +100,24 @@ export class OverrideBook {
   /** The overridden limit of `identity` under `policy`, if one is in force (the hot path: a Map read). */
   limitOf(policy: string, identity: string): number | undefined {
     if (this.byPolicy.size === 0) return undefined
-    const override = this.byPolicy.get(policy)?.get(identity)
-    if (!override || override.expiresAt <= this.options.now()) return undefined
-    return override.limit
+    const overrides = this.byPolicy.get(policy)
+    if (!overrides) return undefined
+    const now = this.options.now()
+    const override = overrides.exact.get(identity)
+    if (override && override.expiresAt > now) return override.limit
+    // An IP range's: the most specific one holding the identity's address.
+    if (!overrides.ranges || !identity.startsWith('ip:')) return undefined
+    const address = parseNetwork(identity.slice(3))
+    return address ? overrides.ranges.find(address, (o) => o.expiresAt > now)?.limit : undefined
   }
 
   /** Overrides in force in this instance's copy, per policy (the metric). */
   counts(): Map<string, number> {
     const now = this.options.now()
     const counts = new Map<string, number>()
-    for (const [policy, keys] of this.byPolicy) {
+    for (const [policy, { exact }] of this.byPolicy) {
       let n = 0
-      for (const o of keys.values()) if (o.expiresAt > now) n++
+      for (const o of exact.values()) if (o.expiresAt > now) n++
       counts.set(policy, n)
     }
     return counts
@@ -175,14 +188,22 @@ export class OverrideBook {
       do {
         this.again = false
         const { version, overrides } = await this.store.read()
-        const byPolicy = new Map<string, Map<string, Override>>()
+        const byPolicy = new Map<string, PolicyOverrides>()
         for (const o of overrides) {
           const policy = this.options.policies.find(o.policy)
           // Another deployment's policy (a rolling deploy, another app on the prefix): not ours to apply.
           if (!policy || checkLimit(policy, o.limit) !== null) continue
-          const keys = byPolicy.get(o.policy) ?? new Map<string, Override>()
-          byPolicy.set(o.policy, keys)
-          keys.set(o.key, o)
+          let entry = byPolicy.get(o.policy)
+          if (!entry) {
+            entry = { exact: new Map(), ranges: null }
+            byPolicy.set(o.policy, entry)
+          }
+          entry.exact.set(o.key, o)
+          const range = rangeOfKey(o.key)
+          if (range) {
+            entry.ranges ??= new RangeTable()
+            entry.ranges.add(range, o)
+          }
         }
         this.byPolicy = byPolicy
         this.loadedVersion = version
@@ -256,6 +277,11 @@ function checkKeyText(key: unknown, caller: string): void {
     fail(
       caller,
       `\`key\` must be a string of 1 to ${MAX_KEY} characters (the identity a key function returns), got ${describeValue(key)}`,
+    )
+  if (key.startsWith('ip:') && key.includes('/') && !rangeOfKey(key))
+    fail(
+      caller,
+      `\`key\` ${describeValue(key)} is not an IP range: write \`ip:\` and a network with no bits past its prefix (\`ip:203.0.113.0/24\`, \`ip:2001:db8::/32\`)`,
     )
 }
 

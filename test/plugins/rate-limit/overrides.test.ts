@@ -3,6 +3,7 @@ import { describe, test } from 'node:test'
 import Fastify, { type FastifyInstance } from 'fastify'
 import metrics from '../../../src/plugins/metrics/index.ts'
 import rateLimit, {
+  keyBy,
   overrideKeys,
   RateLimitArgumentError,
   type RateLimitPolicy,
@@ -156,6 +157,57 @@ for (const store of ['redis', 'memory'] as const) {
     })
   })
 }
+
+for (const store of ['redis', 'memory'] as const)
+  test(`IP range overrides on the ${store} store: the most specific applies, an exact key before any range`, async () => {
+    const app = Fastify()
+    await app.register(rateLimit, {
+      ...(store === 'redis' ? { redis: suite.redis } : { store: 'memory' }),
+      keyPrefix: suite.prefix('rlo'),
+      namedPolicies: [
+        { name: 'by-ip', algorithm: 'fixed-window', limit: 2, windowMs: '1 hour', key: keyBy.ip },
+      ],
+      overrides: true,
+    })
+    app.get('/', { config: { rateLimits: 'by-ip' } }, async () => 'ok')
+    await app.ready()
+    suite.apps.push(app)
+    const { overrides } = app.rateLimiter
+    await overrides.set('by-ip', 'ip:203.0.113.0/24', { limit: 5, ttl: '1h', reason: 'partner office' })
+    await overrides.set('by-ip', 'ip:203.0.113.128/25', { limit: 4, ttl: '1h' })
+    await overrides.set('by-ip', 'ip:203.0.113.7', { limit: 3, ttl: '1h' })
+    await overrides.set('by-ip', 'ip:2001:db8::/32', { limit: 6, ttl: '1h' })
+    await overrides.set('by-ip', 'ip:0.0.0.0/1', { limit: 7, ttl: '1 second' })
+    const limit = async (ip: string) => (await app.rateLimiter.consume('by-ip', ip, 0)).limit
+    assert.equal(await limit('ip:203.0.113.9'), 5)
+    assert.equal(await limit('ip:203.0.113.200'), 4)
+    assert.equal(await limit('ip:203.0.113.7'), 3)
+    assert.equal(await limit('ip:203.0.114.1'), 2)
+    assert.equal(await limit('ip:2001:db8:0:1::/64'), 6)
+    assert.equal(await limit('ip:2001:db9:0:1::/64'), 2)
+    // A range narrower than the identity's network does not hold it.
+    await overrides.set('by-ip', 'ip:2001:db9:0:1:8000::/65', { limit: 9, ttl: '1h' })
+    assert.equal(await limit('ip:2001:db9:0:1::/64'), 2)
+    // An expired range gives way to the next one holding the address, and then to the policy.
+    assert.equal(await limit('ip:10.0.0.1'), 7)
+    await until('the /1 to expire', async () => (await limit('ip:10.0.0.1')) === 2)
+    // Through a request: keyBy.ip's identity, its IPv6 client as a /64.
+    const get = (remoteAddress: string) => app.inject({ url: '/', remoteAddress })
+    const res = await get('2001:db8:5:6:7::1')
+    assert.match(String(res.headers['ratelimit-policy']), /"by-ip";q=6;/)
+    assert.deepEqual(
+      await Promise.all(Array.from({ length: 5 }, () => get('203.0.113.10').then((r) => r.statusCode))).then(
+        (s) => s.sort(),
+      ),
+      [200, 200, 200, 200, 200],
+    )
+    assert.equal((await get('203.0.113.10')).statusCode, 429)
+    for (const key of ['ip:203.0.113.1/24', 'ip:203.0.113.0/33', 'ip:2001:db8::/129', 'ip:nope/8'])
+      await assert.rejects(
+        overrides.set('by-ip', key, { limit: 3, ttl: '1h' }),
+        (err: Error) => err instanceof RateLimitArgumentError && /is not an IP range/.test(err.message),
+      )
+  })
 
 describe('overrides shared by instances (Redis)', () => {
   test('set on one instance, applied by the others at once through the channel', async () => {
