@@ -2,11 +2,11 @@
 -- expires), drops the expired ones, records the change in the audit stream and announces it.
 -- KEYS[1] entries (hash: policy "\n" key -> the override as JSON)
 -- KEYS[2] expiry (sorted set: the same fields -> expiry ms on the Redis clock)
--- KEYS[3] version (string: raised by every change; instances compare it on their polls)
+-- KEYS[3] version (a random token replaced by every change; instances compare it on their polls)
 -- KEYS[4] audit (stream of the changes, capped)
 -- ARGV[1] 'set' or 'remove', ARGV[2] policy, ARGV[3] key, ARGV[4] limit (set), ARGV[5] ttl ms (set),
 -- ARGV[6] reason, ARGV[7] by, ARGV[8] most overrides kept, ARGV[9] audit entries kept (about),
--- ARGV[10] the channel the new version is published on
+-- ARGV[10] the channel the new version is published on, ARGV[11] the new version (a random token)
 -- Reply: JSON { version, existed, override } ({ full = true } for a new override past ARGV[8])
 -- #include now
 local field = ARGV[2] .. '\n' .. ARGV[3]
@@ -31,7 +31,9 @@ else
   reply.existed = redis.call('HDEL', KEYS[1], field) == 1
   redis.call('ZREM', KEYS[2], field)
 end
-reply.version = redis.call('INCR', KEYS[3])
+-- A new token, never a count: a count lost with the data (a flush, a restart) would start again and
+-- could come back to the value an instance loaded before the loss, hiding the change from its poll.
+reply.version = ARGV[11]
 -- The entries live until their latest expiry; they and the version a day longer, so that a poll
 -- after the last expiry still finds the version it knows.
 local keep = 86400000
@@ -41,7 +43,7 @@ if #last > 0 then
   redis.call('PEXPIRE', KEYS[1], keep)
   redis.call('PEXPIRE', KEYS[2], keep)
 end
-redis.call('PEXPIRE', KEYS[3], keep)
+redis.call('SET', KEYS[3], ARGV[11], 'PX', keep)
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[9], '*', 'action', ARGV[1], 'policy', ARGV[2], 'key', ARGV[3],
   'limit', ARGV[4], 'ttlMs', ARGV[5], 'reason', ARGV[6], 'by', ARGV[7])
 redis.call('PEXPIRE', KEYS[4], 30 * 86400000)

@@ -1,10 +1,11 @@
+import { randomBytes } from 'node:crypto'
 import type { RedisClient } from '../../redis/client.ts'
 import { callScript, defineScript } from '../../redis/scripts.ts'
 import type { Duration } from './duration.ts'
 import { RateLimitArgumentError } from './errors.ts'
 
 // Where rate-limit overrides are stored (see overrides.ts): Redis, shared by every instance, or
-// this process with the memory store. Both keep the overrides, a version raised by each change,
+// this process with the memory store. Both keep the overrides, a version replaced by each change,
 // and an audit log of the changes.
 
 /** What `set` takes: the new limit, how long it holds, and for the audit log why and who. */
@@ -54,12 +55,25 @@ export const MAX_OVERRIDES = 10_000
 /** Audit entries kept (about). */
 export const AUDIT_LENGTH = 1000
 
-const OVERRIDE = defineScript({
+/** Exported for the model run, which writes a change whose message is lost (another channel). */
+export const OVERRIDE = defineScript({
   name: 'rateLimitOverride',
   keys: ['entries', 'expiry', 'version', 'audit'],
-  args: ['action', 'policy', 'key', 'limit', 'ttlMs', 'reason', 'by', 'maxEntries', 'auditLength', 'channel'],
+  args: [
+    'action',
+    'policy',
+    'key',
+    'limit',
+    'ttlMs',
+    'reason',
+    'by',
+    'maxEntries',
+    'auditLength',
+    'channel',
+    'version',
+  ],
   reply: (raw) =>
-    JSON.parse(String(raw)) as { full?: true; version: number; existed: boolean; override?: Override },
+    JSON.parse(String(raw)) as { full?: true; version: string; existed: boolean; override?: Override },
 })
 
 /** Where one key prefix's overrides live in Redis: one hash tag, so one Cluster slot. */
@@ -88,7 +102,7 @@ export interface Change {
 /** Where overrides are stored: Redis (shared by every instance) or this process. */
 export interface OverrideStore {
   write(change: Change): Promise<{ existed: boolean; override?: Override }>
-  /** The version first, then the overrides: a change between the two is seen by the next poll. */
+  /** The version and the overrides it stands for, read at once. */
   read(): Promise<{ version: string; overrides: Override[] }>
   version(): Promise<string>
   history(count: number): Promise<OverrideChange[]>
@@ -113,6 +127,7 @@ export function redisStore(redis: RedisClient, keyPrefix: string): OverrideStore
           maxEntries: MAX_OVERRIDES,
           auditLength: AUDIT_LENGTH,
           channel: keys.channel,
+          version: randomBytes(12).toString('base64url'),
         },
       )
       if (reply.full)
@@ -122,8 +137,12 @@ export function redisStore(redis: RedisClient, keyPrefix: string): OverrideStore
       return reply
     },
     async read() {
-      const version = await this.version()
-      const fields = (await redis.hgetall(keys.entries)) as Record<string, string>
+      // One transaction (one slot): a version read apart from the entries could be paired with a
+      // change it does not count, and after a data loss the version can come back to that value.
+      const replies = (await redis.multi().get(keys.version).hgetall(keys.entries).exec()) ?? []
+      for (const [err] of replies) if (err) throw err
+      const version = (replies[0]?.[1] as string | null) ?? '0'
+      const fields = (replies[1]?.[1] ?? {}) as Record<string, string>
       return { version, overrides: Object.values(fields).map((json) => JSON.parse(json) as Override) }
     },
     async version() {
