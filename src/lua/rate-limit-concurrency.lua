@@ -2,8 +2,8 @@
 -- member '<nonce>:<n>' (the request's nonce: its fencing id) scored by the end of its lease (ms,
 -- Redis clock). A consume takes slots, a refund under the request's nonce removes them (the
 -- engine gives them back when the response ends); a slot never given back (its instance died)
--- stops counting when its lease ends, and is removed when a request is refused. The admitted path
--- is a count and an add.
+-- stops counting when its lease ends, and is removed by the next request that finds the set full
+-- with it. The admitted path is a ZCARD and an add.
 -- KEYS, ARGV and reply as every rate-limit script takes them: src/plugins/rate-limit/protocol.ts.
 -- ARGV[1] the operation ('c' consume, 'p' peek, 'r' refund), ARGV[2] the nonce
 -- KEYS[i]  slots of policy i; a refund removes the slots taken under the nonce, ARGV[2]
@@ -28,10 +28,17 @@ local function take(key, lease, cost, nonce, live)
 end
 if #KEYS == 1 and ARGV[1] == 'c' then
   local key, limit, lease, cost = KEYS[1], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-  local live = redis.call('ZCOUNT', key, '(' .. now, '+inf')
-  if live + cost <= limit then
-    take(key, lease, cost, ARGV[2], live)
-    return { 1, 0, limit - live - cost, 0, 0, 0 }
+  -- ZCARD counts ended leases too (O(1), where ZCOUNT walks the set): when even that leaves room,
+  -- the request is admitted as the live count would; else the general path counts live slots.
+  local held = redis.call('ZCARD', key)
+  if held + cost <= limit then
+    if cost == 1 then
+      redis.call('ZADD', key, now + lease, ARGV[2] .. ':1')
+      redis.call('PEXPIRE', key, lease, held == 0 and 'NX' or 'GT')
+    else
+      take(key, lease, cost, ARGV[2], held)
+    end
+    return { 1, 0, limit - held - cost, 0, 0, 0 }
   end
 end
 -- #include rate-limit-blocks-read
@@ -54,6 +61,8 @@ for i = 1, n do
   local limit, lease, cost = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
   local count, retry = counts[i], 0
   if reply[1] == 1 and op == 'c' then
+    -- Ended leases go, so that the next request's ZCARD is the live count again.
+    redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
     take(KEYS[i], lease, cost, nonce, count)
     count = count + cost
   else

@@ -1,4 +1,8 @@
 import assert from 'node:assert/strict'
+import { spawn } from 'node:child_process'
+import { once } from 'node:events'
+import { join } from 'node:path'
+import { createInterface } from 'node:readline'
 import { PassThrough } from 'node:stream'
 import { describe, test } from 'node:test'
 import { setTimeout as sleep } from 'node:timers/promises'
@@ -6,13 +10,14 @@ import Fastify, { type FastifyInstance, type RouteHandlerMethod } from 'fastify'
 import rateLimit, { type RateLimitPolicy } from '../../../src/plugins/rate-limit/index.ts'
 import { connectRedis, createRedisClient, type RedisClient } from '../../../src/plugins/redis/index.ts'
 import { listen, testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
+import { RUN_TYPESCRIPT } from '../../helpers/tsx.ts'
 import { redisSuite, until } from './fixtures.ts'
 
 // Concurrency policies (requests in flight), on Redis (or the Cluster, under `npm run
 // test:cluster`) and on the memory store: the limit holds under 200 parallel requests from three
 // instances; a slot goes back when the response ends, when the client goes away, when a streamed
 // body ends or fails, and at once when another policy refuses the request; a dead instance's slots
-// come back after their lease.
+// come back after their lease, a killed process's too.
 
 const suite = redisSuite()
 
@@ -192,6 +197,43 @@ test('a dead instance’s slots come back when their lease ends', async () => {
   await held
   assert.equal((await get(other.url, 'di')).status, 429, 'the slot is still held')
   await until('the lease to end', async () => (await get(other.url, 'di')).status === 200, 5000)
+})
+
+test('an instance killed (SIGKILL) while holding slots: they are held until their lease ends, then free', async () => {
+  const prefix = suite.prefix('rlc')
+  // Long enough that the kill and the check after it fit inside it on a loaded machine.
+  const leaseMs = 5000
+  const child = spawn(
+    process.execPath,
+    [...RUN_TYPESCRIPT, join(import.meta.dirname, '../../helpers/concurrency-child.ts')],
+    {
+      env: { ...process.env, CHILD_PREFIX: prefix, CHILD_LIMIT: '2', CHILD_LEASE_MS: String(leaseMs) },
+      stdio: ['ignore', 'pipe', 'inherit'],
+    },
+  )
+  const exited = once(child, 'exit')
+  try {
+    const lines = createInterface({ input: child.stdout! })[Symbol.asyncIterator]()
+    const url = String((await lines.next()).value)
+    const held = [get(url, 'k9').catch(() => null), get(url, 'k9').catch(() => null)]
+    for (const _ of held) assert.equal((await lines.next()).value, 'holding')
+    const other = await instance('redis', prefix, [exports({ limit: 2, leaseMs })], async () => 'ok')
+    assert.equal(await free(other.app, 'k9'), 0)
+    child.kill('SIGKILL')
+    await exited
+    await Promise.all(held)
+    // Nobody gave the slots back: the lease does.
+    const refused = await get(other.url, 'k9')
+    assert.equal(refused.status, 429)
+    assert.ok(Number(refused.headers.get('retry-after')) >= 1)
+    await until('the leases to end', async () => (await free(other.app, 'k9')) === 2, 20_000)
+    assert.deepEqual(
+      await Promise.all([get(other.url, 'k9'), get(other.url, 'k9')].map(async (r) => (await r).status)),
+      [200, 200],
+    )
+  } finally {
+    child.kill('SIGKILL')
+  }
 })
 
 test('a concurrency policy takes leaseMs, not a window; consume() only peeks at it', async () => {
