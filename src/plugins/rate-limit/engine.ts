@@ -364,7 +364,7 @@ export class RateLimitEngine implements ExactPath {
   async refund(refund: Refund): Promise<void> {
     const { policy, nonce, call: taken } = refund
     if (policy.algorithm === 'concurrency' && !this.memory && !refund.local) {
-      // A slot given back is its members removed: a ZREM, no script, shared by the turn's returns.
+      // A slot given back is its fields removed: an HDEL, no script, shared by the turn's returns.
       const slots = Array.from({ length: taken.cost }, (_, k) => `${nonce}:${k + 1}`)
       return this.slotReturns!.giveBack(taken.key, slots)
     }

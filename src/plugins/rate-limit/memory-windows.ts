@@ -245,7 +245,7 @@ export function concurrency(
       count += cost
     } else {
       if (entry && operation === 'consume') {
-        // ZREMRANGEBYSCORE -inf .. now
+        // The ended slots go (the script's HDEL of them)
         let drop = 0
         while (drop < entry.times!.length && entry.times![drop]! <= now) drop++
         entry.times!.splice(0, drop)

@@ -2,16 +2,16 @@ import type { RedisClient } from '../../redis/client.ts'
 
 interface Batch {
   members: string[]
-  /** Settles with the batch's ZREM. */
+  /** Settles with the batch's HDEL. */
   removed: Promise<unknown>
   send: () => void
 }
 
 /**
  * Concurrency slots given back to Redis, gathered per key and sent once per event-loop turn: the
- * requests that end in the same turn give their slots back in one ZREM per key instead of one
+ * requests that end in the same turn give their slots back in one HDEL per key instead of one
  * each, which is most of what a slot costs Redis under load. A slot waits at most one turn, and
- * its ZREM is written before any command of a later turn on the same connection, so a client's
+ * its HDEL is written before any command of a later turn on the same connection, so a client's
  * next request never finds its own previous slot still held.
  */
 export class SlotReturns {
@@ -28,7 +28,7 @@ export class SlotReturns {
         send = resolve
       })
       const created: Batch = { members: [], send, removed: gate }
-      created.removed = gate.then(() => this.redis.zrem(key, ...created.members))
+      created.removed = gate.then(() => this.redis.hdel(key, ...created.members))
       this.pending.set(key, created)
       batch = created
     }

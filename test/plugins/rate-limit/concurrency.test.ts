@@ -95,10 +95,7 @@ for (const store of ['redis', 'memory'] as const) {
       assert.match(String(admitted.headers.get('ratelimit')), /^"exports";r=[0-4];t=0$/)
       await until('every slot back', async () => (await free(instances[0]!.app, 'ann')) === 5)
       if (store === 'redis')
-        assert.equal(
-          await suite.redis.zcard(`${prefix}{${await tag('customer:ann')}}:exports:concurrency`),
-          0,
-        )
+        assert.equal(await suite.redis.hlen(`${prefix}{${await tag('customer:ann')}}:exports:concurrency`), 0)
     })
 
     test('a client that goes away gives its slot back; a streamed body holds it to its last byte, or until it fails', async () => {
