@@ -200,6 +200,7 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
           key: `${prefix}accounts`,
           capacity: config.accountFilter.capacity,
           onError: (err) => app.log.warn({ err }, 'account filter'),
+          registry: app.metrics?.registry,
         })
       : null
   app.decorate('accountFilter', accountFilter ?? NO_ACCOUNT_FILTER)

@@ -6,6 +6,7 @@ import {
   LifecycleStatus,
   type RedisClient,
 } from 'fastify-redis-gateway'
+import { Gauge, type Registry } from 'prom-client'
 import type { Database } from '../db/database.ts'
 
 // Which account ids exist, as a Bloom filter in Redis: a read of an id that no account has is
@@ -25,7 +26,17 @@ export interface AccountFilterOptions {
   /** How often accounts inserted behind the gateway's back are added. Default 10 s. */
   catchUpIntervalMs?: number
   onError?: (err: unknown) => void
+  /** The registry its metrics go to (the metrics plugin's); without it they are not registered. */
+  registry?: Registry
 }
+
+/**
+ * Where the filter stands: `starting` (its first catch-up not ended yet), `building` (a rebuild
+ * from Postgres under way), `ready` (its latest catch-up or rebuild succeeded: its "absent" is
+ * trusted), `degraded` (its latest one failed). Every state but `ready` sends every id to Postgres.
+ */
+export type AccountFilterState = 'starting' | 'building' | 'ready' | 'degraded'
+const STATES: readonly AccountFilterState[] = ['starting', 'building', 'ready', 'degraded']
 
 /**
  * The filter's lifecycle: `start()` builds it if needed and catches up on a timer; `stop()` stops
@@ -46,6 +57,7 @@ export interface AccountFilter extends Lifecycle {
   catchUp(): Promise<void>
   /** Resolves once the build or catch-up under way (if any) is over. */
   settled(): Promise<void>
+  state(): AccountFilterState
 }
 
 /** Ids read from Postgres per query, for a rebuild or a catch-up. */
@@ -83,6 +95,8 @@ export function createAccountFilter(options: AccountFilterOptions): AccountFilte
   // then (at start, after a failure, during a rebuild for a restore) no "absent" is trusted.
   let current = false
   let covered = 0
+  // The latest rebuild or catch-up failed (until one succeeds).
+  let failed = false
 
   async function* idsAbove(after: number, last: { id: number; created: string }): AsyncGenerator<string> {
     for (let from = after; ; ) {
@@ -121,12 +135,14 @@ export function createAccountFilter(options: AccountFilterOptions): AccountFilte
     await redis.set(newestKey, `${newest.id}:${newest.created}`)
     covered = newest.id
     current = true
+    failed = false
   }
 
   function rebuildOnce(): Promise<void> {
     rebuilding ??= rebuild()
       .catch((err) => {
         current = false
+        failed = true
         onError(err)
       })
       .finally(() => {
@@ -152,12 +168,14 @@ export function createAccountFilter(options: AccountFilterOptions): AccountFilte
     if (rebuilding) return
     covered = last.id
     current = true
+    failed = false
   }
 
   function catchUpOnce(): Promise<void> {
     catchingUp ??= catchUp()
       .catch((err) => {
         current = false
+        failed = true
         onError(err)
       })
       .finally(() => {
@@ -189,8 +207,13 @@ export function createAccountFilter(options: AccountFilterOptions): AccountFilte
     return probe
   }
 
+  const state = (): AccountFilterState =>
+    rebuilding ? 'building' : current ? 'ready' : failed ? 'degraded' : 'starting'
+  observeFilter(options.registry, state, async () => Math.max(0, (await newestId()) - covered))
+
   return {
     bloom,
+    state,
     async mightExist(accountId) {
       try {
         const answer = await bloom.check(String(accountId))
@@ -230,4 +253,35 @@ export function createAccountFilter(options: AccountFilterOptions): AccountFilte
     },
     health: () => status.health(),
   }
+}
+
+/** The filter's state (1 for the current one), and how far Postgres' newest account id is ahead of its catch-up. */
+function observeFilter(
+  registry: Registry | undefined,
+  state: () => AccountFilterState,
+  lag: () => Promise<number>,
+): void {
+  const registers = registry ? [registry] : []
+  new Gauge({
+    name: 'account_filter_state',
+    help: 'Account filter state (starting, building, ready, degraded): 1 for the current one, 0 for the others',
+    labelNames: ['state'] as const,
+    registers,
+    collect() {
+      const now = state()
+      for (const s of STATES) this.set({ state: s }, s === now ? 1 : 0)
+    },
+  })
+  new Gauge({
+    name: 'account_filter_catch_up_lag',
+    help: "Account ids above the newest one the account filter's latest catch-up covered (Postgres' newest id minus it)",
+    registers,
+    async collect() {
+      // Postgres unreachable: the last value stays (the scrape does not fail).
+      await lag().then(
+        (n) => this.set(n),
+        () => {},
+      )
+    },
+  })
 }

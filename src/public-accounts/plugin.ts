@@ -10,6 +10,7 @@ import {
   type FeedItem,
   type StreamConsumer,
 } from 'fastify-redis-gateway'
+import { Histogram } from 'prom-client'
 import { createTransferEventsConsumer } from '../events/consumer.ts'
 import type { TransferEvent } from '../events/outbox-relay.ts'
 import { feedItemId, feedSource, publicAmong } from './store.ts'
@@ -41,6 +42,8 @@ declare module 'fastify' {
 }
 
 export const FEED_GROUP = 'feed'
+/** Seconds from a movement to its fan-out's end: the outbox relay, the feed group and the fan-out queue. */
+const FANOUT_LAG_BUCKETS = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300]
 
 /** The feed items of a read of transfer events: one per transfer and public account it touched. */
 async function itemsOf(app: FastifyInstance, data: readonly string[]): Promise<FeedItem[]> {
@@ -103,7 +106,22 @@ async function publicAccountsPlugin(
         },
       )
     : null
-  const fanout = options.workers ? feed.createFanoutWorker({ consumer: consumerName, onError }) : null
+  // Where the fan-out runs: each job's end, timed from its item's time (the transfer's).
+  const fanoutLag = options.workers
+    ? new Histogram({
+        name: 'feed_fanout_lag_seconds',
+        help: "Time from a public account's movement to the end of its fan-out to its followers' feeds (pushed accounts)",
+        buckets: FANOUT_LAG_BUCKETS,
+        registers: app.hasDecorator('metrics') ? [app.metrics.registry] : [],
+      })
+    : null
+  const fanout = options.workers
+    ? feed.createFanoutWorker({
+        consumer: consumerName,
+        onError,
+        onJobDone: ({ item }) => fanoutLag?.observe(Math.max(0, Date.now() - item.at) / 1000),
+      })
+    : null
   app.decorate('publicAccounts', { feed, consumer, fanout })
 
   // Redis unreachable at the start: each loop creates its group once Redis answers.

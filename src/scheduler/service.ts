@@ -57,6 +57,8 @@ export async function registerScheduler(app: FastifyInstance, options: Scheduler
     instanceId,
     outbox: config.events.outbox,
     describeRefusal: options.describeRefusal,
+    // Where the workers run: their runs are timed here, and the due count is read at each scrape.
+    registry: options.run ? app.metrics?.registry : undefined,
     ...tuning.transfers,
     onRun: async (scheduleId, run) => {
       if (run.status === 'completed')

@@ -199,29 +199,42 @@ export interface NotDue {
   dueInMs: number
 }
 
+/** A schedule marked running: how long after its runAt, by Postgres's clock (0 or more). */
+export interface Running {
+  status: 'running'
+  lateSeconds: number
+}
+
 /**
- * Marks a schedule running (counted as an attempt) once it is due by Postgres's clock: `running`,
- * `finished` when it is finished or cancelled, or how long until it is due (a delivery that came
- * early, by the Redis clock or a producer's). Committed on its own, so `running` is visible and a
- * cancel from now on answers 409.
+ * Marks a schedule running (counted as an attempt) once it is due by Postgres's clock: `running`
+ * with how late it is, `finished` when it is finished or cancelled, or how long until it is due (a
+ * delivery that came early, by the Redis clock or a producer's). Committed on its own, so
+ * `running` is visible and a cancel from now on answers 409.
  */
-export async function markRunning(
-  db: Queryable,
-  scheduleId: number,
-): Promise<'running' | 'finished' | NotDue> {
-  const [row] = await db.query<{ marked: boolean; due_in_ms: number | null }>(
+export async function markRunning(db: Queryable, scheduleId: number): Promise<Running | 'finished' | NotDue> {
+  const [row] = await db.query<{ late_s: number | null; due_in_ms: number | null }>(
     `WITH marked AS (
        UPDATE scheduled_transfers SET status = 'running', attempts = attempts + 1, updated_at = now()
-       WHERE id = $1 AND status IN ('scheduled', 'running') AND run_at <= now() RETURNING id
+       WHERE id = $1 AND status IN ('scheduled', 'running') AND run_at <= now()
+       RETURNING extract(epoch FROM now() - run_at)::float8 AS late_s
      )
-     SELECT EXISTS (SELECT 1 FROM marked) AS marked,
+     SELECT (SELECT late_s FROM marked) AS late_s,
        (SELECT ceil(extract(epoch FROM run_at - now()) * 1000)::float8 FROM scheduled_transfers
         WHERE id = $1 AND status IN ('scheduled', 'running') AND run_at > now()) AS due_in_ms`,
     [scheduleId],
   )
-  if (row?.marked) return 'running'
+  if (row?.late_s != null) return { status: 'running', lateSeconds: Math.max(0, row.late_s) }
   if (row?.due_in_ms != null) return { status: 'not-due', dueInMs: row.due_in_ms }
   return 'finished'
+}
+
+/** Schedules not finished and past their runAt (Postgres clock): the partial index's due range. */
+export async function dueCount(db: Queryable): Promise<number> {
+  const [row] = await db.query<{ n: number }>(
+    `SELECT count(*)::int AS n FROM scheduled_transfers
+     WHERE status IN ('scheduled', 'running') AND run_at <= now()`,
+  )
+  return row?.n ?? 0
 }
 
 /** Schedules not finished and due before `horizonMs` from now (Postgres clock), earliest first. */

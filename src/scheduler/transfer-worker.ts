@@ -7,10 +7,11 @@ import {
   LifecycleStatus,
   type RedisClient,
 } from 'fastify-redis-gateway'
+import { Gauge, Histogram, type Registry } from 'prom-client'
 import type { Database } from '../db/database.ts'
 import { type DescribeRefusal, executeScheduledTransfer, type ScheduledRun } from '../ledger/ledger.ts'
 import { queuedIds } from './queue-presence.ts'
-import { markRunning, type NotDue, pendingSchedules } from './store.ts'
+import { dueCount, markRunning, type NotDue, pendingSchedules } from './store.ts'
 
 export interface TransferWorkerOptions {
   redis: RedisClient
@@ -39,6 +40,8 @@ export interface TransferWorkerOptions {
   describeRefusal: DescribeRefusal
   /** Called after each run (completed, failed or skipped): cache invalidation, tests. */
   onRun?: (scheduleId: number, run: ScheduledRun) => unknown
+  /** The registry its metrics go to (the metrics plugin's); without it they are not registered. */
+  registry?: Registry
 }
 
 /**
@@ -62,6 +65,32 @@ export interface TransferWorker extends Lifecycle {
 }
 
 const RECONCILE_BATCH = 1000
+/** Lateness of a run, seconds: a mover tick, a busy consumer, a retry's backoff, a backlog. */
+const LATENESS_BUCKETS = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300]
+
+/** How late each run started, by outcome; and the schedules due and not finished (one Postgres count). */
+function createMetrics(db: Database, registry: Registry | undefined) {
+  const registers = registry ? [registry] : []
+  new Gauge({
+    name: 'scheduled_transfers_due',
+    help: 'Scheduled transfers past their due time and not finished yet (scheduled or running), across all instances',
+    registers,
+    async collect() {
+      // Postgres unreachable: the last value stays (the scrape does not fail).
+      await dueCount(db).then(
+        (n) => this.set(n),
+        () => {},
+      )
+    },
+  })
+  return new Histogram({
+    name: 'scheduled_transfers_lateness_seconds',
+    help: 'How long after its due time a scheduled transfer started running, by outcome (completed, failed, skipped, error)',
+    labelNames: ['outcome'] as const,
+    buckets: LATENESS_BUCKETS,
+    registers,
+  })
+}
 
 /**
  * Runs scheduled transfers from the delayed queue. Postgres holds every schedule; the queue only
@@ -84,17 +113,26 @@ export function createTransferWorker(options: TransferWorkerOptions): TransferWo
     onError: (err, task) => log.warn({ err, task }, 'scheduled transfers: queue error'),
   })
   const status = new LifecycleStatus()
+  const lateness = createMetrics(db, options.registry)
   let consumer: Consumer | undefined
   let timer: NodeJS.Timeout | undefined
   let reconciling: Promise<unknown> | undefined
 
   async function run(scheduleId: number): Promise<ScheduledRun | 'finished' | NotDue> {
     const marked = await markRunning(db, scheduleId)
-    if (marked !== 'running') return marked
-    const outcome = await executeScheduledTransfer(db, scheduleId, {
-      outbox: options.outbox ?? true,
-      describeRefusal: options.describeRefusal,
-    })
+    if (marked === 'finished' || marked.status === 'not-due') return marked
+    let outcome: ScheduledRun
+    try {
+      outcome = await executeScheduledTransfer(db, scheduleId, {
+        outbox: options.outbox ?? true,
+        describeRefusal: options.describeRefusal,
+      })
+    } catch (err) {
+      // Thrown to be retried: a run of its own, and the retry another.
+      lateness.observe({ outcome: 'error' }, marked.lateSeconds)
+      throw err
+    }
+    lateness.observe({ outcome: outcome.status }, marked.lateSeconds)
     if (outcome.status === 'failed')
       log.info({ scheduleId, failure: outcome.failure }, 'scheduled transfer failed')
     try {

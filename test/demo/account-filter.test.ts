@@ -1,6 +1,9 @@
 import assert from 'node:assert/strict'
 import { after, before, test } from 'node:test'
+import { Registry } from 'prom-client'
+import type { Database } from '../../src/db/database.ts'
 import { createBloomFilter } from '../../src/index.ts'
+import { type AccountFilterState, createAccountFilter } from '../../src/ledger/account-filter.ts'
 import {
   buildTestApp,
   createCustomer,
@@ -9,6 +12,7 @@ import {
   type TestApp,
   type TestCustomer,
 } from '../helpers/gateway.ts'
+import { parse, scrape } from '../helpers/metrics-scrape.ts'
 
 // The demo's account filter against accounts that appear behind the gateway's back: a bulk import
 // larger than one call of the Bloom filter's `add` takes, and a database replaced by another whose
@@ -112,4 +116,81 @@ test('a database whose ids start again is met with a rebuild, not with the old f
     await old.drop()
     await replaced.drop()
   }
+})
+
+const STATES: AccountFilterState[] = ['starting', 'building', 'ready', 'degraded']
+
+/** The state whose `account_filter_state` series is 1 (every other at 0). */
+function reportedState(metrics: ReturnType<typeof parse>): AccountFilterState {
+  const on = STATES.filter((state) => metrics.value('account_filter_state', { state }) === 1)
+  const off = STATES.filter((state) => metrics.value('account_filter_state', { state }) === 0)
+  assert.equal(on.length, 1, `one state at 1: ${on}`)
+  assert.equal(off.length, STATES.length - 1)
+  return on[0]!
+}
+
+test('metrics: the filter reports its state (starting, building, degraded, ready) and how far Postgres is ahead of its catch-up', async () => {
+  // The gateway's filter, on GET /metrics.
+  await t.app.accountFilter.catchUp()
+  assert.equal(reportedState(await scrape(t.app)), 'ready')
+
+  // A filter of its own (not started: no timer), whose rebuild's first query fails while `gated`.
+  let gated = false
+  let arrived = () => {}
+  let fail: (err: Error) => void = () => {}
+  const db = {
+    query: async (sql: string, params?: unknown[]) => {
+      if (gated && /ORDER BY id DESC LIMIT 1/.test(sql)) {
+        arrived()
+        await new Promise((_, reject) => {
+          fail = reject
+        })
+      }
+      return t.db.query(sql, params)
+    },
+  } as unknown as Database
+  const registry = new Registry()
+  const filter = createAccountFilter({
+    db,
+    redis: t.redis,
+    key: `${t.prefix}metrics-filter`,
+    capacity: 10_000,
+    registry,
+  })
+  const read = async () => parse(await registry.metrics())
+  assert.equal(reportedState(await read()), 'starting')
+
+  // Never built: the catch-up rebuilds it, and the rebuild fails.
+  gated = true
+  const waiting = new Promise<void>((resolve) => {
+    arrived = resolve
+  })
+  const failing = filter.catchUp()
+  await waiting
+  assert.equal(filter.state(), 'building')
+  assert.equal(reportedState(await read()), 'building')
+  fail(new Error('Postgres unreachable'))
+  await failing
+  assert.equal(reportedState(await read()), 'degraded')
+
+  // Built at the next catch-up: ready, nothing behind.
+  gated = false
+  await filter.catchUp()
+  let metrics = await read()
+  assert.equal(reportedState(metrics), 'ready')
+  assert.equal(metrics.value('account_filter_catch_up_lag'), 0)
+
+  // Accounts inserted behind its back: Postgres' newest id is ahead by their ids, until a catch-up.
+  const newest = async () =>
+    (await t.db.query<{ id: number }>('SELECT max(id)::int AS id FROM accounts'))[0]!.id
+  const covered = await newest()
+  await bulkInsert(t.db, owner.customerId, 3)
+  metrics = await read()
+  assert.equal(metrics.value('account_filter_catch_up_lag'), (await newest()) - covered)
+  assert.ok(metrics.value('account_filter_catch_up_lag') >= 3)
+  await filter.catchUp()
+  metrics = await read()
+  assert.equal(metrics.value('account_filter_catch_up_lag'), 0)
+  assert.equal(reportedState(metrics), 'ready')
+  await filter.stop()
 })

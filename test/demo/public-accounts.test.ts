@@ -5,6 +5,7 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import { type RedisServerProcess, startRedisServer } from '../../src/embedded/redis-server.ts'
 import { buildTestApp, createCustomer, login, type TestApp, type TestCustomer } from '../helpers/gateway.ts'
 import { scanKeys } from '../helpers/index.ts'
+import { delta, scrape } from '../helpers/metrics-scrape.ts'
 
 // The demo's public accounts over HTTP: a relief fund owned by `charity`, followed by alice; its
 // movements reach her feed through the `feed` consumer group, masked; and the account filter that
@@ -278,4 +279,32 @@ test("a customer whose id is a public account's id sees none of its movements un
   } finally {
     await t.db.query('UPDATE accounts SET public_name = NULL WHERE id = $1', [account])
   }
+})
+
+test("a movement of the pushed fund: its fan-out's lag is observed once", async () => {
+  for (const customer of [alice, bob]) cookies.set(customer.username, await login(t.app, customer))
+  assert.equal((await follow(alice, fund)).statusCode, 204)
+  const { feed: redisFeed } = t.app.publicAccounts
+  // The earlier tests' events published and their fan-out jobs done (each acknowledged after it).
+  const feedGroupIdle = async () => {
+    const groups = (await t.redis.xinfo('GROUPS', t.app.events.stream)) as unknown[][]
+    const fields = groups
+      .map((info) => new Map(info.flatMap((value, i) => (i % 2 ? [] : [[String(value), info[i + 1]]]))))
+      .find((group) => group.get('name') === 'feed')!
+    // `lag` is reported from Redis 7; before, pending alone.
+    return fields.get('pending') === 0 && (fields.get('lag') ?? 0) === 0
+  }
+  await until(
+    'no event or fan-out job left',
+    async () => (await feedGroupIdle()) && (await redisFeed.fanoutLag()).entries === 0,
+  )
+  const before = await scrape(t.app)
+  await transfer(bob, charity, 2)
+  const moved = await until('the fan-out observed', async () => {
+    const m = delta(before, await scrape(t.app))
+    return m('feed_fanout_lag_seconds_count') >= 1 ? m : false
+  })
+  assert.equal(moved('feed_fanout_lag_seconds_count'), 1)
+  assert.equal(moved('feed_fanout_lag_seconds_bucket', { le: '+Inf' }), 1)
+  assert.ok(moved('feed_fanout_lag_seconds_sum') >= 0)
 })

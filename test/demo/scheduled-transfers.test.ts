@@ -15,6 +15,7 @@ import {
   type TestCustomer,
 } from '../helpers/gateway.ts'
 import { listen } from '../helpers/index.ts'
+import { delta, scrape } from '../helpers/metrics-scrape.ts'
 
 // Scheduled transfers through HTTP, and their execution bound to the schedule row: a schedule moves
 // money at most once whatever runs it (duplicate deliveries, a cancel racing its run).
@@ -447,6 +448,39 @@ describe('execution (workers on)', () => {
     }
     assert.equal(await balance(t, alice.accountIds[0]!), alices - 10 * ran)
     await assertLedger(t)
+  })
+
+  test('metrics: each run observed once by outcome, as late as Postgres says; the due count', async () => {
+    const late = await schedule(321, 3_600_000)
+    const refused = await schedule((await balance(t, alice.accountIds[0]!)) + 1, 3_600_000)
+    const before = await scrape(t.app)
+    // Due two seconds ago by Postgres's clock; their queue entries stay an hour ahead, so only the
+    // direct runs below take them.
+    await t.db.query(
+      "UPDATE scheduled_transfers SET run_at = now() - interval '2 seconds' WHERE id = ANY($1::bigint[])",
+      [[late, refused]],
+    )
+    const due = await scrape(t.app)
+    assert.equal(delta(before, due)('scheduled_transfers_due'), 2)
+    const worker = t.app.scheduler.worker
+    const status = async (id: number) => {
+      const run = await worker.run(id)
+      return typeof run === 'object' ? run.status : run
+    }
+    assert.equal(await status(late), 'completed')
+    assert.equal(await status(refused), 'failed')
+    // Finished: not run again, not observed.
+    assert.equal(await status(late), 'finished')
+    const moved = delta(due, await scrape(t.app))
+    assert.equal(moved('scheduled_transfers_due'), -2)
+    assert.equal(moved('scheduled_transfers_lateness_seconds_count'), 2)
+    for (const outcome of ['completed', 'failed']) {
+      assert.equal(moved('scheduled_transfers_lateness_seconds_count', { outcome }), 1, outcome)
+      // Marked running after the update that put runAt two seconds back: at least that late.
+      assert.equal(moved('scheduled_transfers_lateness_seconds_bucket', { outcome, le: '1' }), 0, outcome)
+      assert.equal(moved('scheduled_transfers_lateness_seconds_bucket', { outcome, le: '+Inf' }), 1, outcome)
+      assert.ok(moved('scheduled_transfers_lateness_seconds_sum', { outcome }) >= 2, outcome)
+    }
   })
 })
 

@@ -3,6 +3,7 @@ import { after, before, test } from 'node:test'
 import {
   createFeed,
   type FanoutWorker,
+  type FanoutWorkerOptions,
   type Feed,
   FeedFollowLimitError,
   type FeedItem,
@@ -128,7 +129,7 @@ function newFeed(source: FeedSource, options: Partial<FeedOptions> = {}): Feed {
   return createFeed(redis, { source, keyPrefix, ...options })
 }
 
-async function startWorker(feed: Feed, options: { batch?: number; pageSize?: number } = {}) {
+async function startWorker(feed: Feed, options: Partial<FanoutWorkerOptions> = {}) {
   const worker = feed.createFanoutWorker({ consumer: `w${workers.length}`, blockMs: 100, ...options })
   workers.push(worker)
   await worker.start()
@@ -298,11 +299,14 @@ test('read-your-writes: the producer sees its item at once, followers after the 
   const [entry] = await redis.xrange(feed.keys.fanout, '-', '+')
   assert.ok(lag.oldestAgeMs >= 0 && lag.oldestAgeMs <= Date.now() - Number(entry![0].split('-')[0]))
 
-  const worker = await startWorker(feed)
+  const done: unknown[] = []
+  const worker = await startWorker(feed, { onJobDone: (job) => void done.push(job) })
   await drained(feed)
   assert.deepEqual((await feed.read('follower')).items, [item])
   assert.deepEqual(await feed.fanoutLag(), { entries: 0, pending: 0, oldestAgeMs: 0 })
   assert.deepEqual(worker.stats(), { jobs: 1, writes: 1, skipped: 0, largestFanout: 1 })
+  // Told as the job ended, before it was acknowledged.
+  assert.deepEqual(done, [{ item, writes: 1, skipped: 0 }])
 })
 
 test('an inactive follower is skipped by fan-out and rebuilt by pull when it returns', async () => {
@@ -560,6 +564,10 @@ test('options, arguments and what the source answers are checked, with coded err
   )
   await assert.rejects(feed.read('ok', { limt: 5 } as never), UnknownOptionError)
   assert.throws(() => feed.createFanoutWorker({ consumer: '' }), InvalidOptionError)
+  assert.throws(
+    () => feed.createFanoutWorker({ consumer: 'w', onJobDone: 'log' as never }),
+    InvalidOptionError,
+  )
 
   const app = new App(source, [feed])
   await app.follow('ok', 'p1')

@@ -18,7 +18,7 @@ export function createFanoutWorker(context: FeedContext, workerOptions: FanoutWo
   const { redis, settings, producerKeys, producerTag, readerKeys, readerTag, scriptGroups, fanoutStream } =
     context
   const { keyPrefix, activeWindowMs, feedMaxItems } = settings
-  const { consumer, batch, pageSize, visibilityTimeoutMs, blockMs, onError } =
+  const { consumer, batch, pageSize, visibilityTimeoutMs, blockMs, onError, onJobDone } =
     resolveWorkerOptions(workerOptions)
   const stats: FanoutStats = { jobs: 0, writes: 0, skipped: 0, largestFanout: 0 }
 
@@ -58,6 +58,11 @@ export function createFanoutWorker(context: FeedContext, workerOptions: FanoutWo
     stats.writes += writes
     stats.skipped += skipped
     stats.largestFanout = Math.max(stats.largestFanout, writes)
+    try {
+      onJobDone?.({ item, writes, skipped })
+    } catch (err) {
+      onError?.(err)
+    }
   }
 
   const streamConsumer = createStreamConsumer(redis, {

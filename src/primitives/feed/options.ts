@@ -34,6 +34,7 @@ const WORKER_OPTIONS = optionKeys<FanoutWorkerOptions>({
   visibilityTimeoutMs: true,
   blockMs: true,
   onError: true,
+  onJobDone: true,
 })
 
 const feedCheck = optionChecker('feed')
@@ -131,8 +132,8 @@ export function resolveReadOptions(readOptions: FeedReadOptions): FeedReadOption
 }
 
 /** A fan-out worker's options, checked, with every default filled in. */
-export type WorkerSettings = Required<Omit<FanoutWorkerOptions, 'onError'>> &
-  Pick<FanoutWorkerOptions, 'onError'>
+export type WorkerSettings = Required<Omit<FanoutWorkerOptions, 'onError' | 'onJobDone'>> &
+  Pick<FanoutWorkerOptions, 'onError' | 'onJobDone'>
 
 export function resolveWorkerOptions(workerOptions: FanoutWorkerOptions): WorkerSettings {
   const check = optionChecker('feed.createFanoutWorker')
@@ -143,6 +144,7 @@ export function resolveWorkerOptions(workerOptions: FanoutWorkerOptions): Worker
     visibilityTimeoutMs = 60_000,
     blockMs = 2000,
     onError,
+    onJobDone,
   } = checkedOptions(check, workerOptions, WORKER_OPTIONS)
   if (typeof consumer !== 'string' || consumer === '')
     check.fail(`\`consumer\` must be a non-empty string, got ${shown(consumer)}`)
@@ -150,5 +152,7 @@ export function resolveWorkerOptions(workerOptions: FanoutWorkerOptions): Worker
   checkInteger(check, 'pageSize', pageSize, 1, 10_000)
   if (onError !== undefined && typeof onError !== 'function')
     check.fail(`\`onError\` must be a function, got ${shown(onError)}`)
-  return { consumer, batch, pageSize, visibilityTimeoutMs, blockMs, onError }
+  if (onJobDone !== undefined && typeof onJobDone !== 'function')
+    check.fail(`\`onJobDone\` must be a function, got ${shown(onJobDone)}`)
+  return { consumer, batch, pageSize, visibilityTimeoutMs, blockMs, onError, onJobDone }
 }

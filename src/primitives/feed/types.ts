@@ -97,6 +97,12 @@ export interface FanoutWorkerOptions {
   blockMs?: number
   /** Errors of the loop and of jobs (a job that fails is retried, then dead-lettered). */
   onError?: (err: unknown) => void
+  /**
+   * Called when a job is done (its item written to every active follower's feed), before it is
+   * acknowledged: metrics. A job redelivered after a failure calls it again; one that throws goes
+   * to `onError` and never fails the job.
+   */
+  onJobDone?: (job: { item: FeedItem; writes: number; skipped: number }) => void
 }
 
 export interface FanoutStats {
