@@ -16,6 +16,19 @@ export {
   default as cache,
   type GetOrLoadOptions,
 } from './plugins/cache/index.ts'
+// What each plugin and primitive decided, on node:diagnostics_channel tracing channels (docs/observability.md).
+export {
+  type CacheChannelContext,
+  CHANNELS,
+  channels,
+  type DelayedQueueChannelContext,
+  type FeedChannelContext,
+  type IdempotencyChannelContext,
+  type LockChannelContext,
+  type RateLimitChannelContext,
+  type RateLimitDecisionInfo,
+  type SessionChannelContext,
+} from './plugins/common/diagnostics.ts'
 export {
   GatewayError,
   InvalidOptionError,

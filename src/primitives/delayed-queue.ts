@@ -1,9 +1,15 @@
 import {
+  channels,
+  type DelayedQueueChannelContext as Traced,
+  tracing,
+} from '../plugins/common/diagnostics.ts'
+import {
   type Lifecycle,
   LifecycleStatus,
   type StopOptions,
   type StopResult,
 } from '../plugins/common/lifecycle.ts'
+import { bridgeOpenTelemetry } from '../plugins/common/otel.ts'
 import { type AnyRedisClient, checkRedisClient } from '../redis/client.ts'
 import { callScript, codes, defineScript, ignored, integer } from '../redis/scripts.ts'
 import { InvalidArgumentError, shown } from './checks.ts'
@@ -19,13 +25,12 @@ export type { Lifecycle, LifecycleHealth, StopOptions, StopResult } from '../plu
 export type { Consumer } from './delayed-queue/consume.ts'
 export type { ConsumeOptions, DelayedQueueOptions, DelayedQueueTask } from './delayed-queue/options.ts'
 
-// A delayed job queue on Redis. Each instance schedules into its own sorted set (no two movers ever
-// race over one set, so no lock is needed), moves what is due into one shared ready list, and
-// workers take from it with an atomic move into their instance's processing list. A watchdog returns
-// what stays taken too long; a heartbeat with a TTL says an instance lives, and a live instance adopts
-// the sets of one whose heartbeat is gone. Every key of a queue carries the hash tag `{<name>}`.
+// A delayed job queue on Redis. Each instance schedules into its own sorted set (no two movers race
+// over one set: no lock needed), moves what is due into one shared ready list, and workers take from
+// it with an atomic move into their instance's processing list. A watchdog returns what stays taken
+// too long; a live instance (its heartbeat has a TTL) adopts the sets of one whose heartbeat is gone.
 
-/** The keys of one queue (all in the slot of the hash tag `{<name>}`). */
+/** The keys of one queue: all in the slot of the hash tag `{<name>}`. */
 export interface DelayedQueueKeys {
   ready: string
   instances: string
@@ -156,6 +161,7 @@ const HAND_BACK = defineScript({
 })
 
 export function createDelayedQueue(client: AnyRedisClient, options: DelayedQueueOptions): DelayedQueue {
+  void bridgeOpenTelemetry()
   const redis = checkRedisClient('delayed queue', client)
   const settings = resolveQueueOptions(options)
   const { name, instanceId, visibilityTimeoutMs, heartbeatTtlMs, batch } = settings
@@ -383,8 +389,7 @@ export function createDelayedQueue(client: AnyRedisClient, options: DelayedQueue
         {},
       )
     })()
-    // Shared only while it runs: a later stop() hands back again (ids taken since, or a hand-back
-    // that failed because Redis was unreachable).
+    // Shared only while it runs: a later stop() hands back again (ids taken since, failed hand-backs).
     const current = stopping
     const settled = () => {
       if (stopping === current) stopping = undefined
@@ -393,8 +398,29 @@ export function createDelayedQueue(client: AnyRedisClient, options: DelayedQueue
     return current
   }
 
+  // Each operation traced on the delayed-queue channel: whether it scheduled, took or settled its entry.
+  const traceOp = <A extends unknown[], R>(operation: Traced['operation'], run: (...args: A) => Promise<R>) =>
+    tracing(
+      channels.delayedQueue,
+      (): Traced => ({ queue: name, operation, count: 0 }),
+      run,
+      (c, r) => {
+        c.count = r === null || r === false ? 0 : 1
+      },
+    )
+  const ops = {
+    schedule: traceOp('schedule', schedule),
+    take: traceOp('take', take),
+    ack: traceOp('ack', ack),
+    nack: traceOp('nack', nack),
+  }
+
   function consume(handler: (id: string) => unknown, consumeOptions: ConsumeOptions = {}): Consumer {
-    const started = startConsumer({ take, ack, nack, onError }, handler, consumeOptions)
+    const started = startConsumer(
+      { take: ops.take, ack: ops.ack, nack: ops.nack, onError },
+      handler,
+      consumeOptions,
+    )
     const consumer: Consumer = {
       async stop() {
         await started.stop()
@@ -409,12 +435,9 @@ export function createDelayedQueue(client: AnyRedisClient, options: DelayedQueue
     name,
     instanceId,
     keys,
-    schedule,
+    ...ops,
     remove,
     move,
-    take,
-    ack,
-    nack,
     returnStuck,
     heartbeat,
     adoptOrphans,

@@ -1,3 +1,5 @@
+import { channels, type FeedChannelContext, traced } from '../plugins/common/diagnostics.ts'
+import { bridgeOpenTelemetry } from '../plugins/common/otel.ts'
 import { type AnyRedisClient, checkRedisClient } from '../redis/client.ts'
 import { createFeedContext } from './feed/context.ts'
 import { createFanoutWorker, fanoutLag } from './feed/fanout.ts'
@@ -39,17 +41,42 @@ export type {
 // options (options.ts).
 
 export function createFeed(client: AnyRedisClient, options: FeedOptions): Feed {
+  void bridgeOpenTelemetry()
   const redis = checkRedisClient('feed', client)
   const context = createFeedContext(redis, resolveFeedOptions(options))
   const timelines = createTimelines(context)
   const graph = createFollowGraph(context, timelines)
   const { publish, remove } = createPublisher(context, timelines)
+  // Publications and reads traced on the feed channel (src/plugins/common/diagnostics.ts).
+  const begin = (operation: 'publish' | 'read', id: string) => (): FeedChannelContext => ({
+    operation,
+    id,
+    mode: null,
+    count: 0,
+  })
+  const read = createFeedReader(context, graph, timelines)
   return {
     follow: graph.follow,
     unfollow: graph.unfollow,
-    publish,
+    publish: (item) =>
+      traced(
+        channels.feed,
+        begin('publish', item?.producer),
+        () => publish(item),
+        (c, { fanout }) => {
+          c.mode = fanout ? 'push' : 'pull'
+        },
+      ),
     remove,
-    read: createFeedReader(context, graph, timelines),
+    read: (reader, readOptions) =>
+      traced(
+        channels.feed,
+        begin('read', reader),
+        () => read(reader, readOptions),
+        (c, page) => {
+          c.count = page.items.length
+        },
+      ),
     createFanoutWorker: (workerOptions) => createFanoutWorker(context, workerOptions),
     fanoutLag: () => fanoutLag(context),
     keys: { reader: context.readerKeys, producer: context.producerKeys, fanout: context.fanoutStream },

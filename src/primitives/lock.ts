@@ -1,5 +1,7 @@
+import { channels, traced } from '../plugins/common/diagnostics.ts'
 import { GatewayError } from '../plugins/common/errors.ts'
 import { optionChecker, optionKeys } from '../plugins/common/options.ts'
+import { bridgeOpenTelemetry } from '../plugins/common/otel.ts'
 import { randomToken } from '../plugins/common/random-token.ts'
 import { type AnyRedisClient, checkRedisClient } from '../redis/client.ts'
 import { callScript, codes, defineScript, integer } from '../redis/scripts.ts'
@@ -162,6 +164,7 @@ const LOCK_HOLDER = defineScript({
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms))
 
 export function createLock(client: AnyRedisClient, options: LockOptions = {}): Lock {
+  void bridgeOpenTelemetry()
   const redis = checkRedisClient('lock', client)
   const check = optionChecker('lock')
   const { keyPrefix = 'lock:' } = checkedOptions(check, options, LOCK_OPTIONS)
@@ -169,8 +172,21 @@ export function createLock(client: AnyRedisClient, options: LockOptions = {}): L
   // One hash tag for both keys of a name, so the script runs on one Cluster slot.
   const keys = (name: string) => ({ lock: `${keyPrefix}{${name}}`, fence: `${keyPrefix}{${name}}:fence` })
 
-  /** One attempt: the handle, or how long the current holder still has. */
-  async function attempt(name: string, ttlMs: number): Promise<LockHandle | number> {
+  /** One attempt: the handle, or how long the current holder still has (traced on the lock channel). */
+  function attempt(name: string, ttlMs: number): Promise<LockHandle | number> {
+    return traced(
+      channels.lock,
+      () => ({ name, acquired: false, fence: null }),
+      () => attemptOnce(name, ttlMs),
+      (context, result) => {
+        if (typeof result === 'number') return
+        context.acquired = true
+        context.fence = result.fence
+      },
+    )
+  }
+
+  async function attemptOnce(name: string, ttlMs: number): Promise<LockHandle | number> {
     const owner = randomToken(16, 'hex')
     const sent = Date.now()
     const { state, value } = await callScript(redis, LOCK_ACQUIRE, keys(name), { owner, ttlMs })

@@ -168,7 +168,7 @@ export async function countRequest(
 }
 
 export const limiterHook = (context: CompatContext, l: Limiter, routeGroupId?: string | null): Hook =>
-  async function rateLimitHook(request, reply) {
+  async function rateLimit(request, reply) {
     const req = request as unknown as Record<symbol, boolean>
     if (req[context.ran]) return
     req[context.ran] = true

@@ -1,4 +1,5 @@
 import { withTimeout } from '../../redis/timeout.ts'
+import type { CacheChannelContext } from '../common/diagnostics.ts'
 import { encodeValue, lifetimes } from './entry.ts'
 import type { ReadOptions } from './entry-options.ts'
 import { CacheLoadTimeoutError } from './errors.ts'
@@ -17,6 +18,8 @@ export interface Read<T> {
   readonly epoch: number
   /** When the read stops waiting for a load (epoch ms), set at its first miss if a hard timeout applies; 0: none. */
   hardAt: number
+  /** What the cache channel's subscribers see of this read (only when there are any). */
+  readonly trace: CacheChannelContext | undefined
 }
 
 /** What a fill presents to cache-fill.lua, as its read learned it. */
@@ -66,6 +69,7 @@ export class LoaderRunner {
   private load<T>(read: Read<T>): Promise<T | null> {
     return this.parts.limiter.run(() => {
       this.parts.metrics.loads.inc({ name: read.name })
+      if (read.trace) read.trace.loaded = true
       return read.loader()
     })
   }

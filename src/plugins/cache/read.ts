@@ -1,4 +1,5 @@
 import { setTimeout as sleep } from 'node:timers/promises'
+import { type CacheChannelContext, channels } from '../common/diagnostics.ts'
 import { type GetReply, type PeekReply, peekEntry } from './entry.ts'
 import { checkRead, NO_OPTIONS, resolveReadOptions } from './entry-options.ts'
 import { CacheLoadTimeoutError } from './errors.ts'
@@ -55,11 +56,29 @@ export class TwoTierRead {
     loader: () => Promise<T | null>,
     options: GetOrLoadOptions = NO_OPTIONS,
   ): Promise<T | null> {
+    if (!channels.cache.hasSubscribers) return this.read(key, loader, options, undefined)
+    const trace: CacheChannelContext = { name: '', key, usage: null, loaded: false, leaseWait: false }
+    return channels.cache.tracePromise(() => this.read(key, loader, options, trace), trace)
+  }
+
+  private read<T>(
+    key: string,
+    loader: () => Promise<T | null>,
+    options: GetOrLoadOptions,
+    trace: CacheChannelContext | undefined,
+  ): Promise<T | null> {
     const tags = checkRead(key, options)
+    if (trace) trace.name = namespaceOf(key)
     const local = this.fromL1(key)
-    if (local) return Promise.resolve(local.value as T | null)
+    if (local) {
+      if (trace) trace.usage = 'l1'
+      return Promise.resolve(local.value as T | null)
+    }
     const existing = this.flights.get(key)
-    if (existing) return existing as Promise<T | null>
+    if (existing) {
+      if (trace) trace.usage = 'shared'
+      return existing as Promise<T | null>
+    }
     // A tagged call checks its tags' generations with its first read: it reads the usual way.
     const prefetched = !tags && this.prefetched?.key === key ? this.prefetched : undefined
     const read: Read<T> = {
@@ -69,6 +88,7 @@ export class TwoTierRead {
       options: resolveReadOptions(this.parts.settings, options, tags),
       epoch: this.parts.l1?.epoch ?? 0,
       hardAt: 0,
+      trace,
     }
     const flight = this.fetch(read, prefetched).finally(() => {
       if (this.flights.get(key) === flight) {
@@ -138,6 +158,7 @@ export class TwoTierRead {
       const [payload, tagged] = peeked
       if (payload !== undefined && tagged === undefined) {
         this.parts.metrics.hits.inc({ name })
+        if (read.trace) read.trace.usage ??= 'hit'
         const value = settings.deserialize(payload) as T | null
         this.parts.l1?.set(key, value, prefetched.epoch)
         return value
@@ -171,6 +192,7 @@ export class TwoTierRead {
       const ticket: FillTicket = { generation, owner: attempt.owner, recorded }
       if (state === 'fresh' || state === 'early') {
         this.parts.metrics.hits.inc({ name })
+        if (read.trace) read.trace.usage ??= 'hit'
         const value = (await this.decode(key, payload, state === 'early' ? attempt.owner : '')) as T | null
         this.parts.l1?.set(key, value, read.epoch, recorded === undefined ? undefined : tagsOf(recorded))
         if (state === 'early') this.loads.refreshInBackground(read, ticket)
@@ -185,12 +207,15 @@ export class TwoTierRead {
           this.loads.refreshInBackground(read, ticket)
         }
         this.parts.metrics.staleServed.inc({ name })
+        if (read.trace) read.trace.usage ??= 'stale'
         return stale
       }
       if (first) this.parts.metrics.misses.inc({ name })
+      if (read.trace) read.trace.usage ??= 'miss'
       if (options.hardTimeoutMs > 0 && !read.hardAt) read.hardAt = Date.now() + options.hardTimeoutMs
       if (state === 'load') return this.loads.bounded(this.loads.fill(read, ticket), read)
       if (first) this.parts.metrics.leaseWaits.inc({ name })
+      if (read.trace) read.trace.leaseWait = true
       const now = Date.now()
       if (read.hardAt && now >= read.hardAt) {
         this.parts.metrics.hardTimeouts.inc({ name })

@@ -2,6 +2,7 @@ import type { FastifyBaseLogger, FastifyInstance } from 'fastify'
 import type { AnyRedisClient, RedisClient } from '../../redis/client.ts'
 import { bootPluginRedis, type EvictionCheck } from '../../redis/server.ts'
 import { pluginMetrics, pluginUsesRedis } from './metrics.ts'
+import { bridgeOpenTelemetry } from './otel.ts'
 import { type PrincipalFunction, resolvePrincipal } from './principal.ts'
 
 // One context per plugin registration, built before its first hook runs and never changed after:
@@ -61,6 +62,8 @@ export function pluginContext<M = undefined>(
   parts: ContextParts<M> = {},
 ): PluginContext<M> {
   const own = parts.principal
+  // OpenTelemetry, if an SDK is registered: decisions become span attributes (otel.ts).
+  app.addHook('onReady', async () => void (await bridgeOpenTelemetry()))
   let asked: PrincipalFunction = () => null
   if (!own)
     app.addHook('onReady', async () => {

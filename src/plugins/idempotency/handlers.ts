@@ -7,6 +7,7 @@ import type {
   preHandlerHookHandler,
 } from 'fastify'
 import type { RedisPluginContext } from '../common/context.ts'
+import { channels, type IdempotencyChannelContext, traced } from '../common/diagnostics.ts'
 import { HttpProblem, PROBLEM_CONTENT_TYPE, sendProblem } from '../common/problem.ts'
 import type { IdempotencyOutcome } from './decision.ts'
 import { parseIdempotencyKey, requestFingerprint } from './key.ts'
@@ -21,7 +22,7 @@ import {
   responseNotKept,
   storeUnavailable,
 } from './problems.ts'
-import { IdempotencyStore, ownerToken, type StoredResponse } from './store.ts'
+import { type ClaimResult, IdempotencyStore, ownerToken, type StoredResponse } from './store.ts'
 
 export const REPLAYED_HEADER = 'idempotent-replayed'
 // Conditions a retry may clear: never kept, the claim is released instead.
@@ -155,7 +156,12 @@ export function claimKey(
     }
     let result: Awaited<ReturnType<IdempotencyStore['claim']>>
     try {
-      result = await store.claim(recordKey, fingerprint, token)
+      result = await traced(
+        channels.idempotency,
+        () => ({ request, outcome: null, takeover: false, retryAfterMs: null }),
+        () => store.claim(recordKey, fingerprint, token),
+        describeClaim,
+      )
     } catch (err) {
       requestLog(request).warn({ err }, 'store unavailable')
       decided('unavailable')
@@ -188,6 +194,20 @@ export function claimKey(
       }
     }
   }
+}
+
+/** What the idempotency channel's subscribers see of a claim (src/plugins/common/diagnostics.ts). */
+function describeClaim(context: IdempotencyChannelContext, result: ClaimResult): void {
+  context.outcome =
+    result.kind === 'replay'
+      ? 'replayed'
+      : result.kind === 'mismatch'
+        ? 'mismatched'
+        : result.kind === 'conflict'
+          ? 'conflicted'
+          : 'claimed'
+  context.takeover = result.kind === 'takeover'
+  if (result.kind === 'conflict') context.retryAfterMs = result.retryAfterMs
 }
 
 /**

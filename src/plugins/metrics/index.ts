@@ -152,7 +152,7 @@ function redisObserver(instruments: Instruments, cleanups: Array<() => void>): M
 /** Times every response by its route pattern, never the raw URL: client-chosen paths must not create label values. */
 function timeResponses(app: FastifyInstance, httpDuration: TalliedHistogram): void {
   const httpSeries = new Map<string, HistogramSeries>()
-  app.addHook('onResponse', (request, reply, done) => {
+  app.addHook('onResponse', function metrics(request, reply, done) {
     const route = request.routeOptions.url ?? 'unmatched'
     const status = String(reply.statusCode)
     const id = `${request.method} ${status} ${route}`

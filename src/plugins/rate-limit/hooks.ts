@@ -6,6 +6,7 @@ import type {
   onRequestHookHandler,
   RouteOptions,
 } from 'fastify'
+import { channels, type RateLimitChannelContext, traced } from '../common/diagnostics.ts'
 import { sendProblem } from '../common/problem.ts'
 import { routeCovered } from '../common/route-coverage.ts'
 import { addRouteHook, routeName } from '../common/route-hooks.ts'
@@ -21,6 +22,24 @@ import type { Policy } from './types.ts'
 // policies (onRequest or preHandler), the refund of what a success consumed (onSend), the policies
 // each route gets (onRoute), the not-found handler's, and the check once the app is ready.
 
+/** What the rate-limit channel's subscribers see of a request's check (src/plugins/common/diagnostics.ts). */
+function describeOutcome(context: RateLimitChannelContext, outcome: Outcome | null): void {
+  if (!outcome) return
+  const decisions = outcome.decisions.filter((d) => d.policy.shadow === null).concat(outcome.shadowed)
+  context.decisions = decisions.map(({ policy, allowed, remaining, limit, resetMs }) => ({
+    policy: policy.name,
+    algorithm: policy.algorithm,
+    outcome: allowed ? 'allowed' : policy.shadow ? 'would_reject' : 'rejected',
+    remaining,
+    limit,
+    resetMs,
+    shadow: policy.shadow !== null,
+  }))
+  context.rejected = outcome.rejected?.policy.name ?? null
+  context.degraded = outcome.degraded
+  context.delayMs = outcome.delayMs
+}
+
 /** Decides a request under `policies`: headers on the way, the rejection, or the wait it was given. */
 function limitHook({ engine, metrics, allow, legacyHeaders }: RateLimitContext, policies: Policy[]) {
   const giveBack = (request: FastifyRequest, releases: Refund[]) => {
@@ -30,11 +49,17 @@ function limitHook({ engine, metrics, allow, legacyHeaders }: RateLimitContext, 
         requestLog(request).warn({ err, policy: release.policy.name }, 'concurrency slot not given back'),
       )
   }
-  return async function rateLimitHook(request: FastifyRequest, reply: FastifyReply) {
+  // Named for tracers: @fastify/otel's span reads `onRequest - rateLimit`.
+  return async function rateLimit(request: FastifyRequest, reply: FastifyReply) {
     let outcome: Outcome | null
     try {
       if (allow?.(request)) return
-      outcome = await engine.evaluate(request, policies, 'consume')
+      outcome = await traced(
+        channels.rateLimit,
+        () => ({ request, decisions: [], rejected: null, degraded: false, delayMs: 0 }),
+        () => engine.evaluate(request, policies, 'consume'),
+        describeOutcome,
+      )
     } catch (err) {
       if (err instanceof RateLimitError)
         for (const name of err.policies) metrics.decision({ name, shadow: null }, 'error')
@@ -129,7 +154,7 @@ export function limitNotFound(app: FastifyInstance, context: RateLimitContext): 
   if (late.length) app.addHook('preHandler', onlyNotFound(limitHook(context, late) as onRequestHookHandler))
   if (global.some((p) => p.isFailure)) {
     const refund = refundSuccesses(context)
-    app.addHook('onSend', (request, reply, payload, done) => {
+    app.addHook('onSend', function rateLimitRefundNotFound(request, reply, payload, done) {
       if (!request.is404 || !request.rateLimitRefunds) return done(null, payload)
       refund(request, reply, payload).then(
         (result) => done(null, result),

@@ -35,6 +35,8 @@ export interface Outcome {
   banReached: string | null
   /** Shadow policies that would have refused this request, with their keys (logged, never enforced). */
   wouldReject: Array<{ decision: Decision; key: string }>
+  /** Every shadow policy's decision (those showing headers are in `decisions` too). */
+  shadowed: Decision[]
 }
 
 /**
@@ -74,6 +76,7 @@ export function emptyOutcome(): Outcome {
     degraded: false,
     banReached: null,
     wouldReject: [],
+    shadowed: [],
   }
 }
 
@@ -130,6 +133,7 @@ export function resultOf(outcome: Outcome, limit: number): RateLimitResult {
 export function addShadow(outcome: Outcome, shadow: Outcome): void {
   for (const decision of shadow.decisions)
     if (decision.policy.shadow!.headers) outcome.decisions.push(decision)
+  outcome.shadowed.push(...shadow.decisions)
   outcome.wouldReject.push(...shadow.wouldReject)
   outcome.refunds.push(...shadow.refunds)
   outcome.releases.push(...shadow.releases)

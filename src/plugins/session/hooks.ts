@@ -9,6 +9,7 @@ import type {
 } from 'fastify'
 import { describeValue } from '../../redis/client.ts'
 import type { RedisPluginContext } from '../common/context.ts'
+import { channels, traced } from '../common/diagnostics.ts'
 import { sendProblem } from '../common/problem.ts'
 import { routeCovered } from '../common/route-coverage.ts'
 import { routeName } from '../common/route-hooks.ts'
@@ -52,9 +53,9 @@ export const checkRouteConfig =
   }
 
 /** onRequest: refuses a cookie no secret signed, or starts loading the session it names. */
-export const startLoad =
-  (ctx: SessionContext): onRequestHookHandler =>
-  (request, reply, done) => {
+export const startLoad = (ctx: SessionContext): onRequestHookHandler =>
+  // Named for tracers: @fastify/otel's span reads `onRequest - session`.
+  function session(request, reply, done) {
     const cookie = ctx.cookie.read(request)
     if (cookie === false) request.sessionDecision = 'forged'
     else if (cookie !== null) {
@@ -77,14 +78,23 @@ export const startLoad =
   }
 
 /** preParsing: the loaded session (or an anonymous one), and the 401/503 of a required route without one. */
-export const settleSession =
-  (ctx: SessionContext): preParsingAsyncHookHandler =>
-  async (request, reply) => {
-    await ctx.loading.get(request)
-    if (ctx.options.saveUninitialized && request.session === null) {
-      request.session = anonymousSession(ctx, request, reply)
-      if (request.sessionDecision === 'none') request.sessionDecision = 'anonymous'
+export const settleSession = (ctx: SessionContext): preParsingAsyncHookHandler =>
+  async function session(request, reply) {
+    const decide = async () => {
+      await ctx.loading.get(request)
+      if (ctx.options.saveUninitialized && request.session === null) {
+        request.session = anonymousSession(ctx, request, reply)
+        if (request.sessionDecision === 'none') request.sessionDecision = 'anonymous'
+      }
     }
+    await traced(
+      channels.session,
+      () => ({ request, decision: null }),
+      decide,
+      (context) => {
+        context.decision = request.sessionDecision
+      },
+    )
     ctx.metrics.decisions.inc({ decision: request.sessionDecision })
     // Anything but 'optional' is taken as 'required': a value the onRoute check did not see (a route
     // declared before the plugin) must not let a caller in unchecked.
@@ -99,7 +109,7 @@ export const settleSession =
  * nothing sends nothing more to Redis. A failed save answers 503 instead of the route's response
  * (the changes are dropped, so the error response does not try again).
  */
-export const saveChanges: onSendHookHandler = (request, _reply, payload, done) => {
+export const saveChanges: onSendHookHandler = function sessionSave(request, _reply, payload, done) {
   // Undefined, not null, on routes of contexts created before this plugin decorated the request.
   const current = request.session
   if (!current?.isModified()) {
