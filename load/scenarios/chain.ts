@@ -36,6 +36,8 @@ const PEER_TARGET = 2.5
 const BARE_TARGET = 0.6
 const CPU_TARGET = 1 / 0.8
 /** The chain with every decision on Redis (the IP bucket exact, no L1s), as before buffered mode. */
+/** The chain with the OpenTelemetry SDK and @fastify/otel on (load/lib/otel-sdk.ts). */
+const OTEL = 'gateway chain, OpenTelemetry SDK on'
 const EXACT_ENV = { RATE_LIMIT_IP_SYNC: 'exact', CACHE_L1_TTL: '0s', SESSION_L1_TTL: '0s' }
 
 /** Per round, `a`'s CPU per request over `b`'s (server and Redis together). */
@@ -108,15 +110,17 @@ const chain: Scenario = async ({ quick }) => {
     // The first gateway migrates and seeds; the others start after it, on the same database.
     const gateway = await startServer(entry('../servers/chain.ts'), { ...common, CACHE: 'on' })
     servers.push(gateway)
-    const [exact, noCache, peer, bare, oneGet] = await Promise.all([
+    const [exact, noCache, peer, bare, oneGet, otel] = await Promise.all([
       // Every decision on Redis: the IP bucket exact, no L1 for the cache or the sessions.
       startServer(entry('../servers/chain.ts'), { ...common, ...EXACT_ENV, CACHE: 'on' }),
       startServer(entry('../servers/chain.ts'), { ...common, CACHE: 'off' }),
       startServer(entry('../peer/server.ts'), common),
       startServer(entry('../servers/bare.ts')),
       startServer(entry('../servers/one-round-trip.ts'), { REDIS_URL: services.redisUrl }),
+      // The same chain with the OpenTelemetry SDK and @fastify/otel: what tracing costs.
+      startServer(entry('../servers/chain.ts'), { ...common, CACHE: 'on', OTEL_SDK: 'on' }),
     ])
-    servers.push(exact, noCache, peer, bare, oneGet)
+    servers.push(exact, noCache, peer, bare, oneGet, otel)
 
     const alice = await login(gateway.url, 'alice')
     const bob = await login(gateway.url, 'bob')
@@ -125,6 +129,7 @@ const chain: Scenario = async ({ quick }) => {
     const noCacheLogin = await login(noCache.url, 'alice')
     const exactLogin = await login(exact.url, 'alice')
     const peerLogin = await login(peer.url, 'alice')
+    const otelLogin = await login(otel.url, 'alice')
     const path = `/accounts/${accountId}/balance`
     const durationSec = quick ? 1 : 5
     const contenders: Contender[] = [
@@ -154,6 +159,12 @@ const chain: Scenario = async ({ quick }) => {
       },
       { name: 'bare route', url: bare.url, pid: bare.pid, spec: { path, durationSec } },
       { name: 'bare route + one Redis GET', url: oneGet.url, pid: oneGet.pid, spec: { path, durationSec } },
+      {
+        name: OTEL,
+        url: otel.url,
+        pid: otel.pid,
+        spec: { path, headers: { cookie: otelLogin.cookie }, durationSec },
+      },
     ]
     for (const c of contenders) await expectOk(c)
 
@@ -175,7 +186,7 @@ const chain: Scenario = async ({ quick }) => {
     // The headline ratios again with wrk as the load generator: same placement, connections and rounds.
     const wrkSummaries = wrkAvailable
       ? await interleave(
-          contenders.filter((c) => c.name !== 'gateway, cache off'),
+          contenders.filter((c) => c.name !== 'gateway, cache off' && c.name !== OTEL),
           {
             rounds: quick ? 2 : 5,
             warmupSec: quick ? 1 : 2,
@@ -257,6 +268,9 @@ const chain: Scenario = async ({ quick }) => {
       // The ceiling of chain / bare route on this machine: a route that only waits on Redis once.
       { label: 'bare route + one Redis GET / bare route', ...ratio(oneTrip, floor) },
       { label: 'gateway chain / bare route + one Redis GET', ...ratio(ours, oneTrip) },
+      // What tracing costs: the chain with the SDK and @fastify/otel against the same chain without.
+      { label: 'gateway chain, OpenTelemetry SDK on / gateway chain', ...ratio(by(OTEL), ours) },
+      { label: 'gateway chain CPU / gateway chain, OpenTelemetry SDK on CPU', ...cpuRatio(ours, by(OTEL)) },
     ]
     const generators = wrkSummaries
       ? [

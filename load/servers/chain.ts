@@ -29,6 +29,8 @@ const send = Redis.prototype.sendCommand as unknown as SendCommand
   return send.call(this, command, ...rest)
 }
 
+// OTEL_SDK=on: the OpenTelemetry SDK and @fastify/otel, registered before the app (load/lib/otel-sdk.ts).
+if (process.env.OTEL_SDK === 'on') await import('../lib/otel-sdk.ts')
 const app = await buildApp(loadConfig({ ...process.env, PORT: '0' }))
 let transactions = 0
 // Requests received, counted here: autocannon drops the connections still waiting when its run
