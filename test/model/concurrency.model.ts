@@ -6,7 +6,7 @@ import Fastify, { type FastifyInstance } from 'fastify'
 import type { Redis } from 'ioredis'
 import rateLimit, { type RateLimitPolicy } from '../../src/plugins/rate-limit/index.ts'
 import { type ModelCommand, modelTest } from './harness.ts'
-import { dataLosses, MODEL_EPOCH_MS, type ModelRedis, startModelRedis } from './redis.ts'
+import { Advance, dataLosses, MODEL_EPOCH_MS, type ModelRedis, startModelRedis } from './redis.ts'
 
 // Concurrency policies (docs/rate-limit.md, "Requests in flight") against a plain model of the
 // slots: two instances on one Redis (the model's server, whose clock the model moves) and one on
@@ -149,16 +149,6 @@ class End implements ModelCommand<Model, Real> {
   toString = () => `end(${this.pick}, ${this.how})`
 }
 
-class Advance implements ModelCommand<Model, Real> {
-  constructor(readonly ms: number) {}
-  check = () => true
-  async run(model: Model, real: Real) {
-    model.now += this.ms
-    real.server.clock.set(model.now)
-  }
-  toString = () => `advance(${this.ms})`
-}
-
 const instances = fc.constantFrom<InstanceName>('a', 'b', 'm')
 const keys = fc.constantFrom(...KEYS)
 
@@ -176,7 +166,7 @@ modelTest<Model, Real>({
     fc
       .tuple(fc.nat(5), fc.constantFrom<'finish' | 'abort'>('finish', 'abort'))
       .map(([p, h]) => new End(p, h)),
-    fc.constantFrom(1, 500, 999, 1000, 1001).map((ms) => new Advance(ms)),
+    fc.constantFrom(1, 500, 999, 1000, 1001).map((ms) => new Advance<Model, Real>(ms)),
     ...dataLosses<Model, Real>((model) => {
       for (const slot of model.slots) if (slot.store === 'redis') slot.held = false
     }),

@@ -5,7 +5,7 @@ import fc from 'fast-check'
 import type { Redis } from 'ioredis'
 import { type ClaimResult, IdempotencyStore, ownerToken } from '../../src/plugins/idempotency/store.ts'
 import { interleaveCommands, type ModelCommand, modelTest } from './harness.ts'
-import { type ModelRedis, startModelRedis } from './redis.ts'
+import { Advance, type ModelRedis, startModelRedis } from './redis.ts'
 
 // Idempotency records (claim, replay, mismatch, lease expiry and takeover, complete, release,
 // renew) against a model of each record, on a Redis whose clock the model moves. Requests racing
@@ -195,16 +195,6 @@ class Together implements ModelCommand<Model, Real> {
   toString = () => `together(${this.draws.map(drawn).join(', ')})`
 }
 
-class Advance implements ModelCommand<Model, Real> {
-  constructor(readonly ms: number) {}
-  check = () => true
-  async run(model: Model, real: Real) {
-    model.now += this.ms
-    real.server.clock.set(model.now)
-  }
-  toString = () => `advance(${this.ms})`
-}
-
 /** FLUSHALL, a Redis restart, or the loss of one record's slot: what was kept is gone. */
 class Loss implements ModelCommand<Model, Real> {
   constructor(readonly kind: 'flushAll' | 'restart' | 'dropSlot') {}
@@ -251,7 +241,7 @@ modelTest<Model, Real>({
         ([key, payloads]) => new Together(payloads.map((payload): Draw => ({ op: 'claim', key, payload }))),
       ),
     fc.tuple(claim, settle).map((draws) => new Together(draws)),
-    fc.constantFrom(...STEPS).map((ms) => new Advance(ms)),
+    fc.constantFrom(...STEPS).map((ms) => new Advance<Model, Real>(ms)),
     fc
       .constantFrom<'flushAll' | 'restart' | 'dropSlot'>('flushAll', 'restart', 'dropSlot')
       .map((k) => new Loss(k)),

@@ -7,7 +7,7 @@ import rateLimit, { overrideKeys, type RateLimitPolicy } from '../../src/plugins
 import { AUDIT_LENGTH, MAX_OVERRIDES, OVERRIDE } from '../../src/plugins/rate-limit/override-store.ts'
 import { callScript } from '../../src/redis/scripts.ts'
 import { type ModelCommand, modelTest } from './harness.ts'
-import { dataLosses, MODEL_EPOCH_MS, type ModelRedis, startModelRedis } from './redis.ts'
+import { Advance, dataLosses, MODEL_EPOCH_MS, type ModelRedis, startModelRedis } from './redis.ts'
 
 // Rate-limit overrides (docs/rate-limit.md, "Overrides") against a plain table of them: two
 // instances on one Redis (the model's server; its clock, which the instances read too, is the
@@ -182,16 +182,6 @@ class SetUnannounced implements ModelCommand<Model, Real> {
   toString = () => `setUnannounced(${this.key}, ${this.limit})`
 }
 
-class Advance implements ModelCommand<Model, Real> {
-  constructor(readonly ms: number) {}
-  check = () => true
-  async run(model: Model, real: Real) {
-    model.now += this.ms
-    real.server.clock.set(model.now)
-  }
-  toString = () => `advance(${this.ms})`
-}
-
 const instances = fc.constantFrom<InstanceName>('a', 'b', 'm')
 const keys = fc.constantFrom(...KEYS)
 const limits = fc.integer({ min: 1, max: 9 })
@@ -209,7 +199,7 @@ modelTest<Model, Real>({
       .map(([i, k, l, t]) => new SetOverride(i, k, l, t)),
     fc.tuple(instances, keys).map(([i, k]) => new Remove(i, k)),
     fc.tuple(keys, limits).map(([k, l]) => new SetUnannounced(k, l)),
-    fc.constantFrom(1, 499, 500, 1000).map((ms) => new Advance(ms)),
+    fc.constantFrom(1, 499, 500, 1000).map((ms) => new Advance<Model, Real>(ms)),
     ...dataLosses<Model, Real>((model) => {
       model.tables.redis.clear()
     }),

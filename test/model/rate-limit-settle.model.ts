@@ -5,7 +5,7 @@ import Fastify, { type FastifyInstance } from 'fastify'
 import type { Redis } from 'ioredis'
 import rateLimit, { type RateLimitPolicy } from '../../src/plugins/rate-limit/index.ts'
 import { type ModelCommand, modelTest } from './harness.ts'
-import { dataLosses, MODEL_EPOCH_MS, type ModelRedis, startModelRedis } from './redis.ts'
+import { Advance, dataLosses, MODEL_EPOCH_MS, type ModelRedis, startModelRedis } from './redis.ts'
 
 // Reserve, then reconcile (docs/rate-limit.md) against a plain token bucket: two instances on one
 // Redis (the model's server, whose clock the model moves) and one on the memory store. A request
@@ -127,16 +127,6 @@ class Request implements ModelCommand<Model, Real> {
     `request(${this.instance}, ${this.path}, ${this.estimate} -> ${this.actual}${this.lose ? ', lost' : ''})`
 }
 
-class Advance implements ModelCommand<Model, Real> {
-  constructor(readonly ms: number) {}
-  check = () => true
-  async run(model: Model, real: Real) {
-    model.now += this.ms
-    real.server.clock.set(model.now)
-  }
-  toString = () => `advance(${this.ms})`
-}
-
 const instances = fc.constantFrom<InstanceName>('a', 'b', 'm')
 const request = fc
   .tuple(
@@ -156,7 +146,7 @@ modelTest<Model, Real>({
     request,
     request,
     request,
-    fc.constantFrom(1, 256, 1024, 4096).map((ms) => new Advance(ms)),
+    fc.constantFrom(1, 256, 1024, 4096).map((ms) => new Advance<Model, Real>(ms)),
     ...dataLosses<Model, Real>((model) => {
       delete model.buckets['redis:route']
       delete model.buckets['redis:hook']

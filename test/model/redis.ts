@@ -211,3 +211,20 @@ export const dataLosses = <Model extends object, Real extends { server: ModelRed
   fc.constant(new DataLoss<Model, Real>('flushAll', lose)),
   fc.constant(new DataLoss<Model, Real>('restart', lose)),
 ]
+
+/** The model's clock and the server's moved together by `ms`, drawn like any command. */
+export class Advance<Model extends { now: number }, Real extends { server: ModelRedis }>
+  implements ModelCommand<Model, Real>
+{
+  constructor(readonly ms: number) {}
+  check() {
+    return true
+  }
+  async run(model: Model, real: Real) {
+    model.now += this.ms
+    real.server.clock.set(model.now)
+  }
+  toString() {
+    return `advance(${this.ms})`
+  }
+}

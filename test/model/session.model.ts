@@ -4,7 +4,7 @@ import fc from 'fast-check'
 import type { Redis } from 'ioredis'
 import { type SessionLifetime, SessionStore, sessionHandle } from '../../src/plugins/session/index.ts'
 import { type ModelCommand, modelTest } from './harness.ts'
-import { type ModelRedis, startModelRedis } from './redis.ts'
+import { Advance, type ModelRedis, startModelRedis } from './redis.ts'
 
 // Sessions of two principals on several devices, served by two instances of the store (each with
 // its own memory of when it last slid a session, and its own L1), against a model of every
@@ -334,16 +334,6 @@ class EndDevice implements ModelCommand<Model, Real> {
   toString = () => `endDevice(#${this.index})`
 }
 
-class Advance implements ModelCommand<Model, Real> {
-  constructor(readonly ms: number) {}
-  check = () => true
-  async run(model: Model, real: Real) {
-    model.now += this.ms
-    real.server.clock.set(model.now)
-  }
-  toString = () => `advance(${this.ms})`
-}
-
 /** FLUSHALL, or a Redis crash and restart: every session is lost. */
 class Loss implements ModelCommand<Model, Real> {
   constructor(readonly kind: 'flushAll' | 'restart') {}
@@ -432,8 +422,8 @@ modelTest<Model, Real>({
     fc.tuple(instance, index).map(([i, n]) => new Regenerate(i, n)),
     fc.tuple(instance, fc.constantFrom(...PRINCIPALS)).map(([i, p]) => new LogoutEverywhere(i, p)),
     index.map((n) => new EndDevice(n)),
-    fc.constantFrom(...STEPS).map((ms) => new Advance(ms)),
-    fc.constantFrom(...STEPS).map((ms) => new Advance(ms)),
+    fc.constantFrom(...STEPS).map((ms) => new Advance<Model, Real>(ms)),
+    fc.constantFrom(...STEPS).map((ms) => new Advance<Model, Real>(ms)),
     fc.constantFrom<'flushAll' | 'restart'>('flushAll', 'restart').map((kind) => new Loss(kind)),
     instance.map((i) => new KillSubscriber(i)),
     instance.map((i) => new SubscriberDown(i)),
