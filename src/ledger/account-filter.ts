@@ -95,6 +95,8 @@ export function createAccountFilter(options: AccountFilterOptions): AccountFilte
   // then (at start, after a failure, during a rebuild for a restore) no "absent" is trusted.
   let current = false
   let covered = 0
+  // The newest account id this instance has read from Postgres (its probes and catch-ups).
+  let seenNewest = 0
   // The latest rebuild or catch-up failed (until one succeeds).
   let failed = false
 
@@ -156,6 +158,7 @@ export function createAccountFilter(options: AccountFilterOptions): AccountFilte
     const [id, created] = (marker ?? '').split(':')
     if (marker === null || created === undefined || !(await bloom.ready())) return rebuildOnce()
     const last = { id: Number(id), created }
+    seenNewest = Math.max(seenNewest, last.id)
     if (last.id > 0) {
       const [row] = await db.query<{ created: string }>(`SELECT ${STAMP} FROM accounts WHERE id = $1`, [
         last.id,
@@ -200,7 +203,10 @@ export function createAccountFilter(options: AccountFilterOptions): AccountFilte
     }
     probe = db
       .query<{ newest: number }>('SELECT coalesce(max(id), 0)::int AS newest FROM accounts')
-      .then(([row]) => row!.newest)
+      .then(([row]) => {
+        seenNewest = Math.max(seenNewest, row!.newest)
+        return row!.newest
+      })
       .finally(() => {
         probe = null
       })
@@ -209,7 +215,9 @@ export function createAccountFilter(options: AccountFilterOptions): AccountFilte
 
   const state = (): AccountFilterState =>
     rebuilding ? 'building' : current ? 'ready' : failed ? 'degraded' : 'starting'
-  observeFilter(options.registry, state, async () => Math.max(0, (await newestId()) - covered))
+  // From what this instance already read: a scrape never queries Postgres (it would wait on a
+  // locked accounts table, holding a pool connection, while the requests wait too).
+  observeFilter(options.registry, state, () => Math.max(0, seenNewest - covered))
 
   return {
     bloom,
@@ -259,7 +267,7 @@ export function createAccountFilter(options: AccountFilterOptions): AccountFilte
 function observeFilter(
   registry: Registry | undefined,
   state: () => AccountFilterState,
-  lag: () => Promise<number>,
+  lag: () => number,
 ): void {
   const registers = registry ? [registry] : []
   new Gauge({
@@ -274,14 +282,10 @@ function observeFilter(
   })
   new Gauge({
     name: 'account_filter_catch_up_lag',
-    help: "Account ids above the newest one the account filter's latest catch-up covered (Postgres' newest id minus it)",
+    help: "Account ids above the newest one the account filter's latest catch-up covered (the newest id this instance read from Postgres minus it)",
     registers,
-    async collect() {
-      // Postgres unreachable: the last value stays (the scrape does not fail).
-      await lag().then(
-        (n) => this.set(n),
-        () => {},
-      )
+    collect() {
+      this.set(lag())
     },
   })
 }
