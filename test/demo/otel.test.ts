@@ -143,3 +143,48 @@ test('a refused request: the refusing policy on its span', async () => {
   assert.deepEqual(refused.root.attributes['ratelimiter.result'], ['rejected'])
   assert.deepEqual(refused.root.attributes['ratelimiter.remaining'], [0])
 })
+
+test('exemplars: OpenMetrics scrapes name the trace of a refusal and of a request’s latency; Prometheus ones are unchanged', async () => {
+  // Spend the bucket, then one refusal whose trace the counter's exemplar must name.
+  let refused: Awaited<ReturnType<typeof traceOf>> | undefined
+  for (let i = 0; i < 50 && !refused; i++) {
+    const trace = await traceOf(() => balance(alice.accountIds[0]!))
+    if (trace.root.attributes['http.response.status_code'] === 429) refused = trace
+  }
+  assert.ok(refused, 'the IP bucket ran out')
+  const traceId = refused.root.spanContext().traceId
+  const scrape = await t.app.inject({
+    url: '/metrics',
+    headers: { accept: 'application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.1' },
+  })
+  assert.equal(scrape.statusCode, 200)
+  assert.match(String(scrape.headers['content-type']), /^application\/openmetrics-text; version=1\.0\.0/)
+  assert.ok(scrape.body.endsWith('# EOF\n'))
+  const lines = scrape.body.split('\n')
+  const refusal = lines.filter((l) =>
+    /^rate_limit_decisions_total\{policy="ip",outcome="rejected(_cached)?"\}/.test(l),
+  )
+  assert.ok(
+    refusal.some((l) => l.includes(` # {trace_id="${traceId}",span_id="`)),
+    `a refusal's exemplar names trace ${traceId}:\n${refusal.join('\n')}`,
+  )
+  assert.ok(lines.includes('# TYPE rate_limit_decisions counter'), 'the counter family has no _total')
+  const latency = lines.filter(
+    (l) => l.startsWith('http_request_duration_seconds_bucket{') && l.includes('status="429"'),
+  )
+  assert.ok(
+    latency.some((l) => l.includes(`# {trace_id="${traceId}",`)),
+    `a 429's latency bucket names trace ${traceId}:\n${latency.join('\n')}`,
+  )
+  // Every exemplar is well formed: labels, a value, a timestamp in seconds.
+  for (const line of lines.filter((l) => l.includes(' # {')))
+    assert.match(
+      line,
+      / # \{trace_id="[0-9a-f]{32}",span_id="[0-9a-f]{16}"\} [0-9.e-]+ \d{10}(\.\d+)?$/,
+      line,
+    )
+  const plain = await t.app.inject({ url: '/metrics' })
+  assert.match(String(plain.headers['content-type']), /^text\/plain; version=0\.0\.4/)
+  assert.ok(!plain.body.includes(' # {'), 'no exemplar in the Prometheus format')
+  assert.match(plain.body, /^rate_limit_decisions_total\{policy="ip",outcome="rejected"\} \d+$/m)
+})

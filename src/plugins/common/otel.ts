@@ -24,12 +24,14 @@ interface OtelApi {
 interface OtelSpan {
   setAttributes(attributes: Record<string, unknown>): unknown
   isRecording(): boolean
-  spanContext(): unknown
+  spanContext(): { traceId: string; spanId: string; traceFlags: number }
 }
 
 type Attributes = Record<string, string | number | boolean | string[] | number[] | boolean[]>
 
 let bridged: Promise<boolean> | null = null
+/** The API once the bridge subscribed; null while no SDK is registered. */
+let bridgedApi: OtelApi | null = null
 
 /**
  * Subscribes the channels once per process if OpenTelemetry is there; resolves whether it did.
@@ -51,16 +53,31 @@ export function bridgeOpenTelemetry(): Promise<boolean> {
       return false
     }
     subscribe(api)
+    bridgedApi = api
     return true
   })()
   return bridged
 }
 
-/** The span a request's decisions go on: @fastify/otel's request span, else the active one. */
-function spanOf(api: OtelApi, request: FastifyRequest | undefined): OtelSpan | undefined {
+/** A request's span: @fastify/otel's request span, else the active one. */
+function requestSpan(api: OtelApi, request: FastifyRequest | undefined): OtelSpan | undefined {
   const otel = (request as { opentelemetry?: () => { span?: OtelSpan | null } } | undefined)?.opentelemetry
-  const span = (typeof otel === 'function' ? otel.call(request).span : undefined) ?? api.trace.getActiveSpan()
+  return (typeof otel === 'function' ? otel.call(request).span : undefined) ?? api.trace.getActiveSpan()
+}
+
+/** The span a request's decisions go on, while it records. */
+function spanOf(api: OtelApi, request: FastifyRequest | undefined): OtelSpan | undefined {
+  const span = requestSpan(api, request)
   return span?.isRecording() ? span : undefined
+}
+
+/** The sampled trace the metrics plugin's exemplars point to: the request's span's, else the active one's. */
+export function exemplarOf(request?: FastifyRequest): Record<string, string> | undefined {
+  if (!bridgedApi) return undefined
+  // An ended span (the request's, by onResponse) still names its trace.
+  const context = requestSpan(bridgedApi, request)?.spanContext()
+  if (!context || !(context.traceFlags & 1) || !bridgedApi.isSpanContextValid(context)) return undefined
+  return { trace_id: context.traceId, span_id: context.spanId }
 }
 
 function on<C extends object>(

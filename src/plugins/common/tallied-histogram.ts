@@ -1,6 +1,16 @@
+/** An OpenMetrics exemplar: the trace an observation belonged to (prom-client's shape). */
+export interface Exemplar {
+  labelSet: Record<string, string>
+  value: number
+  /** Seconds since the epoch. */
+  timestamp: number
+}
+
 /** One label set's buckets; `observe` is a bucket search and three additions. */
 export class HistogramSeries {
   readonly counts: number[]
+  /** The latest exemplar per bucket (the last one is `+Inf`'s), kept only when traces are on. */
+  exemplars: Array<Exemplar | undefined> | null = null
   sum = 0
   count = 0
 
@@ -21,6 +31,16 @@ export class HistogramSeries {
     }
     this.sum += value
     this.count++
+  }
+
+  /** `observe`, and the value's trace kept as its bucket's exemplar. */
+  observeWithExemplar(value: number, labelSet: Record<string, string>): void {
+    this.observe(value)
+    const { bounds } = this
+    let i = 0
+    while (i < bounds.length && value > bounds[i]!) i++
+    this.exemplars ??= new Array(bounds.length + 1)
+    this.exemplars[i] = { labelSet, value, timestamp: Date.now() / 1000 }
   }
 }
 
@@ -53,9 +73,17 @@ export class TalliedHistogram {
     return found
   }
 
-  /** prom-client's metric shape: cumulative `_bucket`s with `le`, then `_sum` and `_count`. */
+  /**
+   * prom-client's metric shape: cumulative `_bucket`s with `le` (and their exemplars, shown in the
+   * OpenMetrics format only), then `_sum` and `_count`.
+   */
   async get() {
-    const values: Array<{ labels: Record<string, string | number>; value: number; metricName: string }> = []
+    const values: Array<{
+      labels: Record<string, string | number>
+      value: number
+      metricName: string
+      exemplar?: Exemplar
+    }> = []
     for (const s of this.all.values()) {
       let cumulative = 0
       this.bounds.forEach((bound, i) => {
@@ -64,9 +92,16 @@ export class TalliedHistogram {
           labels: { ...s.labels, le: bound },
           value: cumulative,
           metricName: `${this.name}_bucket`,
+          ...(s.exemplars?.[i] ? { exemplar: s.exemplars[i] } : {}),
         })
       })
-      values.push({ labels: { ...s.labels, le: '+Inf' }, value: s.count, metricName: `${this.name}_bucket` })
+      const inf = s.exemplars?.[this.bounds.length]
+      values.push({
+        labels: { ...s.labels, le: '+Inf' },
+        value: s.count,
+        metricName: `${this.name}_bucket`,
+        ...(inf ? { exemplar: inf } : {}),
+      })
       values.push({ labels: s.labels, value: s.sum, metricName: `${this.name}_sum` })
       values.push({ labels: s.labels, value: s.count, metricName: `${this.name}_count` })
     }
@@ -77,6 +112,7 @@ export class TalliedHistogram {
   reset(): void {
     for (const s of this.all.values()) {
       s.counts.fill(0)
+      s.exemplars = null
       s.sum = 0
       s.count = 0
     }

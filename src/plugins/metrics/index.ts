@@ -6,8 +6,10 @@ import { type RedisClient, rawClient, SENT_BY } from '../../redis/client.ts'
 import { beforeEachCommand } from '../../redis/command-bounds.ts'
 import { scriptSources } from '../../redis/scripts.ts'
 import { adoptMetric, appInstruments, type MetricsApi } from '../common/metrics.ts'
+import { bridgeOpenTelemetry, exemplarOf } from '../common/otel.ts'
 import { type HistogramSeries, TalliedHistogram } from '../common/tallied-histogram.ts'
-import { METRICS_OPTIONS, type MetricsPluginOptions } from './options.ts'
+import { acceptsOpenMetrics, OPENMETRICS_CONTENT_TYPE, openMetrics } from './openmetrics.ts'
+import { METRICS_OPTIONS, type MetricsNames, type MetricsPluginOptions } from './options.ts'
 
 export type { MetricsApi, MetricsPluginOptions }
 
@@ -35,13 +37,25 @@ function errorReason(err: unknown): string {
   return 'reply'
 }
 
-/** A command's label, its latency, its error if any, and the plugin that sent it, if one did. */
-type CommandSink = (label: string, seconds: number, error: unknown, sender: string | undefined) => void
+/** A command's label, its latency, its error if any, the plugin that sent it if one did, and the command. */
+type CommandSink = (
+  label: string,
+  seconds: number,
+  error: unknown,
+  sender: string | undefined,
+  command: TimedCommand,
+) => void
 const SINKS = Symbol('metricsSinks')
 /** Set on a command when it is first sent: a cluster redirect sends it again, timed once. */
 const SENT_AT = Symbol('sentAt')
+/** The trace the command was sent in, when OpenTelemetry traces it: the latency's exemplar. */
+const EXEMPLAR = Symbol('exemplar')
 type Observed = RedisClient & { [SINKS]?: Set<CommandSink> }
-type TimedCommand = Command & { [SENT_AT]?: number; [SENT_BY]?: string }
+type TimedCommand = Command & {
+  [SENT_AT]?: number
+  [SENT_BY]?: string
+  [EXEMPLAR]?: Record<string, string> | undefined
+}
 
 /**
  * Hooks into the client's commands once (every command, script and pipelined command); each app
@@ -56,11 +70,12 @@ function addCommandSink(client: Observed, sink: CommandSink): () => void {
     const report = (command: TimedCommand, error: unknown) => {
       const seconds = (performance.now() - command[SENT_AT]!) / 1000
       const label = commandLabel(command)
-      for (const s of own) s(label, seconds, error, command[SENT_BY])
+      for (const s of own) s(label, seconds, error, command[SENT_BY], command)
     }
     beforeEachCommand(client, (command: TimedCommand) => {
       if (command[SENT_AT] !== undefined) return
       command[SENT_AT] = performance.now()
+      command[EXEMPLAR] = exemplarOf()
       // A second listener on the command's promise; the caller's own handling is unaffected.
       command.promise?.then(
         () => report(command, undefined),
@@ -72,24 +87,44 @@ function addCommandSink(client: Observed, sink: CommandSink): () => void {
   return () => void sinks.delete(sink)
 }
 
-/** The registry's own instruments: HTTP and Redis command latency, command errors, script reloads. */
-function createInstruments(registry: Registry) {
+/** The OpenTelemetry semantic conventions' buckets (advised for `http.server.request.duration`). */
+const HTTP_SERVER_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10]
+/** ... and for `db.client.operation.duration`. */
+const DB_CLIENT_BUCKETS = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10]
+
+/**
+ * The registry's own instruments: HTTP and Redis command latency under the names `names` asks for
+ * (null: not kept), command errors, script reloads.
+ */
+function createInstruments(registry: Registry, names: MetricsNames) {
+  const prometheus = names !== 'opentelemetry'
+  const opentelemetry = names !== 'prometheus'
+  const histogram = (keep: boolean, name: string, help: string, buckets: number[]) =>
+    keep ? adoptMetric(registry, new TalliedHistogram(name, help, buckets)) : null
   return {
-    httpDuration: adoptMetric(
-      registry,
-      new TalliedHistogram(
-        'http_request_duration_seconds',
-        'HTTP request duration by method, route and status',
-        [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
-      ),
+    httpDuration: histogram(
+      prometheus,
+      'http_request_duration_seconds',
+      'HTTP request duration by method, route and status',
+      [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
     ),
-    redisDuration: adoptMetric(
-      registry,
-      new TalliedHistogram(
-        'redis_command_duration_seconds',
-        'Redis command latency seen by the client (send to reply), by client and command; scripts as script:<name>',
-        FAST_BUCKETS,
-      ),
+    httpServerDuration: histogram(
+      opentelemetry,
+      'http_server_request_duration_seconds',
+      'http.server.request.duration: duration of HTTP server requests (OpenTelemetry semantic conventions)',
+      HTTP_SERVER_BUCKETS,
+    ),
+    redisDuration: histogram(
+      prometheus,
+      'redis_command_duration_seconds',
+      'Redis command latency seen by the client (send to reply), by client and command; scripts as script:<name>',
+      FAST_BUCKETS,
+    ),
+    dbClientDuration: histogram(
+      opentelemetry,
+      'db_client_operation_duration_seconds',
+      'db.client.operation.duration: duration of Redis commands, send to reply (OpenTelemetry semantic conventions)',
+      DB_CLIENT_BUCKETS,
     ),
     redisErrors: adoptMetric(
       registry,
@@ -119,7 +154,7 @@ type Instruments = ReturnType<typeof createInstruments>
  * sent it (else `name`). `cleanups` removes every sink when the app closes.
  */
 function redisObserver(instruments: Instruments, cleanups: Array<() => void>): MetricsApi['observeRedis'] {
-  const { redisDuration, redisErrors, scriptReloads } = instruments
+  const { redisDuration, dbClientDuration, redisErrors, scriptReloads } = instruments
   const observedClients = new WeakSet<RedisClient>()
   return (observed, name) => {
     const client = rawClient(observed)
@@ -127,19 +162,32 @@ function redisObserver(instruments: Instruments, cleanups: Array<() => void>): M
     observedClients.add(client)
     // Per sender, then per command: the series looked up once each.
     const timers = new Map<string, Map<string, HistogramSeries>>()
+    const dbTimers = new Map<string, HistogramSeries>()
     cleanups.push(
-      addCommandSink(client, (command, seconds, error, sender = name) => {
-        let bySender = timers.get(sender)
-        if (!bySender) {
-          bySender = new Map()
-          timers.set(sender, bySender)
+      addCommandSink(client, (command, seconds, error, sender = name, sent) => {
+        if (redisDuration) {
+          let bySender = timers.get(sender)
+          if (!bySender) {
+            bySender = new Map()
+            timers.set(sender, bySender)
+          }
+          let timer = bySender.get(command)
+          if (!timer) {
+            timer = redisDuration.series({ client: sender, command })
+            bySender.set(command, timer)
+          }
+          observe(timer, seconds, sent[EXEMPLAR])
         }
-        let timer = bySender.get(command)
-        if (!timer) {
-          timer = redisDuration.series({ client: sender, command })
-          bySender.set(command, timer)
+        if (dbClientDuration) {
+          const errorType = error ? (isNoScript(error) ? 'noscript' : errorReason(error)) : ''
+          const id = `${sent.name} ${command} ${errorType}`
+          let timer = dbTimers.get(id)
+          if (!timer) {
+            timer = dbClientDuration.series(dbClientLabels(sent.name, command, errorType))
+            dbTimers.set(id, timer)
+          }
+          observe(timer, seconds, sent[EXEMPLAR])
         }
-        timer.observe(seconds)
         if (!error) return
         // Not a failure: the caller sends the script again with EVAL, which is timed on its own.
         if (isNoScript(error)) scriptReloads.inc({ client: sender, command })
@@ -149,19 +197,57 @@ function redisObserver(instruments: Instruments, cleanups: Array<() => void>): M
   }
 }
 
+/** `db.client.operation.duration`'s attributes for a Redis command (scripts by their file's name). */
+function dbClientLabels(command: string, label: string, errorType: string): Record<string, string> {
+  return {
+    db_system_name: 'redis',
+    db_operation_name: command.toUpperCase(),
+    ...(label.startsWith('script:') ? { db_stored_procedure_name: label.slice('script:'.length) } : {}),
+    ...(errorType ? { error_type: errorType } : {}),
+  }
+}
+
+/** An observation, with its trace as the bucket's exemplar when OpenTelemetry traces the request. */
+function observe(series: HistogramSeries, seconds: number, exemplar: Record<string, string> | undefined) {
+  if (exemplar) series.observeWithExemplar(seconds, exemplar)
+  else series.observe(seconds)
+}
+
 /** Times every response by its route pattern, never the raw URL: client-chosen paths must not create label values. */
-function timeResponses(app: FastifyInstance, httpDuration: TalliedHistogram): void {
+function timeResponses(app: FastifyInstance, instruments: Instruments): void {
+  const { httpDuration, httpServerDuration } = instruments
   const httpSeries = new Map<string, HistogramSeries>()
+  const serverSeries = new Map<string, HistogramSeries>()
   app.addHook('onResponse', function metrics(request, reply, done) {
     const route = request.routeOptions.url ?? 'unmatched'
     const status = String(reply.statusCode)
     const id = `${request.method} ${status} ${route}`
-    let series = httpSeries.get(id)
-    if (!series) {
-      series = httpDuration.series({ method: request.method, route, status })
-      httpSeries.set(id, series)
+    const seconds = reply.elapsedTime / 1000
+    const exemplar = exemplarOf(request)
+    if (httpDuration) {
+      let series = httpSeries.get(id)
+      if (!series) {
+        series = httpDuration.series({ method: request.method, route, status })
+        httpSeries.set(id, series)
+      }
+      observe(series, seconds, exemplar)
     }
-    series.observe(reply.elapsedTime / 1000)
+    if (httpServerDuration) {
+      const scheme = request.protocol
+      let series = serverSeries.get(`${id} ${scheme}`)
+      if (!series) {
+        series = httpServerDuration.series({
+          http_request_method: request.method,
+          // A 404 matched no route: the attribute is left off, as the conventions ask.
+          ...(request.routeOptions.url ? { http_route: route } : {}),
+          http_response_status_code: status,
+          url_scheme: scheme,
+          ...(reply.statusCode >= 500 ? { error_type: status } : {}),
+        })
+        serverSeries.set(`${id} ${scheme}`, series)
+      }
+      observe(series, seconds, exemplar)
+    }
     done()
   })
 }
@@ -174,8 +260,11 @@ function serveRegistry(app: FastifyInstance, path: string, registry: Registry): 
   // scraper behind a shared address must not be refused (config is untyped here: the metrics
   // plugin does not depend on the rate-limit plugin).
   const config = { rateLimits: false } as object
-  app.get(path, { schema, config }, async (_request, reply) =>
-    reply.type(registry.contentType).send(await registry.metrics()),
+  app.get(path, { schema, config }, async (request, reply) =>
+    // Prometheus asks for OpenMetrics first: the only format that carries exemplars.
+    acceptsOpenMetrics(request.headers.accept)
+      ? reply.type(OPENMETRICS_CONTENT_TYPE).send(await openMetrics(registry))
+      : reply.type(registry.contentType).send(await registry.metrics()),
   )
 }
 
@@ -183,7 +272,7 @@ async function metricsPlugin(app: FastifyInstance, options: MetricsPluginOptions
   const settings = METRICS_OPTIONS.read(options)
   const registry = new Registry()
   if (settings.processMetrics) collectDefaultMetrics({ register: registry })
-  const instruments = createInstruments(registry)
+  const instruments = createInstruments(registry, settings.names)
   const cleanups: Array<() => void> = []
   const metrics: MetricsApi = { registry, observeRedis: redisObserver(instruments, cleanups) }
   app.decorate('metrics', metrics)
@@ -191,6 +280,8 @@ async function metricsPlugin(app: FastifyInstance, options: MetricsPluginOptions
   // The other plugins may register after this one: their instruments and clients, and the redis
   // plugin's decorator, are all known once the app is ready.
   app.addHook('onReady', async () => {
+    // Exemplars name the trace of each observation when an OpenTelemetry SDK is registered.
+    await bridgeOpenTelemetry()
     const { metrics: adopted, clients } = appInstruments(app)
     for (const instrument of adopted) adoptMetric(registry, instrument)
     for (const { client, name } of clients) metrics.observeRedis(client, name)
@@ -199,7 +290,7 @@ async function metricsPlugin(app: FastifyInstance, options: MetricsPluginOptions
   app.addHook('onClose', async () => {
     for (const cleanup of cleanups.splice(0)) cleanup()
   })
-  timeResponses(app, instruments.httpDuration)
+  timeResponses(app, instruments)
   if (settings.path) serveRegistry(app, settings.path, registry)
 }
 

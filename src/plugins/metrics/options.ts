@@ -12,6 +12,10 @@ export const METRICS_OPTIONS = declareOptions('metrics plugin', {
       )
     },
   }),
+  names: option.oneOf(['prometheus', 'opentelemetry', 'both'] as const, {
+    default: 'prometheus',
+    doc: "the HTTP and Redis latency histograms' names: `prometheus` (`http_request_duration_seconds`, `redis_command_duration_seconds`), `opentelemetry` (the semantic conventions' `http.server.request.duration` and `db.client.operation.duration`, with their attributes and advised buckets), or `both` while dashboards move",
+  }),
   processMetrics: option.boolean({
     default: true,
     doc: "include prom-client's default `process_*` and `nodejs_*` metrics",
@@ -20,3 +24,6 @@ export const METRICS_OPTIONS = declareOptions('metrics plugin', {
 
 /** The metrics plugin's options (see docs/metrics.md). */
 export type MetricsPluginOptions = OptionsOf<typeof METRICS_OPTIONS>
+
+/** Which names the latency histograms are kept under (the `names` option). */
+export type MetricsNames = 'prometheus' | 'opentelemetry' | 'both'

@@ -1,4 +1,5 @@
 import { Counter, Gauge } from 'prom-client'
+import { exemplarOf } from '../common/otel.ts'
 import { type HistogramSeries, TalliedHistogram } from '../common/tallied-histogram.ts'
 
 /**
@@ -32,7 +33,13 @@ export interface RateLimitMetrics {
   settled(policy: string, outcome: 'refunded' | 'charged' | 'exact'): void
 }
 
-type Tallies = Map<string, Map<string, { labels: { policy: string; outcome: string }; n: number }>>
+interface Tally {
+  labels: { policy: string; outcome: string }
+  n: number
+  /** The trace of the latest refusal counted here, when OpenTelemetry traces it. */
+  exemplar?: Record<string, string> | undefined
+}
+type Tallies = Map<string, Map<string, Tally>>
 
 /**
  * Decisions are tallied in plain numbers and handed to prom-client when it collects (a scrape):
@@ -45,11 +52,20 @@ function decisionsCounter(tallies: Tallies): Counter<'policy' | 'outcome'> {
     help: 'Rate limit decisions by policy and outcome (allowed, delayed, rejected, rejected_cached, would_reject, degraded_*, error)',
     labelNames: ['policy', 'outcome'] as const,
     registers: [],
+    // A refusal's exemplar names its trace (shown to OpenMetrics scrapers).
+    enableExemplars: true,
     collect() {
       for (const outcomes of tallies.values()) {
         for (const cell of outcomes.values()) {
-          if (cell.n > 0) counter.inc(cell.labels, cell.n)
+          if (cell.n === 0) continue
+          const { exemplar } = cell
+          if (!exemplar) counter.inc({ labels: cell.labels, value: cell.n })
+          else {
+            if (cell.n > 1) counter.inc({ labels: cell.labels, value: cell.n - 1 })
+            counter.inc({ labels: cell.labels, value: 1, exemplarLabels: exemplar })
+          }
           cell.n = 0
+          cell.exemplar = undefined
         }
       }
     },
@@ -131,9 +147,14 @@ export function createRateLimitMetrics(): RateLimitMetrics {
         outcomes = new Map()
         byPolicy.set(name, outcomes)
       }
-      const cell = outcomes.get(outcome)
+      let cell = outcomes.get(outcome)
       if (cell) cell.n++
-      else outcomes.set(outcome, { labels: { policy: name, outcome }, n: 1 })
+      else {
+        cell = { labels: { policy: name, outcome }, n: 1 }
+        outcomes.set(outcome, cell)
+      }
+      if (outcome === 'rejected' || outcome === 'rejected_cached')
+        cell.exemplar = exemplarOf() ?? cell.exemplar
     },
     scriptSeconds(algorithm) {
       let series = scriptSeries.get(algorithm)

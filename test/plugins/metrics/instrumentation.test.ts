@@ -141,3 +141,80 @@ test('the plugin alone: HTTP histogram by route pattern; path false serves nothi
   assert.ok((await hidden.inject({ url: '/metrics' })).body.includes('http_request_duration_seconds'))
   assert.equal((await bare.inject({ url: '/metrics' })).statusCode, 404)
 })
+
+test('names: opentelemetry keeps the latency histograms under the semantic conventions, both keeps the two', async (t) => {
+  const client = new Redis({ lazyConnect: true })
+  const prefix = uniquePrefix('otel-names')
+  const build = async (names: 'opentelemetry' | 'both') => {
+    const app = Fastify({ logger: false })
+    await app.register(metrics, { processMetrics: false, names })
+    app.get('/items/:id', async () => ({ ok: true }))
+    app.get('/boom', async () => {
+      throw new Error('boom')
+    })
+    await app.ready()
+    app.metrics.observeRedis(client, 'own')
+    return app
+  }
+  const otel = await build('opentelemetry')
+  const both = await build('both')
+  t.after(() => Promise.all([otel.close(), both.close(), client.quit()]))
+  await client.connect()
+  await client.get(`${prefix}a`)
+  await createLock(client, { keyPrefix: prefix }).holder('s')
+  for (const app of [otel, both]) {
+    await app.inject({ url: '/items/1' })
+    await app.inject({ url: '/boom' })
+    await app.inject({ url: '/nowhere' })
+    const now = await scrape(app)
+    const http = 'http_server_request_duration_seconds_count'
+    assert.equal(
+      now.value(http, {
+        http_request_method: 'GET',
+        http_route: '/items/:id',
+        http_response_status_code: '200',
+        url_scheme: 'http',
+      }),
+      1,
+    )
+    assert.equal(
+      now.value(http, { http_response_status_code: '500', error_type: '500', http_route: '/boom' }),
+      1,
+    )
+    // No route matched: no http_route attribute, never the raw URL.
+    assert.equal(now.value(http, { http_response_status_code: '404' }), 1)
+    assert.equal(now.value(http, { http_route: '/nowhere' }), 0)
+    const db = 'db_client_operation_duration_seconds_count'
+    assert.equal(now.value(db, { db_system_name: 'redis', db_operation_name: 'GET' }), 1)
+    // The script by its file's name, whether it went as EVALSHA or (after NOSCRIPT) as EVAL.
+    assert.ok(now.value(db, { db_stored_procedure_name: 'lockHolder' }) >= 1)
+    const text = (await app.inject({ url: '/metrics' })).body
+    assert.match(text, /^# TYPE http_server_request_duration_seconds histogram$/m)
+    assert.match(text, /^http_server_request_duration_seconds_bucket\{.*le="7\.5"\} /m, 'the advised buckets')
+    assert.match(text, /^db_client_operation_duration_seconds_bucket\{.*le="0\.005"\} /m)
+    assert.equal(/^http_request_duration_seconds_count/m.test(text), app === both)
+    assert.equal(/^redis_command_duration_seconds_count/m.test(text), app === both)
+  }
+})
+
+test('OpenMetrics: the same samples as the Prometheus format, counters as <family>_total, ending in # EOF', async (t) => {
+  const app = await appWith(async (a) => {
+    a.get('/items/:id', async () => ({ ok: true }))
+    await a.register(redis, { url: 'redis://127.0.0.1:6379' })
+  })
+  t.after(() => app.close())
+  await app.inject({ url: '/items/1' })
+  await app.redis.get(uniquePrefix('om'))
+  const prometheus = (await app.inject({ url: '/metrics' })).body
+  const open = await app.inject({ url: '/metrics', headers: { accept: 'application/openmetrics-text' } })
+  assert.match(String(open.headers['content-type']), /^application\/openmetrics-text; version=1\.0\.0/)
+  assert.ok(open.body.endsWith('\n# EOF\n'))
+  // The two scrapes differ only by the first scrape's own timing.
+  const samples = (text: string) =>
+    text.split('\n').filter((l) => /^[a-z]/.test(l) && !l.includes('route="/metrics"'))
+  assert.deepEqual(samples(open.body), samples(prometheus))
+  assert.match(open.body, /^# TYPE redis_command_errors counter$/m)
+  assert.match(prometheus, /^# TYPE redis_command_errors_total counter$/m)
+  // The Prometheus format is untouched by an OpenMetrics scrape (prom-client's own would rename).
+  assert.match((await app.inject({ url: '/metrics' })).body, /^# TYPE redis_command_errors_total counter$/m)
+})
