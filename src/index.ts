@@ -50,6 +50,8 @@ export {
   type StopOptions,
   type StopResult,
 } from './plugins/common/lifecycle.ts'
+// Names this package's Redis scripts on @opentelemetry/instrumentation-ioredis's spans (docs/observability.md).
+export { ioredisRequestHook } from './plugins/common/otel.ts'
 export { HttpProblem, PROBLEM_CONTENT_TYPE, type ProblemBody, sendProblem } from './plugins/common/problem.ts'
 export {
   default as idempotency,

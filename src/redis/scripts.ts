@@ -110,8 +110,23 @@ function loadScripts(): Map<ScriptName, Script> {
 
 const scripts = loadScripts()
 
-/** Every script by name, with its SHA1 (the metrics plugin names EVALSHA calls by it). */
+/** Every script by name, with its SHA1. */
 export const scriptSources: ReadonlyMap<string, Script> = scripts
+
+const scriptBySha = new Map([...scripts].map(([name, { sha }]) => [sha, name]))
+const scriptByLua = new Map([...scripts].map(([name, { lua }]) => [lua, name]))
+
+/**
+ * The name of the script an `EVALSHA` or `EVAL` runs (its first argument: the digest, or the
+ * source), if it is one of ours; undefined for any other command. EVALSHA carries only a digest:
+ * metrics and spans name the script by it.
+ */
+export function scriptNameOf(command: string, args: readonly unknown[]): string | undefined {
+  const name = command.toLowerCase()
+  if (name === 'evalsha') return scriptBySha.get(String(args[0]))
+  if (name === 'eval') return scriptByLua.get(String(args[0]))
+  return undefined
+}
 
 export type Arg = string | number | Buffer
 

@@ -1,4 +1,6 @@
+import { tracingChannel } from 'node:diagnostics_channel'
 import type { FastifyRequest } from 'fastify'
+import { scriptNameOf } from '../../redis/scripts.ts'
 import {
   type CacheChannelContext,
   CHANNELS,
@@ -11,7 +13,9 @@ import {
 // @opentelemetry/api is installed and an SDK registered a tracer provider, every decision published
 // on the tracing channels becomes attributes of a span: the request's span (@fastify/otel's) for
 // the plugins' hooks, else the active span. No span of our own, none per Redis call. Without an SDK
-// nothing subscribes, so the channels cost nothing.
+// nothing subscribes, so the channels cost nothing. The Redis spans a Redis instrumentation makes
+// get the name of the script they run (`db.stored_procedure.name`): from ioredis's own tracing
+// channel, or through `ioredisRequestHook` for @opentelemetry/instrumentation-ioredis.
 
 /** The part of @opentelemetry/api this uses. */
 interface OtelApi {
@@ -25,6 +29,46 @@ interface OtelSpan {
   setAttributes(attributes: Record<string, unknown>): unknown
   isRecording(): boolean
   spanContext(): { traceId: string; spanId: string; traceFlags: number }
+  /** The SDK's spans have these (ReadableSpan); the API's interface does not. */
+  readonly kind?: number
+  readonly attributes?: Record<string, unknown>
+}
+
+const SPAN_KIND_CLIENT = 2
+
+/**
+ * `requestHook` for @opentelemetry/instrumentation-ioredis, which patches the client and makes a
+ * span per command: names the script an EVALSHA or EVAL of this package runs, as the OpenTelemetry
+ * Redis conventions ask (`db.stored_procedure.name`). `new IORedisInstrumentation({ requestHook:
+ * ioredisRequestHook })`.
+ */
+export function ioredisRequestHook(
+  span: { setAttribute(key: string, value: string): unknown },
+  command: { cmdName: string; cmdArgs: readonly unknown[] },
+): void {
+  const name = scriptNameOf(command.cmdName, command.cmdArgs)
+  if (name) span.setAttribute('db.stored_procedure.name', name)
+}
+
+/**
+ * ioredis 5.11+ publishes each command on its `ioredis:command` tracing channel; a tracer built on
+ * it makes the command's span active when `start` is published. If one subscribed before the app
+ * was ready, name the scripts on its spans. Subscribing otherwise would make ioredis build a context
+ * for every command for nobody.
+ */
+function nameScriptSpans(api: OtelApi): void {
+  const commands = tracingChannel('ioredis:command')
+  if (!commands.start.hasSubscribers) return
+  commands.start.subscribe((message) => {
+    const command = message as { command: string; args: readonly unknown[] }
+    const name = scriptNameOf(command.command, command.args)
+    if (!name) return
+    const span = api.trace.getActiveSpan()
+    const system = span?.attributes?.['db.system.name'] ?? span?.attributes?.['db.system']
+    // Only the command's own span: never the request's, when no tracer made one.
+    if (span?.isRecording() && span.kind === SPAN_KIND_CLIENT && system === 'redis')
+      span.setAttributes({ 'db.stored_procedure.name': name })
+  })
 }
 
 type Attributes = Record<string, string | number | boolean | string[] | number[] | boolean[]>
@@ -53,6 +97,7 @@ export function bridgeOpenTelemetry(): Promise<boolean> {
       return false
     }
     subscribe(api)
+    nameScriptSpans(api)
     bridgedApi = api
     return true
   })()

@@ -4,7 +4,7 @@ import type { Command } from 'ioredis'
 import { Counter, collectDefaultMetrics, Registry } from 'prom-client'
 import { type RedisClient, rawClient, SENT_BY } from '../../redis/client.ts'
 import { beforeEachCommand } from '../../redis/command-bounds.ts'
-import { scriptSources } from '../../redis/scripts.ts'
+import { scriptNameOf } from '../../redis/scripts.ts'
 import { adoptMetric, appInstruments, type MetricsApi } from '../common/metrics.ts'
 import { bridgeOpenTelemetry, exemplarOf } from '../common/otel.ts'
 import { type HistogramSeries, TalliedHistogram } from '../common/tallied-histogram.ts'
@@ -15,14 +15,10 @@ export type { MetricsApi, MetricsPluginOptions }
 
 const FAST_BUCKETS = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1]
 
-/** EVALSHA carries only a digest: name the script it runs, so latency is per script, not one lump. */
-const scriptBySha = new Map([...scriptSources].map(([name, { sha }]) => [sha, name]))
-const scriptByLua = new Map([...scriptSources].map(([name, { lua }]) => [lua, name]))
-
+/** A script by its name, so latency is per script, not one lump. */
 function commandLabel(command: Command): string {
-  if (command.name === 'evalsha') return `script:${scriptBySha.get(String(command.args[0])) ?? 'unknown'}`
-  if (command.name === 'eval') return `script:${scriptByLua.get(String(command.args[0])) ?? 'unknown'}`
-  return command.name
+  if (command.name !== 'evalsha' && command.name !== 'eval') return command.name
+  return `script:${scriptNameOf(command.name, command.args) ?? 'unknown'}`
 }
 
 /** A NOSCRIPT reply: the server did not have the script yet, and its caller sends it with EVAL. */
