@@ -2,6 +2,7 @@ import { buildApp } from './app.ts'
 import { ConfigError, loadConfig } from './config.ts'
 import { HOW_TO_GET_REDIS, resolveDevRedis } from './embedded/redis-server.ts'
 import { seedDemo } from './ledger/seed.ts'
+import { startTracing } from './otel-export.ts'
 import { handleShutdownSignals } from './shutdown.ts'
 
 // Run in reverse order of start on shutdown or a failed boot (the app before the Redis it uses).
@@ -11,6 +12,9 @@ const stopAll = async () => {
 }
 
 async function main() {
+  // Before the app is built, so @fastify/otel instruments it; first in, so flushed after the app closed.
+  const stopTracing = await startTracing()
+  if (stopTracing) stops.push(stopTracing)
   const config = loadConfig()
 
   // Embedded default: no REDIS_URL and nothing on the standard port means a private redis-server.
