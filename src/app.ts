@@ -112,7 +112,7 @@ export async function buildApp(config: Config, deps: GatewayDependencies = {}): 
   registerProblemHandlers(app)
   refuseUnstorableText(app)
   readIntegerParams(app)
-  await app.register(metrics)
+  await app.register(metrics, { names: config.metricsNames })
   await app.register(redis, { redis: deps.redis, ...config.redis })
   await app.register(postgres, { database: deps.database, connectionString: config.databaseUrl })
   // Redis keys derived from the database's ids (feeds, notification markers, the leaderboard, the

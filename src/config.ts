@@ -10,6 +10,9 @@ const EnvSchema = Type.Object({
   LOG_LEVEL: Type.Optional(
     Type.Union(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'].map((l) => Type.Literal(l))),
   ),
+  METRICS_NAMES: Type.Optional(
+    Type.Union([Type.Literal('prometheus'), Type.Literal('opentelemetry'), Type.Literal('both')]),
+  ),
   PORT: Type.Optional(Type.String({ pattern: '^[0-9]{1,5}$' })),
   HOST: Type.Optional(Type.String({ minLength: 1 })),
   PUBLIC_URL: Type.Optional(Type.String({ pattern: '^https?://[^/?#\\s]+(/[^?#\\s]*)?$' })),
@@ -147,6 +150,8 @@ function parseEventWorkers(value: string): EventWorkers {
 export interface Config {
   nodeEnv: 'development' | 'production' | 'test'
   logLevel: string
+  /** The latency histograms' names (the metrics plugin's `names`). */
+  metricsNames: 'prometheus' | 'opentelemetry' | 'both'
   port: number
   host: string
   /** Where clients reach this gateway: the OpenAPI document's `servers` entry. */
@@ -294,6 +299,7 @@ export function loadConfig(env: Record<string, string | undefined> = process.env
   return {
     nodeEnv,
     logLevel: e.LOG_LEVEL ?? (nodeEnv === 'test' ? 'silent' : 'info'),
+    metricsNames: e.METRICS_NAMES ?? 'prometheus',
     port,
     host: e.HOST ?? '127.0.0.1',
     publicUrl: (e.PUBLIC_URL ?? defaultPublicUrl(e.HOST ?? '127.0.0.1', port)).replace(/\/+$/, ''),

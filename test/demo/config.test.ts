@@ -23,6 +23,7 @@ test('defaults follow docs/demo/http-api.md', () => {
   assert.equal(config.events.notificationsDedupMs, 86_400_000)
   assert.equal(config.events.notificationsTtlMs, 7 * 86_400_000)
   assert.equal(config.events.deadLetterRetention, 10_000)
+  assert.equal(config.metricsNames, 'prometheus')
 })
 
 test('parses every variable', () => {
@@ -43,6 +44,7 @@ test('parses every variable', () => {
     NOTIFICATIONS_DEDUP: '90m',
     NOTIFICATIONS_TTL: '36h',
     EVENTS_DEAD_LETTER_RETENTION: '500',
+    METRICS_NAMES: 'both',
   })
   assert.equal(config.port, 8080)
   assert.equal(config.cacheRedisUrl, 'redis://10.0.0.2:6379')
@@ -61,6 +63,7 @@ test('parses every variable', () => {
   assert.equal(config.events.notificationsDedupMs, 5_400_000)
   assert.equal(config.events.notificationsTtlMs, 129_600_000)
   assert.equal(config.events.deadLetterRetention, 500)
+  assert.equal(config.metricsNames, 'both')
   assert.deepEqual(loadConfig({ REDIS_CLUSTER_NODES: 'a:7000,b:7001' }).redis.clusterNodes, [
     { host: 'a', port: 7000 },
     { host: 'b', port: 7001 },

@@ -107,3 +107,20 @@ test('metricNames reads a query’s metric names and nothing else', () => {
     ['outbox_oldest_unrelayed_age_seconds', 'outbox_backlog'],
   )
 })
+
+test('METRICS_NAMES=opentelemetry: the gateway exports the latency histograms under the semantic conventions', async () => {
+  const gateway = await buildTestApp({ METRICS_NAMES: 'opentelemetry' })
+  try {
+    await gateway.app.inject({ url: '/health' })
+    await gateway.app.redis.get('monitoring-test:none')
+    const body = (await gateway.app.inject({ url: '/metrics' })).body
+    assert.match(
+      body,
+      /^http_server_request_duration_seconds_count\{http_request_method="GET",http_route="\/health",/m,
+    )
+    assert.match(body, /^db_client_operation_duration_seconds_count\{db_system_name="redis",/m)
+    assert.doesNotMatch(body, /^http_request_duration_seconds_count/m)
+  } finally {
+    await gateway.close()
+  }
+})
