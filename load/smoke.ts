@@ -1,7 +1,7 @@
 // `npm run bench:smoke`: every benchmark scenario with short runs (`load/run.ts --smoke`: the quick
 // runs of about a second, and a scenario fails on any non-2xx answer or error in its load runs),
 // the session revocation benchmark's quick run, the buffered rate limiting accuracy's quick run,
-// then a short soak with its invariants. Exits 1
+// the tracing channels' quick run, then a short soak with its invariants. Exits 1
 // naming what failed. Results go to load/results/quick/ (git-ignored); it checks that the suite
 // runs, it measures nothing to quote.
 import { spawn } from 'node:child_process'
@@ -43,6 +43,11 @@ if (accuracy.code !== 0)
   failures.push(
     `rate-limit accuracy (exit ${accuracy.code}: an answer other than 200/429, or a window admitted over its limit)`,
   )
+const diagnostics = await run(['load/diagnostics.ts', '--quick'])
+if (diagnostics.code !== 0)
+  failures.push(
+    `tracing channels (exit ${diagnostics.code}: a non-2xx answer, a subscriber missing or where none should be, or an error)`,
+  )
 const soak = await run(['load/soak.ts', '--quick', '--minutes', SOAK_MINUTES])
 if (soak.code !== 0) failures.push(`soak (exit ${soak.code}: an invariant failed or a Redis key has no TTL)`)
 
@@ -52,5 +57,5 @@ if (failures.length) {
   process.exit(1)
 }
 console.log(
-  `\nbench:smoke passed in ${seconds} s: every scenario, the session revocation, the rate-limit accuracy and the soak`,
+  `\nbench:smoke passed in ${seconds} s: every scenario, the session revocation, the rate-limit accuracy, the tracing channels and the soak`,
 )

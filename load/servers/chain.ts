@@ -1,10 +1,12 @@
 // The demo gateway with its whole chain (rate limit, session, cache, idempotency), configured by the
 // environment like `npm start`, plus GET /__bench/counters: the database statement and transaction
 // counts and the Redis round trips, so a scenario can report work per request. Seeds the demo customers.
+import { tracingChannel } from 'node:diagnostics_channel'
 import { Redis } from 'ioredis'
 import { buildApp } from '../../src/app.ts'
 import { loadConfig } from '../../src/config.ts'
 import { seedDemo } from '../../src/ledger/seed.ts'
+import { CHANNELS } from '../../src/plugins/common/diagnostics.ts'
 
 // A Redis round trip starts whenever a command leaves while none is in flight, on any client of the
 // process (main and cache). Only a run with one connection attributes them to single requests.
@@ -31,6 +33,24 @@ const send = Redis.prototype.sendCommand as unknown as SendCommand
 
 // OTEL_SDK=on: the OpenTelemetry SDK and @fastify/otel, registered before the app (load/lib/otel-sdk.ts).
 if (process.env.OTEL_SDK === 'on') await import('../lib/otel-sdk.ts')
+// DIAGNOSTICS_SUBSCRIBER=noop: a subscriber that does nothing on every event of every tracing
+// channel, so that each traced operation takes its publishing path (load/diagnostics.ts);
+// =count: one that counts the operations started on each channel, reported by GET /__bench/counters.
+const subscriber = process.env.DIAGNOSTICS_SUBSCRIBER
+const tracedOperations: Record<string, number> = {}
+if (subscriber === 'noop' || subscriber === 'count') {
+  const noop = () => {}
+  for (const name of Object.values(CHANNELS)) {
+    tracedOperations[name] = 0
+    tracingChannel(name).subscribe({
+      start: subscriber === 'count' ? () => void tracedOperations[name]!++ : noop,
+      end: noop,
+      asyncStart: noop,
+      asyncEnd: noop,
+      error: noop,
+    })
+  }
+}
 const app = await buildApp(loadConfig({ ...process.env, PORT: '0' }))
 let transactions = 0
 // Requests received, counted here: autocannon drops the connections still waiting when its run
@@ -52,6 +72,9 @@ const counters = () => ({
   dbTransactions: transactions,
   redisRoundTrips,
   requests,
+  // Whether anything listens on the tracing channels, and (DIAGNOSTICS_SUBSCRIBER=count) what.
+  diagnosticsSubscribed: Object.values(CHANNELS).some((name) => tracingChannel(name).hasSubscribers),
+  ...(subscriber === 'count' ? { tracedOperations } : {}),
 })
 await seedDemo(app.db)
 const url = await app.listen({ port: 0, host: '127.0.0.1' })
