@@ -25,9 +25,8 @@
 // run, or when a server's subscription state is not the one asked for.
 import { parseArgs } from 'node:util'
 import type { FastifyRequest } from 'fastify'
-import pg from 'pg'
 import { channels, traced } from '../src/plugins/common/diagnostics.ts'
-import { pinLoadGenerator, pinPostgres, placement } from './lib/cpus.ts'
+import { placement } from './lib/cpus.ts'
 import {
   type Contender,
   CPU_PER_REQUEST_NOTE,
@@ -39,10 +38,10 @@ import {
   type Summary,
   spread,
   startServer,
-  stopAllServers,
   writeResults,
 } from './lib/runner.ts'
-import { ADMIN_DATABASE_URL, startBenchServices } from './lib/services.ts'
+import { placeBenchProcess, startBenchServices } from './lib/services.ts'
+import { chainEnv } from './scenarios/chain.ts'
 
 const { values } = parseArgs({ options: { quick: { type: 'boolean', default: false } } })
 const quick = values.quick
@@ -58,7 +57,6 @@ const MICRO_ROUNDS = quick ? 3 : 15
 const MICRO_WARMUP = 2
 /** Calls between two turns of the event loop, so that a subscriber's promises settle as they go. */
 const CHUNK = 10_000
-const SECRET = 'bench-secret-0123456789-abcdefghijklmnop'
 const NOBODY = 'chain, nobody subscribed'
 const NOOP = 'chain, no-op subscriber on every channel'
 
@@ -224,17 +222,7 @@ async function countPerRequest(url: string, path: string, cookie: string) {
   return { requests, perChannel, total }
 }
 
-pinLoadGenerator()
-const admin = new pg.Client({ connectionString: ADMIN_DATABASE_URL })
-await admin.connect()
-const unpinPostgres = await pinPostgres(admin)
-await admin.end()
-process.on('exit', unpinPostgres)
-console.error(`CPU placement: ${placement()}`)
-process.once('SIGINT', () => {
-  console.error('\ninterrupted: stopping the servers under test')
-  stopAllServers().finally(() => process.exit(130))
-})
+await placeBenchProcess()
 
 const started = performance.now()
 // (B) first, with nothing else running; the subscribed rounds last, since a subscription stays.
@@ -262,19 +250,8 @@ const servers: ServerHandle[] = []
 let summaries: Summary[]
 let counted: Awaited<ReturnType<typeof countPerRequest>>
 try {
-  const common = {
-    REDIS_URL: services.redisUrl,
-    DATABASE_URL: services.databaseUrl,
-    SESSION_SECRET: SECRET,
-    // As the chain scenario's "gateway chain": every limit active, none rejecting, no background work.
-    RATE_LIMITS: 'on',
-    RATE_LIMIT_IP: '1000000000,1000000000',
-    RATE_LIMIT_TRANSFERS: '1000000000/60s',
-    RATE_LIMIT_LOGIN: '1000000/60s',
-    EVENT_WORKERS: 'off',
-    SCHEDULER: 'off',
-    CACHE: 'on',
-  }
+  // As the chain scenario's "gateway chain": every limit active, none rejecting, no background work.
+  const common = { ...chainEnv(services), CACHE: 'on' }
   // The counting server migrates and seeds; the two measured ones start after it, alike.
   const counting = await startServer(entry('servers/chain.ts'), {
     ...common,

@@ -1,15 +1,7 @@
-// Runs benchmark scenarios: `tsx --conditions=fastify-redis-gateway:source load/run.ts [--quick | --smoke] [name ...]`; no names runs every
-// file in load/scenarios/. Each scenario writes load/results/<name>.{json,md} (quick and smoke runs:
-// under load/results/quick/, git-ignored); the run then rebuilds summary.md (the headline rows, every
-// scenario's tables, the chart) and ratios.svg from the latest result of every scenario. A scenario
-// that fails is reported in the summary and the others still run. `--smoke` is a quick run that
-// also fails a scenario whose load runs got a non-2xx answer or an error (every load run of the
-// suite expects success), for `npm run bench:smoke` (load/smoke.ts).
-import pg from 'pg'
-import { pinLoadGenerator, pinPostgres, placement } from './lib/cpus.ts'
+import { placement } from './lib/cpus.ts'
 import { stopAllServers, writeResults } from './lib/runner.ts'
 import { type Scenario, scenarioNames } from './lib/scenario.ts'
-import { ADMIN_DATABASE_URL } from './lib/services.ts'
+import { placeBenchProcess } from './lib/services.ts'
 import { type ScenarioOutcome, writeSummary } from './lib/summary.ts'
 
 const args = process.argv.slice(2)
@@ -23,19 +15,7 @@ if (unknown.length) {
   process.exit(2)
 }
 
-pinLoadGenerator()
-const admin = new pg.Client({ connectionString: ADMIN_DATABASE_URL })
-await admin.connect()
-const unpinPostgres = await pinPostgres(admin)
-await admin.end()
-// Whatever ends the run (a crash included), Postgres gets its CPUs back.
-process.on('exit', unpinPostgres)
-console.error(`CPU placement: ${placement()}`)
-
-process.once('SIGINT', () => {
-  console.error('\ninterrupted: stopping the servers under test')
-  stopAllServers().finally(() => process.exit(130))
-})
+await placeBenchProcess()
 
 /** Non-2xx answers, errors and timeouts of every load run a scenario's data holds (its samples). */
 function failedRequests(data: unknown): number {

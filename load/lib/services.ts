@@ -2,7 +2,8 @@ import { randomBytes } from 'node:crypto'
 import { Redis } from 'ioredis'
 import pg from 'pg'
 import { startRedisServer } from '../../src/embedded/redis-server.ts'
-import { pinUnderTest } from './cpus.ts'
+import { pinLoadGenerator, pinPostgres, pinUnderTest, placement } from './cpus.ts'
+import { stopAllServers } from './runner.ts'
 
 export const ADMIN_DATABASE_URL =
   process.env.BENCH_DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres'
@@ -57,4 +58,23 @@ export async function startBenchServices(): Promise<BenchServices> {
  */
 export async function vacuumTransferTables(db: { query(sql: string): Promise<unknown> }): Promise<void> {
   await db.query('VACUUM (ANALYZE) accounts, transfers, ledger_entries, outbox_events')
+}
+
+/**
+ * A benchmark process's placement before it starts servers: the load generator (this process) on
+ * its CPU, Postgres beside the servers under test until the process exits, a crash included; Ctrl-C
+ * stops the servers.
+ */
+export async function placeBenchProcess(): Promise<void> {
+  pinLoadGenerator()
+  const admin = new pg.Client({ connectionString: ADMIN_DATABASE_URL })
+  await admin.connect()
+  const unpinPostgres = await pinPostgres(admin)
+  await admin.end()
+  process.on('exit', unpinPostgres)
+  console.error(`CPU placement: ${placement()}`)
+  process.once('SIGINT', () => {
+    console.error('\ninterrupted: stopping the servers under test')
+    stopAllServers().finally(() => process.exit(130))
+  })
 }

@@ -35,9 +35,9 @@ const PEER_TARGET = 2.5
  */
 const BARE_TARGET = 0.6
 const CPU_TARGET = 1 / 0.8
-/** The chain with every decision on Redis (the IP bucket exact, no L1s), as before buffered mode. */
 /** The chain with the OpenTelemetry SDK and @fastify/otel on (load/lib/otel-sdk.ts). */
 const OTEL = 'gateway chain, OpenTelemetry SDK on'
+/** The chain with every decision on Redis (the IP bucket exact, no L1s), as before buffered mode. */
 const EXACT_ENV = { RATE_LIMIT_IP_SYNC: 'exact', CACHE_L1_TTL: '0s', SESSION_L1_TTL: '0s' }
 
 /** Per round, `a`'s CPU per request over `b`'s (server and Redis together). */
@@ -46,6 +46,33 @@ function cpuRatio(a: Summary, b: Summary) {
   const ratios = a.samples.map((sample, i) => cpu(sample) / Math.max(1e-9, cpu(b.samples[i]!)))
   return { median: median(ratios), min: Math.min(...ratios), max: Math.max(...ratios), ratios }
 }
+/**
+ * The gateway chain's environment, as `npm start` reads it: every limit active (its Redis work is
+ * what is measured) but never rejecting, no background work.
+ */
+export const chainEnv = (services: { redisUrl: string; databaseUrl: string }): Record<string, string> => ({
+  REDIS_URL: services.redisUrl,
+  DATABASE_URL: services.databaseUrl,
+  SESSION_SECRET: SECRET,
+  RATE_LIMITS: 'on',
+  // Every limit stays active (its Redis work is what we measure) but high enough never to reject.
+  RATE_LIMIT_IP: '1000000000,1000000000',
+  RATE_LIMIT_TRANSFERS: '1000000000/60s',
+  RATE_LIMIT_LOGIN: '1000000/60s',
+  // The transfer's outbox row is written; its relay and consumers (docs/demo/events.md, measured by the
+  // events scenario) run elsewhere, so the counts below are the request's own.
+  EVENT_WORKERS: 'off',
+  // Nor do the scheduled-transfer workers poll in the background.
+  SCHEDULER: 'off',
+  // e.g. BENCH_GATEWAY_ENV='CACHE_L1_TTL=1s' to measure another gateway configuration.
+  ...Object.fromEntries(
+    (process.env.BENCH_GATEWAY_ENV ?? '')
+      .split(/\s+/)
+      .filter(Boolean)
+      .map((pair) => [pair.slice(0, pair.indexOf('=')), pair.slice(pair.indexOf('=') + 1)]),
+  ),
+})
+
 const entry = (path: string) => new URL(path, import.meta.url).pathname
 
 async function login(url: string, username: string): Promise<{ cookie: string; customerId: number }> {
@@ -85,28 +112,7 @@ const chain: Scenario = async ({ quick }) => {
   const services = await startBenchServices()
   const servers: ServerHandle[] = []
   try {
-    const common = {
-      REDIS_URL: services.redisUrl,
-      DATABASE_URL: services.databaseUrl,
-      SESSION_SECRET: SECRET,
-      RATE_LIMITS: 'on',
-      // Every limit stays active (its Redis work is what we measure) but high enough never to reject.
-      RATE_LIMIT_IP: '1000000000,1000000000',
-      RATE_LIMIT_TRANSFERS: '1000000000/60s',
-      RATE_LIMIT_LOGIN: '1000000/60s',
-      // The transfer's outbox row is written; its relay and consumers (docs/demo/events.md, measured by the
-      // events scenario) run elsewhere, so the counts below are the request's own.
-      EVENT_WORKERS: 'off',
-      // Nor do the scheduled-transfer workers poll in the background.
-      SCHEDULER: 'off',
-      // e.g. BENCH_GATEWAY_ENV='CACHE_L1_TTL=1s' to measure another gateway configuration.
-      ...Object.fromEntries(
-        (process.env.BENCH_GATEWAY_ENV ?? '')
-          .split(/\s+/)
-          .filter(Boolean)
-          .map((pair) => [pair.slice(0, pair.indexOf('=')), pair.slice(pair.indexOf('=') + 1)]),
-      ),
-    }
+    const common = chainEnv(services)
     // The first gateway migrates and seeds; the others start after it, on the same database.
     const gateway = await startServer(entry('../servers/chain.ts'), { ...common, CACHE: 'on' })
     servers.push(gateway)

@@ -1,38 +1,20 @@
 import assert from 'node:assert/strict'
-import { spawn } from 'node:child_process'
 import { randomUUID } from 'node:crypto'
 import { after, test } from 'node:test'
 import { Redis } from 'ioredis'
 import { freePort, HOW_TO_GET_REDIS, resolveDevRedis } from '../../src/embedded/redis-server.ts'
-import { RUN_TYPESCRIPT } from '../helpers/tsx.ts'
+import { startDemoProcess } from '../helpers/demo-process.ts'
 
 const children: Array<{ kill(): void }> = []
 after(() => {
   for (const child of children) child.kill()
 })
 
-/** Runs `src/server.ts` like `npm start` does; resolves with its URL once it listens. */
+/** Runs `src/server.ts` like `npm start` does; killed when the tests end. */
 function startServer(env: Record<string, string>) {
-  const child = spawn(process.execPath, [...RUN_TYPESCRIPT, 'src/server.ts'], {
-    env: { PATH: process.env.PATH, HOME: process.env.HOME, LOG_LEVEL: 'info', ...env },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  })
-  children.push(child)
-  let output = ''
-  const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)))
-  const listening = new Promise<string>((resolve, reject) => {
-    const onData = (chunk: Buffer) => {
-      output += chunk.toString()
-      const match = /Server listening at (http:\/\/127\.0\.0\.1:\d+)/.exec(output)
-      if (match) resolve(match[1]!)
-    }
-    child.stdout.on('data', onData)
-    child.stderr.on('data', onData)
-    exited.then((code) => reject(new Error(`exited ${code}: ${output}`)))
-  })
-  // A boot that is meant to fail never listens: that rejection is expected, not unhandled.
-  listening.catch(() => {})
-  return { child, listening, exited, output: () => output }
+  const server = startDemoProcess(env)
+  children.push(server.child)
+  return server
 }
 
 test('npm start without DATABASE_URL serves the contract on embedded PGlite, seeded', async () => {

@@ -1,12 +1,12 @@
 import assert from 'node:assert/strict'
-import { type ChildProcess, spawn } from 'node:child_process'
+import type { ChildProcess } from 'node:child_process'
 import http from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { after, before, test } from 'node:test'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { freePort } from '../../src/embedded/redis-server.ts'
+import { startDemoProcess } from '../helpers/demo-process.ts'
 import { TEST_REDIS_URL, TEST_SECRET } from '../helpers/index.ts'
-import { RUN_TYPESCRIPT } from '../helpers/tsx.ts'
 
 // The demo's trace export (src/otel-export.ts): `npm start` with OTEL_EXPORTER_OTLP_ENDPOINT posts
 // OTLP/HTTP JSON to <endpoint>/v1/traces, with the request's span and the service's name; spans
@@ -104,12 +104,9 @@ process.on('exit', () => {
 /** `src/server.ts` as `npm start` runs it (plus PROBE), on a free port and embedded PGlite. */
 async function startServer(env: Record<string, string>) {
   const port = await freePort()
-  const child = spawn(process.execPath, [...RUN_TYPESCRIPT, '--import', PROBE, 'src/server.ts'], {
-    env: {
-      PATH: process.env.PATH,
-      HOME: process.env.HOME,
+  const { child, listening, exited, output } = startDemoProcess(
+    {
       NODE_ENV: 'test',
-      LOG_LEVEL: 'info',
       SEED_DEMO: 'false',
       SHUTDOWN_DRAIN: '0s',
       SESSION_SECRET: TEST_SECRET,
@@ -117,26 +114,15 @@ async function startServer(env: Record<string, string>) {
       PORT: String(port),
       ...env,
     },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  })
+    ['--import', PROBE],
+  )
   children.push(child)
-  let output = ''
-  const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)))
-  const url = await new Promise<string>((resolve, reject) => {
-    const onData = (chunk: Buffer) => {
-      output += chunk.toString()
-      const match = /Server listening at (http:\/\/127\.0\.0\.1:\d+)/.exec(output)
-      if (match) resolve(match[1]!)
-    }
-    child.stdout.on('data', onData)
-    child.stderr.on('data', onData)
-    exited.then((code) => reject(new Error(`exited ${code}: ${output}`)))
-  })
+  const url = await listening
   /** SIGTERM, as an orchestrator stops it; resolves with the exit code and the SDK modules it had loaded. */
   const stop = async () => {
     child.kill('SIGTERM')
     const code = await exited
-    return { code, sdkModules: Number(/OTEL_SDK_MODULES=(\d+)/.exec(output)?.[1]) }
+    return { code, sdkModules: Number(/OTEL_SDK_MODULES=(\d+)/.exec(output())?.[1]) }
   }
   return { url, stop }
 }

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict'
 import { tracingChannel } from 'node:diagnostics_channel'
 import { createRequire } from 'node:module'
-import { after, test } from 'node:test'
+import { after, type TestContext, test } from 'node:test'
 import { context, type Span, SpanKind, trace } from '@opentelemetry/api'
 import { IORedisInstrumentation } from '@opentelemetry/instrumentation-ioredis'
 import { InMemorySpanExporter, SimpleSpanProcessor } from '@opentelemetry/sdk-trace-base'
@@ -34,6 +34,28 @@ async function spansOf(run: () => Promise<unknown>) {
   return exporter.getFinishedSpans()
 }
 
+/**
+ * A GET and a script call (one EVALSHA: the script is loaded first) inside a parent span: the
+ * script's span is named `lockHolder`; the GET's and the parent's carry no script name.
+ */
+async function assertScriptSpanNamed(t: TestContext): Promise<void> {
+  const client = new Redis()
+  t.after(() => client.quit())
+  const lock = createLock(client, { keyPrefix: prefix })
+  await lock.holder('warm')
+  const spans = await spansOf(async () => {
+    await client.get(`${prefix}k`)
+    await lock.holder('a')
+  })
+  const evalsha = spans.filter((s) => s.name === 'evalsha')
+  assert.equal(evalsha.length, 1, spans.map((s) => s.name).join(', '))
+  assert.equal(evalsha[0]!.attributes['db.stored_procedure.name'], 'lockHolder')
+  const get = spans.find((s) => s.name === 'get')
+  assert.ok(get, 'the GET has its span')
+  assert.equal(get.attributes['db.stored_procedure.name'], undefined)
+  assert.equal(spans.find((s) => s.name === 'parent')!.attributes['db.stored_procedure.name'], undefined)
+}
+
 test('a tracer on the ioredis:command channel: the bridge names the script on the span it made active', async (t) => {
   // What an APM agent built on the channel does: a client span per command, active while the
   // command's `start` is published (bindStore on OpenTelemetry's own AsyncLocalStorage).
@@ -60,19 +82,7 @@ test('a tracer on the ioredis:command channel: the bridge names the script on th
   // The tracer was there first, as it is when the SDK starts before the app (the bridge looks
   // once per process: this test runs first).
   assert.equal(await bridgeOpenTelemetry(), true)
-  const client = new Redis()
-  t.after(() => client.quit())
-  const lock = createLock(client, { keyPrefix: prefix })
-  await lock.holder('warm')
-  const spans = await spansOf(async () => {
-    await client.get(`${prefix}k`)
-    await lock.holder('a')
-  })
-  const evalsha = spans.filter((s) => s.name === 'evalsha')
-  assert.equal(evalsha.length, 1, spans.map((s) => s.name).join(', '))
-  assert.equal(evalsha[0]!.attributes['db.stored_procedure.name'], 'lockHolder')
-  assert.equal(spans.find((s) => s.name === 'get')?.attributes['db.stored_procedure.name'], undefined)
-  assert.equal(spans.find((s) => s.name === 'parent')!.attributes['db.stored_procedure.name'], undefined)
+  await assertScriptSpanNamed(t)
 })
 
 test('@opentelemetry/instrumentation-ioredis with ioredisRequestHook: the script span is named, GET is not', async (t) => {
@@ -84,19 +94,5 @@ test('@opentelemetry/instrumentation-ioredis with ioredisRequestHook: the script
   t.after(() => {
     for (const definition of instrumentation.getModuleDefinitions()) definition.unpatch?.(ioredis, '6.0.0')
   })
-  const client = new Redis()
-  t.after(() => client.quit())
-  const lock = createLock(client, { keyPrefix: prefix })
-  await lock.holder('warm') // the script is loaded: the next call is one EVALSHA
-  const spans = await spansOf(async () => {
-    await client.get(`${prefix}k`)
-    await lock.holder('a')
-  })
-  const evalsha = spans.filter((s) => s.name === 'evalsha')
-  assert.equal(evalsha.length, 1, spans.map((s) => s.name).join(', '))
-  assert.equal(evalsha[0]!.attributes['db.stored_procedure.name'], 'lockHolder')
-  const get = spans.find((s) => s.name === 'get')
-  assert.ok(get, 'the GET has its span')
-  assert.equal(get.attributes['db.stored_procedure.name'], undefined)
-  assert.equal(spans.find((s) => s.name === 'parent')!.attributes['db.stored_procedure.name'], undefined)
+  await assertScriptSpanNamed(t)
 })
