@@ -132,26 +132,25 @@ test('a cache miss that waited for another instance’s load: lease_wait on the 
   assert.equal(read.attributes['cache.loaded'], true)
 })
 
-test('a refused request: the refusing policy on its span', async () => {
-  let refused: Awaited<ReturnType<typeof traceOf>> | undefined
-  for (let i = 0; i < 50 && !refused; i++) {
+/** The trace of a balance read refused by the IP bucket (reads until one is). */
+async function refusedTrace(): Promise<Awaited<ReturnType<typeof traceOf>>> {
+  for (let i = 0; i < 50; i++) {
     const trace = await traceOf(() => balance(alice.accountIds[0]!))
-    if (trace.root.attributes['http.response.status_code'] === 429) refused = trace
+    if (trace.root.attributes['http.response.status_code'] === 429) return trace
   }
-  assert.ok(refused, 'the IP bucket ran out')
+  throw new Error('the IP bucket never ran out')
+}
+
+test('a refused request: the refusing policy on its span', async () => {
+  const refused = await refusedTrace()
   assert.equal(refused.root.attributes['ratelimiter.rejected'], 'ip')
   assert.deepEqual(refused.root.attributes['ratelimiter.result'], ['rejected'])
   assert.deepEqual(refused.root.attributes['ratelimiter.remaining'], [0])
 })
 
 test('exemplars: OpenMetrics scrapes name the trace of a refusal and of a request’s latency; Prometheus ones are unchanged', async () => {
-  // Spend the bucket, then one refusal whose trace the counter's exemplar must name.
-  let refused: Awaited<ReturnType<typeof traceOf>> | undefined
-  for (let i = 0; i < 50 && !refused; i++) {
-    const trace = await traceOf(() => balance(alice.accountIds[0]!))
-    if (trace.root.attributes['http.response.status_code'] === 429) refused = trace
-  }
-  assert.ok(refused, 'the IP bucket ran out')
+  // One refusal (the bucket is spent) whose trace the counter's exemplar must name.
+  const refused = await refusedTrace()
   const traceId = refused.root.spanContext().traceId
   const scrape = await t.app.inject({
     url: '/metrics',
