@@ -7,7 +7,7 @@ import rateLimit, { type RateLimitPolicy, type RateLimitResult } from '../../src
 import { identityTag } from '../../src/plugins/rate-limit/keys.ts'
 import { hashSlot } from '../../src/redis/keys.ts'
 import { type ModelCommand, modelTest } from './harness.ts'
-import { dataLosses, type ModelRedis, startModelRedis } from './redis.ts'
+import { Advance, dataLosses, type ModelRedis, startModelRedis } from './redis.ts'
 
 /**
  * Every rate-limit algorithm against an exact reference on a controlled clock. Three plugin
@@ -456,20 +456,6 @@ class ShadowRequest implements ModelCommand<Model, Real> {
   }
 }
 
-class Advance implements ModelCommand<Model, Real> {
-  constructor(readonly ms: number) {}
-  check() {
-    return true
-  }
-  async run(model: Model, real: Real) {
-    model.now += this.ms
-    real.server.clock.set(model.now)
-  }
-  toString() {
-    return `advance(${this.ms})`
-  }
-}
-
 /**
  * The clock moves to a moment where an answer changes (a key's expiry, a window's end, a cached
  * rejection's end, a logged unit leaving its window), or 1 ms either side: where off-by-ones live.
@@ -644,7 +630,7 @@ modelTest<Model, Real>({
         fc.constantFrom(1, 128, 160, 200, 250, 256, 400, 600, 800, 1000),
         fc.integer({ min: 0, max: 1500 }),
       )
-      .map((ms) => new Advance(ms)),
+      .map((ms) => new Advance<Model, Real>(ms)),
     ...Array.from({ length: 3 }, () => toEdges),
     ...dataLosses<Model, Real>(loseRedis),
     identities.map((identity) => new DropSlot(identity)),
