@@ -21,25 +21,21 @@ export class HistogramSeries {
     this.counts = new Array(bounds.length).fill(0)
   }
 
-  observe(value: number): void {
+  /** Counts `value`; returns its bucket's index (`bounds.length` for `+Inf`). */
+  observe(value: number): number {
     const { bounds } = this
-    for (let i = 0; i < bounds.length; i++) {
-      if (value <= bounds[i]!) {
-        this.counts[i]!++
-        break
-      }
-    }
+    let i = 0
+    while (i < bounds.length && value > bounds[i]!) i++
+    if (i < bounds.length) this.counts[i]!++
     this.sum += value
     this.count++
+    return i
   }
 
   /** `observe`, and the value's trace kept as its bucket's exemplar. */
   observeWithExemplar(value: number, labelSet: Record<string, string>): void {
-    this.observe(value)
-    const { bounds } = this
-    let i = 0
-    while (i < bounds.length && value > bounds[i]!) i++
-    this.exemplars ??= new Array(bounds.length + 1)
+    const i = this.observe(value)
+    this.exemplars ??= new Array(this.bounds.length + 1)
     this.exemplars[i] = { labelSet, value, timestamp: Date.now() / 1000 }
   }
 }

@@ -26,4 +26,4 @@ export const METRICS_OPTIONS = declareOptions('metrics plugin', {
 export type MetricsPluginOptions = OptionsOf<typeof METRICS_OPTIONS>
 
 /** Which names the latency histograms are kept under (the `names` option). */
-export type MetricsNames = 'prometheus' | 'opentelemetry' | 'both'
+export type MetricsNames = NonNullable<MetricsPluginOptions['names']>
