@@ -5,7 +5,8 @@ import type {
   onRequestHookHandler,
   onRouteHookHandler,
   onSendHookHandler,
-  preParsingAsyncHookHandler,
+  preParsingHookHandler,
+  RequestPayload,
 } from 'fastify'
 import { describeValue } from '../../redis/client.ts'
 import type { RedisPluginContext } from '../common/context.ts'
@@ -13,17 +14,19 @@ import { channels, traced } from '../common/diagnostics.ts'
 import { sendProblem } from '../common/problem.ts'
 import { routeCovered } from '../common/route-coverage.ts'
 import { routeName } from '../common/route-hooks.ts'
-import type { SessionCookie } from './cookie.ts'
+import type { SessionCookie, VerifiedCookie } from './cookie.ts'
+import type { LoadResult } from './decision.ts'
 import type { SessionMetrics } from './metrics.ts'
 import { SESSION_OPTIONS, type ValidOptions } from './options.ts'
 import { unauthenticated } from './require-session.ts'
 import { detachSession, type Session, type SessionValue } from './session.ts'
 import { type SessionLifetime, type SessionStore, sessionStoreUnavailable } from './store.ts'
 
-// The plugin's handlers, each a function of the instance's context. The load starts in onRequest
-// and is awaited in preParsing, so later onRequest hooks (the rate limiter's per-IP bucket, the
-// cache's prefetch) send their Redis commands while it is in flight: one round trip for all of
-// them. `request.session` and `request.sessionDecision` are therefore set from preParsing on.
+// The plugin's handlers, each a function of the instance's context. A load the L1 cannot answer
+// starts in onRequest and is awaited in preParsing, so later onRequest hooks (the rate limiter's
+// per-IP bucket, the cache's prefetch) send their Redis commands while it is in flight: one round
+// trip for all of them. `request.session` and `request.sessionDecision` are therefore set from
+// preParsing on (from onRequest on when the L1 answered).
 
 /**
  * What the handlers of one plugin instance share, built at registration and never reassigned: the
@@ -52,57 +55,102 @@ export const checkRouteConfig =
     routeCovered(app, 'session', route)
   }
 
-/** onRequest: refuses a cookie no secret signed, or starts loading the session it names. */
+/**
+ * onRequest: refuses a cookie no secret signed, or loads the session it names: at once when the L1
+ * holds it, otherwise started here and awaited in preParsing.
+ */
 export const startLoad = (ctx: SessionContext): onRequestHookHandler =>
   // Named for tracers: @fastify/otel's span reads `onRequest - session`.
   function session(request, reply, done) {
     const cookie = ctx.cookie.read(request)
     if (cookie === false) request.sessionDecision = 'forged'
     else if (cookie !== null) {
-      const load = ctx.store.loadPresented(cookie.id).then(
-        ({ decision, session }) => {
-          request.sessionDecision = decision
-          request.session = session
-          // Signed with a retired secret: re-sign with the current one.
-          if (session && cookie.renew) ctx.cookie.set(reply, session)
-        },
-        (err) => {
-          request.sessionDecision = 'unavailable'
-          request.sessionUnavailable = true
-          ctx.log.warn({ err, reqId: request.id }, 'store unavailable: the presented session was not loaded')
-        },
-      )
-      ctx.loading.set(request, load)
+      const loaded = ctx.store.loadPresented(cookie.id)
+      if (!(loaded instanceof Promise)) presented(ctx, request, reply, cookie, loaded)
+      else
+        ctx.loading.set(
+          request,
+          loaded.then(
+            (result) => presented(ctx, request, reply, cookie, result),
+            (err) => {
+              request.sessionDecision = 'unavailable'
+              request.sessionUnavailable = true
+              ctx.log.warn(
+                { err, reqId: request.id },
+                'store unavailable: the presented session was not loaded',
+              )
+            },
+          ),
+        )
     }
     done()
   }
 
-/** preParsing: the loaded session (or an anonymous one), and the 401/503 of a required route without one. */
-export const settleSession = (ctx: SessionContext): preParsingAsyncHookHandler =>
-  async function session(request, reply) {
-    const decide = async () => {
-      await ctx.loading.get(request)
-      if (ctx.options.saveUninitialized && request.session === null) {
-        request.session = anonymousSession(ctx, request, reply)
-        if (request.sessionDecision === 'none') request.sessionDecision = 'anonymous'
-      }
+/** What loading the presented cookie's session found, on the request. */
+function presented(
+  ctx: SessionContext,
+  request: FastifyRequest,
+  reply: FastifyReply,
+  cookie: VerifiedCookie,
+  { decision, session }: LoadResult,
+): void {
+  request.sessionDecision = decision
+  request.session = session
+  // Signed with a retired secret: re-sign with the current one.
+  if (session && cookie.renew) ctx.cookie.set(reply, session)
+}
+
+/**
+ * preParsing: the loaded session (or an anonymous one), and the 401/503 of a required route without
+ * one. Callback-style: with nothing in flight and no tracer listening it settles without a promise.
+ */
+export const settleSession = (ctx: SessionContext): preParsingHookHandler =>
+  function session(request, reply, payload, done) {
+    const load = ctx.loading.get(request)
+    if (load === undefined && !channels.session.hasSubscribers) {
+      withAnonymous(ctx, request, reply)
+      admit(ctx, request, reply, payload, done)
+      return
     }
-    await traced(
+    traced(
       channels.session,
       () => ({ request, decision: null }),
-      decide,
+      async () => {
+        await load
+        withAnonymous(ctx, request, reply)
+      },
       (context) => {
         context.decision = request.sessionDecision
       },
+    ).then(
+      () => admit(ctx, request, reply, payload, done),
+      (err: Error) => done(err),
     )
-    ctx.metrics.decisions.inc({ decision: request.sessionDecision })
-    // Anything but 'optional' is taken as 'required': a value the onRoute check did not see (a route
-    // declared before the plugin) must not let a caller in unchecked.
-    const wanted = request.routeOptions.config.session
-    if (wanted === undefined || wanted === 'optional' || request.session?.principal) return
-    sendProblem(reply, request.sessionUnavailable ? sessionStoreUnavailable() : unauthenticated())
-    return reply
   }
+
+/** Under `saveUninitialized`, a request without a session gets an anonymous one. */
+function withAnonymous(ctx: SessionContext, request: FastifyRequest, reply: FastifyReply): void {
+  if (!ctx.options.saveUninitialized || request.session !== null) return
+  request.session = anonymousSession(ctx, request, reply)
+  if (request.sessionDecision === 'none') request.sessionDecision = 'anonymous'
+}
+
+/** Counts the decision and goes on, or answers a required route without a signed-in session. */
+function admit(
+  ctx: SessionContext,
+  request: FastifyRequest,
+  reply: FastifyReply,
+  payload: RequestPayload,
+  done: (err?: Error | null, payload?: RequestPayload) => void,
+): void {
+  ctx.metrics.decisions.inc({ decision: request.sessionDecision })
+  // Anything but 'optional' is taken as 'required': a value the onRoute check did not see (a route
+  // declared before the plugin) must not let a caller in unchecked.
+  const wanted = request.routeOptions.config.session
+  if (wanted === undefined || wanted === 'optional' || request.session?.principal) return done(null, payload)
+  // Answered here, so the request goes no further: a callback hook that replies does not call done.
+  sendProblem(reply, request.sessionUnavailable ? sessionStoreUnavailable() : unauthenticated())
+}
 
 /**
  * onSend: saves the session when the request changed a field or touched it; a request that changed

@@ -131,11 +131,17 @@ export class SessionStore implements SessionSaver {
     return (await this.loadPresented(id)).session
   }
 
-  /** @internal `load`, saying what it found: how the plugin decides about a presented cookie. */
-  async loadPresented(id: string): Promise<LoadResult> {
+  /**
+   * @internal `load`, saying what it found: how the plugin decides about a presented cookie.
+   * Answered at once, without a promise, when the L1 holds the session and no slide is due.
+   */
+  loadPresented(id: string): LoadResult | Promise<LoadResult> {
     if (!isWellFormedId(id)) return { decision: 'forged', session: null }
-    const cached = this.l1 && (await this.#loadCached(this.l1, id))
-    if (cached) return cached
+    return (this.l1 && this.#loadCached(this.l1, id)) || this.#loadStored(id)
+  }
+
+  /** A presented session read from Redis (see `load`). */
+  async #loadStored(id: string): Promise<LoadResult> {
     const key = this.sessionKey(id)
     const sentAt = this.#now()
     const last = this.#touches.get(id)
@@ -187,7 +193,7 @@ export class SessionStore implements SessionSaver {
    * slid it either: Redis answers). No command unless the idle expiry is due to slide: a PEXPIRE
    * then, whose answer also says whether the key still exists. Null when the L1 cannot answer.
    */
-  async #loadCached(l1: SessionL1, id: string): Promise<LoadResult | null> {
+  #loadCached(l1: SessionL1, id: string): LoadResult | Promise<LoadResult> | null {
     const now = this.#now()
     const last = this.#touches.get(id)
     if (last === undefined || now >= last.at + last.idle) l1.drop(id)
@@ -198,23 +204,32 @@ export class SessionStore implements SessionSaver {
       l1.drop(id)
       return null
     }
+    if (this.#touches.due(last, now))
+      return this.#slideCached(l1, id, fields, last.idle, now, absoluteExpiresAt)
+    const expiresAt = Math.min(last.at + last.idle, absoluteExpiresAt)
+    return { decision: 'found', session: loadedSession(this, id, fields, expiresAt, absoluteExpiresAt) }
+  }
+
+  /** A session from the L1 whose idle expiry is due to slide: PEXPIRE, whose answer says whether it still exists. */
+  async #slideCached(
+    l1: SessionL1,
+    id: string,
+    fields: Readonly<Record<string, string>>,
+    idle: number,
+    now: number,
+    absoluteExpiresAt: number,
+  ): Promise<LoadResult> {
     const key = this.sessionKey(id)
-    const touch = this.#touches.due(last, now)
-    if (touch) {
-      const slid = await guarded(() => this.redis.pexpire(key, last.idle))
-      if (slid === 0) {
-        l1.drop(id)
-        this.#touches.delete(id)
-        return { decision: 'ended', session: null }
-      }
-      this.#touches.set(id, now, last.idle)
-      if (now + last.idle > absoluteExpiresAt) this.redis.pexpireat(key, absoluteExpiresAt).catch(() => {})
+    const slid = await guarded(() => this.redis.pexpire(key, idle))
+    if (slid === 0) {
+      l1.drop(id)
+      this.#touches.delete(id)
+      return { decision: 'ended', session: null }
     }
-    const expiresAt = Math.min((touch ? now : last.at) + last.idle, absoluteExpiresAt)
-    return {
-      decision: touch ? 'slid' : 'found',
-      session: loadedSession(this, id, fields, expiresAt, absoluteExpiresAt),
-    }
+    this.#touches.set(id, now, idle)
+    if (now + idle > absoluteExpiresAt) this.redis.pexpireat(key, absoluteExpiresAt).catch(() => {})
+    const expiresAt = Math.min(now + idle, absoluteExpiresAt)
+    return { decision: 'slid', session: loadedSession(this, id, fields, expiresAt, absoluteExpiresAt) }
   }
 
   /**
