@@ -147,9 +147,9 @@ function admit(
   // Anything but 'optional' is taken as 'required': a value the onRoute check did not see (a route
   // declared before the plugin) must not let a caller in unchecked.
   const wanted = request.routeOptions.config.session
-  if (wanted === undefined || wanted === 'optional' || request.session?.principal) return done(null, payload)
+  if (wanted === undefined || wanted === 'optional' || request.session?.principal) done(null, payload)
   // Answered here, so the request goes no further: a callback hook that replies does not call done.
-  sendProblem(reply, request.sessionUnavailable ? sessionStoreUnavailable() : unauthenticated())
+  else sendProblem(reply, request.sessionUnavailable ? sessionStoreUnavailable() : unauthenticated())
 }
 
 /**
