@@ -6,21 +6,23 @@ import { HttpProblem } from '../errors.ts'
 // biome-ignore lint/suspicious/noControlCharactersInRegex: NUL is one of the characters refused here
 const UNSTORABLE = /\u0000|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/
 
-/** The first string (a value or a field name) Postgres could not store as sent; no recursion. */
-function findUnstorable(value: unknown): string | null {
-  const pending: unknown[] = [value]
+/** True when some string in `value` (a value or a field name) could not be stored as sent; no recursion. */
+function holdsUnstorable(value: unknown): boolean {
+  if (typeof value === 'string') return UNSTORABLE.test(value)
+  if (value === null || typeof value !== 'object') return false
+  const pending: object[] = [value]
   while (pending.length > 0) {
-    const next = pending.pop()
-    if (typeof next === 'string') {
-      if (UNSTORABLE.test(next)) return next
-    } else if (next !== null && typeof next === 'object') {
-      for (const [field, item] of Object.entries(next)) {
-        if (UNSTORABLE.test(field)) return field
-        pending.push(item)
-      }
+    const next = pending.pop() as Record<string, unknown>
+    for (const field in next) {
+      if (!Object.hasOwn(next, field)) continue
+      if (UNSTORABLE.test(field)) return true
+      const item = next[field]
+      if (typeof item === 'string') {
+        if (UNSTORABLE.test(item)) return true
+      } else if (item !== null && typeof item === 'object') pending.push(item)
     }
   }
-  return null
+  return false
 }
 
 // At most 15 digits: exact as a number. No sign, no leading zero: one spelling per id.
@@ -39,12 +41,13 @@ export function readIntegerParams(app: FastifyInstance): void {
       .filter(([, property]) => property.type === 'integer')
       .map(([name]) => name)
     if (names.length === 0) return
-    const readIntegers: preValidationHookHandler = async (request) => {
+    const readIntegers: preValidationHookHandler = (request, _reply, done) => {
       const params = request.params as Record<string, unknown>
       for (const name of names) {
         const value = params[name]
         if (typeof value === 'string' && PLAIN_INTEGER.test(value)) params[name] = Number(value)
       }
+      done()
     }
     route.preValidation = [readIntegers, ...[route.preValidation ?? []].flat()]
   })
@@ -52,14 +55,16 @@ export function readIntegerParams(app: FastifyInstance): void {
 
 /** Every route: a body, query or parameter with NUL or a lone surrogate is a 400 problem. */
 export function refuseUnstorableText(app: FastifyInstance): void {
-  app.addHook('preValidation', async (request) => {
-    if (findUnstorable([request.body, request.query, request.params]) !== null) {
-      throw new HttpProblem(
-        400,
-        'validation',
-        'Invalid request',
-        'Strings must not contain NUL characters or unpaired UTF-16 surrogates.',
+  app.addHook('preValidation', (request, _reply, done) => {
+    if (holdsUnstorable(request.body) || holdsUnstorable(request.query) || holdsUnstorable(request.params))
+      done(
+        new HttpProblem(
+          400,
+          'validation',
+          'Invalid request',
+          'Strings must not contain NUL characters or unpaired UTF-16 surrogates.',
+        ),
       )
-    }
+    else done()
   })
 }

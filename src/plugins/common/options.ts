@@ -305,6 +305,9 @@ export interface DeclaredOptions<D extends Declarations> {
   docsRows(): OptionDocsRow[]
 }
 
+/** Places (`where`) an options reader keeps a failing function for; past them it builds one per call. */
+const MAX_PLACES = 1000
+
 /**
  * Declares `owner`'s options once: see the header. `hints` maps other libraries' names to what to
  * write instead; `check(settings, fail)` runs after every option was read, for rules across options.
@@ -316,6 +319,16 @@ export function declareOptions<const D extends Declarations>(
 ): DeclaredOptions<D> {
   const keys = Object.keys(declarations)
   const checker = optionChecker(owner, rules.hints)
+  // Options read per call (a `getOrLoad`'s, say) must not build a function each time: one per place.
+  const failers = new Map<string, Fail>()
+  const failAt = (where = ''): Fail => {
+    let fail = failers.get(where)
+    if (fail) return fail
+    const at = where ? `${where}: ` : ''
+    fail = (message) => checker.fail(`${at}${message}`)
+    if (failers.size < MAX_PLACES) failers.set(where, fail)
+    return fail
+  }
   return {
     owner,
     declarations,
@@ -323,11 +336,10 @@ export function declareOptions<const D extends Declarations>(
     checker,
     read(options, where) {
       const given: unknown = options === undefined ? {} : options
-      const at = where ? `${where}: ` : ''
       if (typeof given !== 'object' || given === null || Array.isArray(given))
         checker.fail(`${where ? `${where} ` : 'options '}must be an object, got ${describeValue(given)}`)
       checker.known(given as object, keys, where)
-      const fail: Fail = (message) => checker.fail(`${at}${message}`)
+      const fail = failAt(where)
       const settings: Record<string, unknown> = {}
       for (const key of keys)
         settings[key] = declarations[key]!.read((given as Record<string, unknown>)[key], key, fail, owner)
