@@ -19,20 +19,26 @@ export interface Asked {
   resolved: Resolved | undefined
 }
 
-/** The applicable policies of a request, in order; async key and limit functions awaited together. */
-export async function askPolicies(
+/** What a policy's functions returned for a request, before it is checked. */
+interface Returned {
+  policy: Policy
+  identity: unknown
+  cost: unknown
+  limit: unknown
+  windowMs: unknown
+}
+
+/**
+ * The applicable policies of a request, in order; async key and limit functions awaited together.
+ * Answered at once, without a promise, when none of them returned one.
+ */
+export function askPolicies(
   request: FastifyRequest,
   policies: readonly Policy[],
   principal: PrincipalFunction,
   overrides: Pick<OverrideBook, 'limitOf'> | null,
-): Promise<Asked[]> {
-  const returned: Array<{
-    policy: Policy
-    identity: unknown
-    cost: unknown
-    limit: unknown
-    windowMs: unknown
-  }> = []
+): Asked[] | Promise<Asked[]> {
+  const returned: Returned[] = []
   let pending: Array<Promise<void>> | null = null
   for (const policy of policies) {
     const item = {
@@ -71,7 +77,13 @@ export async function askPolicies(
     }
     returned.push(item)
   }
-  if (pending) await Promise.all(pending)
+  return pending
+    ? Promise.all(pending).then(() => checkAsked(returned, overrides))
+    : checkAsked(returned, overrides)
+}
+
+/** What the policies' functions returned, checked, with overrides applied. */
+function checkAsked(returned: Returned[], overrides: Pick<OverrideBook, 'limitOf'> | null): Asked[] {
   const asked: Asked[] = []
   for (const item of returned) {
     const { policy, identity, cost } = item

@@ -53,22 +53,34 @@ export class BufferedPolicies {
    * A buffered policy (one per group): admitted from this instance's lease when it has the units;
    * else one call takes a new lease, this request's cost included, while requests of the same key
    * arriving meanwhile wait for it. A refusal is the exact decision (and is cached as over-limit).
+   * Decided at once, without a promise, when this process's lease holds the cost.
    */
-  async decide(group: Group, outcome: Outcome, taken: Taken[] | null): Promise<void> {
+  decide(group: Group, outcome: Outcome, taken: Taken[] | null): void | Promise<void> {
     const book = this.bookFor(group.policies[0]!)
+    const lease = book.take(group.keys[0]!, group.costs[0]!)
+    if (!lease) return this.decideLeasing(book, group, outcome, taken)
+    taken?.push({ lease, cost: group.costs[0]! })
+    this.admitFromLease(group, outcome, lease)
+  }
+
+  /** The lease is short: waits for one in flight, or asks Redis for a new one. */
+  private async decideLeasing(
+    book: LeaseBook,
+    group: Group,
+    outcome: Outcome,
+    taken: Taken[] | null,
+  ): Promise<void> {
     const key = group.keys[0]!
     const cost = group.costs[0]!
-    for (;;) {
+    for (let pending = book.pending.get(key); pending; pending = book.pending.get(key)) {
+      await pending
+      // The lease it waited for was refused: the key is over its limit, and this request too.
+      if (this.exact.rejectedFromCache(group, outcome)) return
       const lease = book.take(key, cost)
       if (lease) {
         taken?.push({ lease, cost })
         return this.admitFromLease(group, outcome, lease)
       }
-      const pending = book.pending.get(key)
-      if (!pending) break
-      await pending
-      // The lease it waited for was refused: the key is over its limit, and this request too.
-      if (this.exact.rejectedFromCache(group, outcome)) return
     }
     const acquired = this.acquire(book, group, cost, outcome, taken)
     book.pending.set(key, acquired)

@@ -3,7 +3,7 @@ import type { RedisClient } from '../../redis/client.ts'
 import { commandTimeoutOf } from '../../redis/command-bounds.ts'
 import { withTimeout } from '../../redis/timeout.ts'
 import type { PrincipalFunction } from '../common/principal.ts'
-import { askPolicies, capCost, overridden, resolveFor } from './asked.ts'
+import { type Asked, askPolicies, capCost, overridden, resolveFor } from './asked.ts'
 import { BufferedPolicies, type ExactPath, type Taken } from './buffered.ts'
 import { RateLimitError } from './errors.ts'
 import { FALLBACK_MAX_KEYS, RedisFallback, RedisTroubleNotes, redisUnavailable } from './fallback.ts'
@@ -123,19 +123,40 @@ export class RateLimitEngine implements ExactPath {
     return policy.algorithm === 'sliding-counter' ? `${key}:${policy.windowMs}` : key
   }
 
-  /** Consumes or only checks every applicable policy; null when none applies. */
-  async evaluate(
+  /**
+   * Consumes or only checks every applicable policy; null when none applies. Answered at once,
+   * without a promise, when nothing asks Redis or waits (a lease's units, the memory store).
+   */
+  evaluate(
     request: FastifyRequest,
     policies: readonly Policy[],
     operation: RequestOperation,
-  ): Promise<Outcome | null> {
+  ): Outcome | null | Promise<Outcome | null> {
+    const asked = askPolicies(request, policies, this.principal, this.overrides)
+    return asked instanceof Promise
+      ? asked.then((a) => this.decideAsked(a, operation))
+      : this.decideAsked(asked, operation)
+  }
+
+  private decideAsked(asked: Asked[], operation: RequestOperation): Outcome | null | Promise<Outcome | null> {
     const groups = new Map<string, Group>()
     // Each shadow policy is a group of its own (see addToGroup), kept apart from the enforced ones.
     const shadows = new Map<string, Group>()
-    for (const asked of await askPolicies(request, policies, this.principal, this.overrides))
-      addToGroup(asked.policy.shadow ? shadows : groups, asked, this.tags.of(asked.identity), this)
+    for (const one of asked)
+      addToGroup(one.policy.shadow ? shadows : groups, one, this.tags.of(one.identity), this)
     if (groups.size === 0 && shadows.size === 0) return null
     const outcome = emptyOutcome()
+    if (shadows.size > 0 || groups.size > 1) return this.decideAll(groups, shadows, operation, outcome)
+    const decided = this.decideGroup(groups.values().next().value!, operation, outcome, null)
+    return decided ? decided.then(() => outcome) : outcome
+  }
+
+  private async decideAll(
+    groups: Map<string, Group>,
+    shadows: Map<string, Group>,
+    operation: RequestOperation,
+    outcome: Outcome,
+  ): Promise<Outcome> {
     // Shadow policies are decided beside the enforced ones (their script calls go out together),
     // each as if it were the route's only policy.
     const shadowed =
@@ -212,12 +233,13 @@ export class RateLimitEngine implements ExactPath {
     this.fallback.decide(group, 'consume', outcome, this.metrics, this)
   }
 
-  private async decideGroup(
+  /** Decided at once, without a promise, when no Redis call or wait is needed. */
+  private decideGroup(
     group: Group,
     operation: RequestOperation,
     outcome: Outcome,
     taken: Taken[] | null,
-  ): Promise<void> {
+  ): void | Promise<void> {
     if (operation === 'consume' && this.rejectedFromCache(group, outcome)) return
     const algorithm = group.policies[0]!.algorithm
     const nonce = nonceFor(group)
@@ -236,6 +258,10 @@ export class RateLimitEngine implements ExactPath {
       return this.apply(group, operation, outcome, reply, call)
     }
     if (operation === 'consume' && this.isBuffered(group)) return this.buffered!.decide(group, outcome, taken)
+    return this.decideOnRedis(group, operation, outcome, nonce)
+  }
+
+  private async decideOnRedis(group: Group, operation: RequestOperation, outcome: Outcome, nonce: string) {
     const reply = await this.send(group, callOf(group, operation, nonce, this))
     if (reply === null) return this.fallback.decide(group, operation, outcome, this.metrics, this)
     this.apply(group, operation, outcome, reply.reply, reply.call)

@@ -1,4 +1,3 @@
-import { setTimeout as sleep } from 'node:timers/promises'
 import type {
   FastifyInstance,
   FastifyReply,
@@ -49,23 +48,20 @@ function limitHook({ engine, metrics, allow, legacyHeaders }: RateLimitContext, 
         requestLog(request).warn({ err, policy: release.policy.name }, 'concurrency slot not given back'),
       )
   }
-  // Named for tracers: @fastify/otel's span reads `onRequest - rateLimit`.
-  return async function rateLimit(request: FastifyRequest, reply: FastifyReply) {
-    let outcome: Outcome | null
-    try {
-      if (allow?.(request)) return
-      outcome = await traced(
-        channels.rateLimit,
-        () => ({ request, decisions: [], rejected: null, degraded: false, delayMs: 0 }),
-        () => engine.evaluate(request, policies, 'consume'),
-        describeOutcome,
-      )
-    } catch (err) {
-      if (err instanceof RateLimitError)
-        for (const name of err.policies) metrics.decision({ name, shadow: null }, 'error')
-      return sendProblem(reply, notChecked(request, err))
-    }
-    if (!outcome) return
+  /** A check that failed (a policy's function threw, or no fallback could decide): 500 or 503, nothing consumed. */
+  const refuse = (request: FastifyRequest, reply: FastifyReply, err: unknown) => {
+    if (err instanceof RateLimitError)
+      for (const name of err.policies) metrics.decision({ name, shadow: null }, 'error')
+    sendProblem(reply, notChecked(request, err))
+  }
+  /** The decision applied: headers, refunds and slots kept for later, then the rejection, the wait or `done`. */
+  const apply = (
+    request: FastifyRequest,
+    reply: FastifyReply,
+    outcome: Outcome | null,
+    done: (err?: Error) => void,
+  ) => {
+    if (!outcome) return done()
     for (const { decision, key } of outcome.wouldReject)
       requestLog(request).info(
         { policy: decision.policy.name, key: key.slice(0, 200), retryAfterMs: decision.retryMs },
@@ -82,8 +78,36 @@ function limitHook({ engine, metrics, allow, legacyHeaders }: RateLimitContext, 
       if (outcome.rejected || outcome.unavailable) giveBack(request, releases)
       else reply.raw.once('close', () => giveBack(request, releases))
     }
-    if (outcome.rejected || outcome.unavailable) return sendRejection(request, reply, outcome)
-    if (outcome.delayMs > 0) await sleep(outcome.delayMs)
+    // A callback hook that answers does not call `done`: the request goes no further.
+    if (outcome.rejected || outcome.unavailable) sendRejection(request, reply, outcome)
+    else if (outcome.delayMs > 0) setTimeout(done, outcome.delayMs)
+    else done()
+  }
+  // Named for tracers: @fastify/otel's span reads `onRequest - rateLimit`. Callback-style: a
+  // decision from a lease or the memory store, with no tracer listening, builds no promise.
+  return function rateLimit(request: FastifyRequest, reply: FastifyReply, done: (err?: Error) => void) {
+    let decided: Outcome | null | Promise<Outcome | null>
+    try {
+      if (allow?.(request)) return done()
+      decided = channels.rateLimit.hasSubscribers
+        ? traced(
+            channels.rateLimit,
+            () => ({ request, decisions: [], rejected: null, degraded: false, delayMs: 0 }),
+            async () => engine.evaluate(request, policies, 'consume'),
+            describeOutcome,
+          )
+        : engine.evaluate(request, policies, 'consume')
+    } catch (err) {
+      return refuse(request, reply, err)
+    }
+    if (!(decided instanceof Promise)) return apply(request, reply, decided, done)
+    decided
+      .then(
+        (outcome) => apply(request, reply, outcome, done),
+        (err) => refuse(request, reply, err),
+      )
+      // What fails past the decision (a header, a reply) goes to the error handler, as a thrown hook's would.
+      .catch((err: Error) => done(err))
   }
 }
 
@@ -144,11 +168,7 @@ export function limitNotFound(app: FastifyInstance, context: RateLimitContext): 
   const onlyNotFound = (hook: onRequestHookHandler) =>
     function rateLimitNotFound(request: FastifyRequest, reply: FastifyReply, done: () => void) {
       if (!request.is404) return done()
-      return (hook as (request: FastifyRequest, reply: FastifyReply) => Promise<unknown>).call(
-        app,
-        request,
-        reply,
-      )
+      hook.call(app, request, reply, done)
     }
   if (early.length) app.addHook('onRequest', onlyNotFound(limitHook(context, early) as onRequestHookHandler))
   if (late.length) app.addHook('preHandler', onlyNotFound(limitHook(context, late) as onRequestHookHandler))
