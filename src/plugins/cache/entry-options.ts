@@ -48,14 +48,14 @@ export const NO_OPTIONS: GetOrLoadOptions = Object.freeze({})
 export function checkRead(key: string, options: GetOrLoadOptions = NO_OPTIONS): string[] | undefined {
   checkKey(key)
   if (options === NO_OPTIONS) return undefined
-  GET_OR_LOAD_OPTIONS.read(options, 'getOrLoad options')
+  GET_OR_LOAD_OPTIONS.check(options, 'getOrLoad options')
   return options.tags === undefined ? undefined : checkTags(options.tags)
 }
 
 /** A `set`'s key and options, checked; its tags, validated and sorted. */
 export function checkSet(key: string, options: CacheSetOptions = NO_OPTIONS): string[] | undefined {
   checkKey(key)
-  if (options !== NO_OPTIONS) SET_OPTIONS.read(options, 'set options')
+  if (options !== NO_OPTIONS) SET_OPTIONS.check(options, 'set options')
   return options.tags === undefined ? undefined : checkTags(options.tags)
 }
 

@@ -1,12 +1,13 @@
-import { Counter } from 'prom-client'
+import { talliedCounter } from '../common/tallied-counter.ts'
 
 /**
  * Counters labelled by the key's namespace (`account` for `account:42`), a set fixed by the code;
  * created unregistered at registration (see `pluginMetrics`): the metrics plugin exports them.
+ * Tallied (hits are counted on every read).
  */
 export function createCacheMetrics() {
   const counter = (name: string, help: string) =>
-    new Counter({ name, help, labelNames: ['name'] as const, registers: [] })
+    talliedCounter({ name, help, labelNames: ['name'] as const })
   return {
     hits: counter('cache_hits_total', 'Reads answered by a fresh Redis entry (negative entries included)'),
     misses: counter('cache_misses_total', 'Reads that found no entry in Redis'),

@@ -301,6 +301,8 @@ export interface DeclaredOptions<D extends Declarations> {
    * a nested object in messages (`route GET /x: config.cache`).
    */
   read(options: unknown, where?: string): SettingsOf<D>
+  /** Throws what `read` would throw, building no settings: for options given per call. */
+  check(options: unknown, where?: string): void
   /** The docs table rows, in declaration order. */
   docsRows(): OptionDocsRow[]
 }
@@ -329,22 +331,38 @@ export function declareOptions<const D extends Declarations>(
     if (failers.size < MAX_PLACES) failers.set(where, fail)
     return fail
   }
+  const wholeReadNeeded = rules.check !== undefined || keys.some((key) => declarations[key]!.required)
+  /** `options` (undefined reads as `{}`) as an object of known keys; throws otherwise. */
+  const checkedObject = (options: unknown, where: string | undefined): Record<string, unknown> => {
+    const given: unknown = options === undefined ? {} : options
+    if (typeof given !== 'object' || given === null || Array.isArray(given))
+      checker.fail(`${where ? `${where} ` : 'options '}must be an object, got ${describeValue(given)}`)
+    checker.known(given as object, keys, where)
+    return given as Record<string, unknown>
+  }
   return {
     owner,
     declarations,
     keys,
     checker,
     read(options, where) {
-      const given: unknown = options === undefined ? {} : options
-      if (typeof given !== 'object' || given === null || Array.isArray(given))
-        checker.fail(`${where ? `${where} ` : 'options '}must be an object, got ${describeValue(given)}`)
-      checker.known(given as object, keys, where)
+      const given = checkedObject(options, where)
       const fail = failAt(where)
       const settings: Record<string, unknown> = {}
-      for (const key of keys)
-        settings[key] = declarations[key]!.read((given as Record<string, unknown>)[key], key, fail, owner)
+      for (const key of keys) settings[key] = declarations[key]!.read(given[key], key, fail, owner)
       rules.check?.(settings as SettingsOf<D>, fail)
       return Object.freeze(settings) as SettingsOf<D>
+    },
+    check(options, where) {
+      // A missing required option or a rule across options needs every setting: the whole read.
+      if (wholeReadNeeded) {
+        this.read(options, where)
+        return
+      }
+      const given = checkedObject(options, where)
+      // Otherwise only what was given can be wrong (defaults are not).
+      for (const key of Object.keys(given))
+        if (given[key] !== undefined) declarations[key]!.read(given[key], key, failAt(where), owner)
     },
     docsRows: () =>
       keys.map((name) => {

@@ -1,22 +1,21 @@
 import { Counter } from 'prom-client'
+import { talliedCounter } from '../common/tallied-counter.ts'
 import type { L1Counters } from './l1.ts'
 
 /** The session plugin's instruments, created unregistered; the metrics plugin adopts them at ready. */
 export function createSessionMetrics() {
   return {
     /** Every request the plugin saw, by what it decided about its session (`request.sessionDecision`). */
-    decisions: new Counter({
+    decisions: talliedCounter({
       name: 'session_decisions_total',
       help: 'Requests by what the session plugin decided about their session: none, anonymous, found, slid, forged, ended, expired, unavailable',
       labelNames: ['decision'] as const,
-      registers: [],
     }),
     /** Presented sessions looked up in the L1: answered from it (hit) or not (miss: Redis answered). */
-    l1Lookups: new Counter({
+    l1Lookups: talliedCounter({
       name: 'session_l1_lookups_total',
       help: 'Presented sessions looked up in the L1, by result: hit (no Redis read) or miss',
       labelNames: ['result'] as const,
-      registers: [],
     }),
     /** Session ids received on the invalidation channel (each dropped from the L1 if it held it). */
     l1Invalidations: new Counter({
