@@ -215,7 +215,9 @@ function timeResponses(app: FastifyInstance, instruments: Instruments): void {
   const httpSeries = new Map<string, HistogramSeries>()
   const serverSeries = new Map<string, HistogramSeries>()
   app.addHook('onResponse', function metrics(request, reply, done) {
-    const route = request.routeOptions.url ?? 'unmatched'
+    // Read once: Fastify builds the whole routeOptions object at each read.
+    const url = request.routeOptions.url
+    const route = url ?? 'unmatched'
     const status = String(reply.statusCode)
     const id = `${request.method} ${status} ${route}`
     const seconds = reply.elapsedTime / 1000
@@ -235,7 +237,7 @@ function timeResponses(app: FastifyInstance, instruments: Instruments): void {
         series = httpServerDuration.series({
           http_request_method: request.method,
           // A 404 matched no route: the attribute is left off, as the conventions ask.
-          ...(request.routeOptions.url ? { http_route: route } : {}),
+          ...(url ? { http_route: route } : {}),
           http_response_status_code: status,
           url_scheme: scheme,
           ...(reply.statusCode >= 500 ? { error_type: status } : {}),
