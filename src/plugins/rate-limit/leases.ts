@@ -32,6 +32,9 @@ const INSTANCES = defineScript({
  */
 export const monotonicNow = () => performance.timeOrigin + performance.now()
 
+/** `watch`'s answer when nothing changes: asked on every buffered decision, so no promise is made. */
+const WATCHED = Promise.resolve()
+
 /** A lease is given back after this many sync intervals even while in use: no unit is held longer. */
 const LEASE_TICKS = 4
 /**
@@ -121,7 +124,7 @@ export class LeaseBook {
    * syncs; resolves once the heartbeat that announces this instance has its answer.
    */
   watch(sync: SyncSettings): Promise<void> {
-    if (this.closed || sync.intervalMs >= this.intervalMs) return Promise.resolve()
+    if (this.closed || sync.intervalMs >= this.intervalMs) return WATCHED
     this.intervalMs = sync.intervalMs
     if (this.timer) clearInterval(this.timer)
     this.timer = setInterval(() => void this.tick(), this.intervalMs)
