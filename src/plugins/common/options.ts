@@ -307,9 +307,6 @@ export interface DeclaredOptions<D extends Declarations> {
   docsRows(): OptionDocsRow[]
 }
 
-/** Places (`where`) an options reader keeps a failing function for; past them it builds one per call. */
-const MAX_PLACES = 1000
-
 /**
  * Declares `owner`'s options once: see the header. `hints` maps other libraries' names to what to
  * write instead; `check(settings, fail)` runs after every option was read, for rules across options.
@@ -328,7 +325,8 @@ export function declareOptions<const D extends Declarations>(
     if (fail) return fail
     const at = where ? `${where}: ` : ''
     fail = (message) => checker.fail(`${at}${message}`)
-    if (failers.size < MAX_PLACES) failers.set(where, fail)
+    // At most this many places (`where`): past them, one is built per call.
+    if (failers.size < 1000) failers.set(where, fail)
     return fail
   }
   const wholeReadNeeded = rules.check !== undefined || keys.some((key) => declarations[key]!.required)

@@ -1,10 +1,11 @@
-import type { FastifyBaseLogger, FastifyRequest } from 'fastify'
+import type { FastifyRequest } from 'fastify'
 import type { RedisClient } from '../../redis/client.ts'
 import { commandTimeoutOf } from '../../redis/command-bounds.ts'
 import { withTimeout } from '../../redis/timeout.ts'
 import type { PrincipalFunction } from '../common/principal.ts'
 import { type Asked, askPolicies, capCost, overridden, resolveFor } from './asked.ts'
 import { BufferedPolicies, type ExactPath, type Taken } from './buffered.ts'
+import type { EngineOptions } from './engine-options.ts'
 import { RateLimitError } from './errors.ts'
 import { FALLBACK_MAX_KEYS, RedisFallback, RedisTroubleNotes, redisUnavailable } from './fallback.ts'
 import { addToGroup, callOf, type Group, nonceFor } from './groups.ts'
@@ -32,24 +33,6 @@ import type { Decision, Policy, Resolved } from './types.ts'
 export { memoryStoreOf } from './memory.ts'
 
 const cacheKey = (group: Group) => group.id + group.policies.map((p) => p.name).join(',')
-
-export interface EngineOptions {
-  keyPrefix: string
-  overLimitCacheKeys: number
-  retryRedisAfterMs: number
-  timeoutMs: number
-  /** The plugin's logger (its messages carry `plugin: 'rate-limit'`). */
-  log: FastifyBaseLogger
-  metrics: RateLimitMetrics
-  /** Who the caller is, for key functions such as keyBy.customer (default: nobody). */
-  principal?: PrincipalFunction
-  /** `store: 'memory'`: every decision in this process, with at most this many keys. */
-  memoryMaxKeys?: number
-  /** This process's clock in ms since the epoch (the memory stores and the over-limit cache read it). */
-  now?: () => number
-  /** Runtime overrides of limits per key; null when the plugin has them off. */
-  overrides?: OverrideBook | null
-}
 
 /** Decides requests against policies: one script call per key identity, with fallbacks. */
 export class RateLimitEngine implements ExactPath {
@@ -133,9 +116,8 @@ export class RateLimitEngine implements ExactPath {
     operation: RequestOperation,
   ): Outcome | null | Promise<Outcome | null> {
     const asked = askPolicies(request, policies, this.principal, this.overrides)
-    return asked instanceof Promise
-      ? asked.then((a) => this.decideAsked(a, operation))
-      : this.decideAsked(asked, operation)
+    if (asked instanceof Promise) return asked.then((a) => this.decideAsked(a, operation))
+    return this.decideAsked(asked, operation)
   }
 
   private decideAsked(asked: Asked[], operation: RequestOperation): Outcome | null | Promise<Outcome | null> {

@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto'
 import type { Redis } from 'ioredis'
 import { isCluster, type RedisClient, rawClient } from '../../redis/client.ts'
+import type { Touch } from './touches.ts'
 
 // The per-instance L1 of loaded sessions, and the Pub/Sub channel that keeps it honest. Every store
 // (with an L1 or not) publishes the ids of the sessions it changes or ends on `<keyPrefix>invalidate`
@@ -24,6 +25,9 @@ export interface L1Counters {
   miss(): void
   invalidated(count: number): void
 }
+
+/** A session's hash as HGETALL answered it. */
+export type SessionFields = Readonly<Record<string, string>>
 
 /** A session as HGETALL answered it, and when (on the store's clock) it was read. */
 interface Entry {
@@ -195,6 +199,18 @@ export class SessionL1 {
     }
     this.#counters.hit()
     return entry.fields
+  }
+
+  /**
+   * The fields to answer a presented session with at `now`, given this process's last slide of it:
+   * undefined (and dropped) past that slide's idle expiry or the session's absolute end.
+   */
+  answerable(id: string, now: number, last: Touch | undefined): SessionFields | undefined {
+    if (last === undefined || now >= last.at + last.idle) this.drop(id)
+    const fields = this.get(id, now)
+    if (fields === undefined || now < Number(fields._absoluteExpiresAt)) return fields
+    this.drop(id)
+    return undefined
   }
 
   /** Called before reading a session from Redis: what `keep` needs to know whether the answer is still current. */

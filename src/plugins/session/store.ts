@@ -15,7 +15,7 @@ import {
 } from './checks.ts'
 import type { LoadResult } from './decision.ts'
 import { SessionTooLargeError } from './errors.ts'
-import { type L1Counters, newOrigin, publishInvalidation, SessionL1 } from './l1.ts'
+import { type L1Counters, newOrigin, publishInvalidation, type SessionFields, SessionL1 } from './l1.ts'
 import { SESSION_STORE_OPTIONS, type SessionStoreOptions, type SessionStoreSettings } from './options.ts'
 import { SESSION_CREATE, SESSION_DESCRIBE, SESSION_INDEX_ADD, SESSION_SET } from './scripts.ts'
 import {
@@ -131,10 +131,7 @@ export class SessionStore implements SessionSaver {
     return (await this.loadPresented(id)).session
   }
 
-  /**
-   * @internal `load`, saying what it found: how the plugin decides about a presented cookie.
-   * Answered at once, without a promise, when the L1 holds the session and no slide is due.
-   */
+  /** @internal `load`, saying what it found (at once, with no promise, when the L1 answers it). */
   loadPresented(id: string): LoadResult | Promise<LoadResult> {
     if (!isWellFormedId(id)) return { decision: 'forged', session: null }
     return (this.l1 && this.#loadCached(this.l1, id)) || this.#loadStored(id)
@@ -196,33 +193,21 @@ export class SessionStore implements SessionSaver {
   #loadCached(l1: SessionL1, id: string): LoadResult | Promise<LoadResult> | null {
     const now = this.#now()
     const last = this.#touches.get(id)
-    if (last === undefined || now >= last.at + last.idle) l1.drop(id)
-    const fields = l1.get(id, now)
-    if (fields === undefined || last === undefined) return null
+    const fields = l1.answerable(id, now, last)
+    if (!fields || !last) return null
+    if (this.#touches.due(last, now)) return this.#slide(id, fields, last.idle, now)
     const absoluteExpiresAt = Number(fields._absoluteExpiresAt)
-    if (now >= absoluteExpiresAt) {
-      l1.drop(id)
-      return null
-    }
-    if (this.#touches.due(last, now))
-      return this.#slideCached(l1, id, fields, last.idle, now, absoluteExpiresAt)
     const expiresAt = Math.min(last.at + last.idle, absoluteExpiresAt)
     return { decision: 'found', session: loadedSession(this, id, fields, expiresAt, absoluteExpiresAt) }
   }
 
   /** A session from the L1 whose idle expiry is due to slide: PEXPIRE, whose answer says whether it still exists. */
-  async #slideCached(
-    l1: SessionL1,
-    id: string,
-    fields: Readonly<Record<string, string>>,
-    idle: number,
-    now: number,
-    absoluteExpiresAt: number,
-  ): Promise<LoadResult> {
+  async #slide(id: string, fields: SessionFields, idle: number, now: number): Promise<LoadResult> {
     const key = this.sessionKey(id)
+    const absoluteExpiresAt = Number(fields._absoluteExpiresAt)
     const slid = await guarded(() => this.redis.pexpire(key, idle))
     if (slid === 0) {
-      l1.drop(id)
+      this.l1?.drop(id)
       this.#touches.delete(id)
       return { decision: 'ended', session: null }
     }
