@@ -8,9 +8,9 @@ import { BufferedPolicies, type ExactPath, type Taken } from './buffered.ts'
 import type { EngineOptions } from './engine-options.ts'
 import { RateLimitError } from './errors.ts'
 import { FALLBACK_MAX_KEYS, RedisFallback, RedisTroubleNotes, redisUnavailable } from './fallback.ts'
-import { addToGroup, callOf, type Group, nonceFor } from './groups.ts'
+import { addToGroup, callOf, type Group, groupOfOne, nonceFor } from './groups.ts'
 import { IdentityTags } from './keys.ts'
-import { monotonicNow } from './leases.ts'
+import { leaseClock } from './leases.ts'
 import { acquireStore, type MemoryStore, memoryStoreId, releaseStore } from './memory.ts'
 import type { RateLimitMetrics } from './metrics.ts'
 import {
@@ -121,32 +121,34 @@ export class RateLimitEngine implements ExactPath {
   }
 
   private decideAsked(asked: Asked[], operation: RequestOperation): Outcome | null | Promise<Outcome | null> {
+    if (asked.length === 1 && asked[0]!.policy.shadow === null) return this.decideOne(asked[0]!, operation)
     const groups = new Map<string, Group>()
     // Each shadow policy is a group of its own (see addToGroup), kept apart from the enforced ones.
     const shadows = new Map<string, Group>()
     for (const one of asked)
       addToGroup(one.policy.shadow ? shadows : groups, one, this.tags.of(one.identity), this)
     if (groups.size === 0 && shadows.size === 0) return null
+    return this.decideAll(groups, shadows, operation)
+  }
+
+  /** One enforced policy (a route's IP limit, say): no grouping, and no promise when none is needed. */
+  private decideOne(asked: Asked, operation: RequestOperation): Outcome | Promise<Outcome> {
     const outcome = emptyOutcome()
-    if (shadows.size > 0 || groups.size > 1) return this.decideAll(groups, shadows, operation, outcome)
-    const decided = this.decideGroup(groups.values().next().value!, operation, outcome, null)
+    const group = groupOfOne(asked, this.tags.of(asked.identity), this)
+    const decided = this.decideGroup(group, operation, outcome, null)
     return decided ? decided.then(() => outcome) : outcome
   }
 
-  private async decideAll(
-    groups: Map<string, Group>,
-    shadows: Map<string, Group>,
-    operation: RequestOperation,
-    outcome: Outcome,
-  ): Promise<Outcome> {
+  private async decideAll(groups: Map<string, Group>, shadows: Map<string, Group>, op: RequestOperation) {
+    const outcome = emptyOutcome()
     // Shadow policies are decided beside the enforced ones (their script calls go out together),
     // each as if it were the route's only policy.
     const shadowed =
       shadows.size > 0
-        ? Promise.all([...shadows.values()].map((group) => this.decideShadow(group, operation)))
+        ? Promise.all([...shadows.values()].map((group) => this.decideShadow(group, op)))
         : null
-    if (groups.size === 1) await this.decideGroup(groups.values().next().value!, operation, outcome, null)
-    else if (groups.size > 1) await this.decideEnforced(groups, operation, outcome)
+    if (groups.size === 1) await this.decideGroup(groups.values().next().value!, op, outcome, null)
+    else if (groups.size > 1) await this.decideEnforced(groups, op, outcome)
     if (shadowed) for (const shadow of await shadowed) addShadow(outcome, shadow)
     return outcome
   }
@@ -438,9 +440,6 @@ export class RateLimitEngine implements ExactPath {
     await (this.ownTimeout ? answeredWithin(call, this.options.timeoutMs) : call)
   }
 }
-
-/** The plugin's clock when a test gives one; else a clock that never jumps. */
-const leaseClock = (now: (() => number) | undefined) => (!now || now === Date.now ? monotonicNow : now)
 
 /** A script call bounded by the plugin's `timeoutMs`, for a client without a commandTimeout of its own. */
 const answeredWithin = <T>(call: Promise<T>, ms: number) =>

@@ -30,12 +30,34 @@ export interface KeyNames {
   counterKey(tag: string, policy: Policy, resolved: Resolved | undefined): string
 }
 
+/**
+ * The script and the identity's tag. A buffered policy leases its own quota, and a shadow policy
+ * must not refuse another's request: each is decided alone, never in another policy's call.
+ */
+function groupId(policy: Policy, tag: string): string {
+  const alone = policy.sync !== null || policy.shadow !== null
+  return alone ? `${policy.script}${tag}:${policy.name}` : `${policy.script}${tag}`
+}
+
+/** The group of a request's only policy: what `addToGroup` builds, without a map to find it in. */
+export function groupOfOne(asked: Asked, tag: string, names: KeyNames): Group {
+  const { policy, resolved } = asked
+  const keys = [names.counterKey(tag, policy, resolved)]
+  const id = groupId(policy, tag)
+  return {
+    id,
+    tag,
+    identity: asked.identity,
+    policies: [policy],
+    costs: [asked.cost],
+    keys,
+    resolved: resolved ? [resolved] : null,
+  }
+}
+
 export function addToGroup(groups: Map<string, Group>, asked: Asked, tag: string, names: KeyNames): void {
   const { policy, resolved } = asked
-  // A buffered policy leases its own quota, and a shadow policy must not refuse another's request:
-  // each is decided alone, never in another policy's call.
-  const alone = policy.sync !== null || policy.shadow !== null
-  const id = alone ? `${policy.script}${tag}:${policy.name}` : `${policy.script}${tag}`
+  const id = groupId(policy, tag)
   let group = groups.get(id)
   if (!group) {
     group = { id, tag, identity: asked.identity, policies: [], costs: [], keys: [], resolved: null }

@@ -32,6 +32,9 @@ const INSTANCES = defineScript({
  */
 export const monotonicNow = () => performance.timeOrigin + performance.now()
 
+/** The plugin's clock when a test gives one; else a clock that never jumps. */
+export const leaseClock = (now: (() => number) | undefined) => (!now || now === Date.now ? monotonicNow : now)
+
 /** `watch`'s answer when nothing changes: asked on every buffered decision, so no promise is made. */
 const WATCHED = Promise.resolve()
 
