@@ -220,7 +220,9 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
       // backlog now: the next search starts below both. (A transfer below `newest` still
       // committing now is found only once a newer event is relayed.)
       searchAbove = bounds!.backlog_from ? Math.min(newest, Number(bounds!.backlog_from) - 1) : newest
-      if (canary) await redis.del(canary)
+      // Nothing relayed, so nothing lost (a new stream): the epoch starts here. Left unset, a later
+      // check would take the missing key for a restart and refill what was relayed since.
+      if (canary) await setEpoch(canary)
       return
     }
     const relayed = Number(row.id)
@@ -232,6 +234,11 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
     let onStream: number[] = []
     /** Relayed events of the window that the stream's tail does not hold. */
     let missing: number[] = []
+    // Another check set the epoch since this one read it missing: that check is the restart's.
+    if (canary && (await redis.exists(epochKey)) === 1) {
+      await redis.del(canary)
+      return
+    }
     if (restarted) {
       const head = (await redis.xrange(stream, '-', '+', 'COUNT', 10 * batch)) as Array<[string, string[]]>
       onStream = head.map(eventIdOf).filter((id) => id !== null)
@@ -255,9 +262,13 @@ export function createOutboxRelay(options: OutboxRelayOptions): OutboxRelay {
     )
     // Set only once the refill is in the backlog: a relay that dies before this leaves the next
     // check to find the key missing and refill again (duplicates, which consumers absorb).
-    if (!canary) return
+    if (canary) await setEpoch(canary)
+  }
+
+  /** Sets the epoch key at the end of a check after a restart; dropped again if Redis lost its data meanwhile. */
+  async function setEpoch(canary: string): Promise<void> {
     await redis.set(epochKey, String(Date.now()))
-    // The canary gone: Redis lost its data since this check began (see above).
+    // The canary gone: Redis lost its data since this check began (see refillAfterLoss).
     if ((await redis.del(canary)) === 0) await redis.del(epochKey)
   }
 

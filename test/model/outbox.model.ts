@@ -45,6 +45,11 @@ interface Transfer {
 interface Model {
   /** The committed transfers of the current database, by id. */
   transfers: Map<number, Transfer>
+  /**
+   * No Redis data loss and no restore yet in this run: the relays owe the events stream each event
+   * exactly once (a refill after a loss may append one twice, which consumers absorb).
+   */
+  lossless: boolean
 }
 
 interface Instance {
@@ -192,6 +197,16 @@ async function observe(model: Model, real: Real): Promise<void> {
   }
 }
 
+/** With no loss in the run, no event is on the events stream twice. */
+async function relayedOnce(model: Model, real: Real): Promise<void> {
+  if (!model.lossless) return
+  const stream = `${real.instances[0]!.prefix}events:transfers`
+  const entries = (await real.redis.xrange(stream, '-', '+')) as Array<[string, string[]]>
+  const ids = entries.map(([, fields]) => fields[fields.indexOf('eventId') + 1])
+  const twice = ids.filter((id, i) => ids.indexOf(id) !== i)
+  assert.deepEqual(twice, [], `events relayed twice with no loss in the run: ${twice.join(', ')}`)
+}
+
 /** What a committed transfer owes the customers and they have not been shown. */
 function undelivered(model: Model, real: Real): string[] {
   const missing: string[] = []
@@ -206,6 +221,7 @@ function undelivered(model: Model, real: Real): string[] {
 
 /** Stops every notifier (each finishes its read), lets the customers read, runs `fault`, starts them again. */
 async function atQuietPoint(model: Model, real: Real, fault: () => Promise<void>): Promise<void> {
+  model.lossless = false
   for (const instance of real.instances) await instance.notifier.stop()
   await observe(model, real)
   // Stream ids made after the fault are never those made before it.
@@ -250,9 +266,10 @@ class RelayPass implements ModelCommand<Model, Real> {
   /** `both`: the two instances' relays at once; else the pass of one instance. */
   constructor(readonly which: 0 | 1 | 'both') {}
   check = () => true
-  async run(_model: Model, real: Real) {
+  async run(model: Model, real: Real) {
     const relays = real.instances.filter((_, i) => this.which === 'both' || this.which === i)
     await Promise.all(relays.map((instance) => instance.relay.relayPending()))
+    await relayedOnce(model, real)
   }
   toString = () => `relay(${this.which})`
 }
@@ -262,6 +279,7 @@ class Settle implements ModelCommand<Model, Real> {
   async run(model: Model, real: Real) {
     // A timed pass of each relay (loss check included), then the notifiers have every event to deliver.
     for (const instance of real.instances) await instance.relay.relayPending()
+    await relayedOnce(model, real)
     real.notifiersUp = true
     for (const instance of real.instances) await instance.notifier.start()
     const deadline = Date.now() + 15_000
@@ -388,6 +406,7 @@ class Restore implements ModelCommand<Model, Real> {
     await real.db.db.query('TRUNCATE transfers, outbox_events, notified_events RESTART IDENTITY CASCADE')
     await real.db.db.query('UPDATE accounts SET balance = opening_balance')
     model.transfers.clear()
+    model.lossless = false
     real.seen.clear()
     real.instances = [await startInstance(real), await startInstance(real)]
   }
@@ -464,7 +483,7 @@ modelTest<Model, Real>({
       notifiersUp: false,
     }
     real.instances = [await startInstance(real), await startInstance(real)]
-    return { model: { transfers: new Map() }, real }
+    return { model: { transfers: new Map(), lossless: true }, real }
   },
   async teardown(real) {
     for (const instance of real.instances) {
