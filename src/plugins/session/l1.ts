@@ -31,7 +31,7 @@ export type SessionFields = Readonly<Record<string, string>>
 
 /** A session as HGETALL answered it, and when (on the store's clock) it was read. */
 interface Entry {
-  readonly fields: Readonly<Record<string, string>>
+  readonly fields: SessionFields
   readonly loadedAt: number
 }
 
@@ -190,7 +190,7 @@ export class SessionL1 {
   }
 
   /** The fields loaded less than `ttlMs` ago, while subscribed; undefined otherwise (a miss, counted). */
-  get(id: string, now: number): Readonly<Record<string, string>> | undefined {
+  get(id: string, now: number): SessionFields | undefined {
     const entry = this.subscribed ? this.#entries.get(id) : undefined
     if (entry === undefined || now - entry.loadedAt >= this.settings.ttlMs) {
       if (entry) this.#entries.delete(id)
