@@ -47,6 +47,11 @@ export const NO_OPTIONS: GetOrLoadOptions = Object.freeze({})
  */
 export function checkRead(key: string, options: GetOrLoadOptions = NO_OPTIONS): string[] | undefined {
   checkKey(key)
+  return checkReadOptions(options)
+}
+
+/** A `getOrLoad`'s options, checked; its tags, validated and sorted. */
+export function checkReadOptions(options: GetOrLoadOptions = NO_OPTIONS): string[] | undefined {
   if (options === NO_OPTIONS) return undefined
   GET_OR_LOAD_OPTIONS.check(options, 'getOrLoad options')
   return options.tags === undefined ? undefined : checkTags(options.tags)

@@ -1,5 +1,9 @@
+import { namespaceOf } from './key.ts'
+
 interface Entry {
   value: unknown
+  /** The key's namespace, the label of its hit count: kept so that a hit slices no string. */
+  name: string
   expiresAt: number
   /** The entry's tags, indexed in `byTag` (undefined for an entry without tags). */
   tags: readonly string[] | undefined
@@ -20,7 +24,7 @@ export class L1Cache {
     private readonly coherent: () => boolean,
   ) {}
 
-  get(key: string): { value: unknown } | undefined {
+  get(key: string): { value: unknown; name: string } | undefined {
     if (!this.coherent()) return undefined
     const entry = this.entries.get(key)
     if (!entry) return undefined
@@ -35,7 +39,7 @@ export class L1Cache {
     if (epochAtRead !== this.epoch) return
     this.remove(key)
     if (this.entries.size >= this.maxEntries) this.remove(this.entries.keys().next().value!)
-    this.entries.set(key, { value, expiresAt: Date.now() + this.ttlMs, tags })
+    this.entries.set(key, { value, name: namespaceOf(key), expiresAt: Date.now() + this.ttlMs, tags })
     if (tags) {
       for (const tag of tags) {
         const keys = this.byTag.get(tag)

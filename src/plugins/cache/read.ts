@@ -1,7 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises'
 import { type CacheChannelContext, channels } from '../common/diagnostics.ts'
 import { type GetReply, type PeekReply, peekEntry } from './entry.ts'
-import { checkRead, NO_OPTIONS, resolveReadOptions } from './entry-options.ts'
+import { checkReadOptions, NO_OPTIONS, resolveReadOptions } from './entry-options.ts'
 import { CacheLoadTimeoutError } from './errors.ts'
 import { CACHE_KEY, checkKey, namespaceOf } from './key.ts'
 import type { FillTicket, LoaderRunner, Read } from './loader.ts'
@@ -47,7 +47,7 @@ export class TwoTierRead {
   /** The L1's entry for `key`, counted as an L1 hit. */
   private fromL1(key: string): { value: unknown } | undefined {
     const local = this.parts.l1?.get(key)
-    if (local) this.parts.metrics.l1Hits.inc({ name: namespaceOf(key) })
+    if (local) this.parts.metrics.l1Hits.inc({ name: local.name })
     return local
   }
 
@@ -67,9 +67,11 @@ export class TwoTierRead {
     options: GetOrLoadOptions,
     trace: CacheChannelContext | undefined,
   ): Promise<T | null> {
-    const tags = checkRead(key, options)
-    if (trace) trace.name = namespaceOf(key)
+    // Only a checked key is ever stored in the L1: a hit checks the options alone.
     const local = this.fromL1(key)
+    if (!local) checkKey(key)
+    const tags = checkReadOptions(options)
+    if (trace) trace.name = namespaceOf(key)
     if (local) {
       if (trace) trace.usage = 'l1'
       return Promise.resolve(local.value as T | null)
@@ -107,7 +109,7 @@ export class TwoTierRead {
    * then goes its usual way.
    */
   prefetch(key: string): Prefetch | undefined {
-    if (typeof key !== 'string' || !CACHE_KEY.test(key) || !this.store.up() || this.parts.l1?.get(key))
+    if (typeof key !== 'string' || this.parts.l1?.get(key) || !CACHE_KEY.test(key) || !this.store.up())
       return undefined
     const pending = this.peeks.get(key)
     if (pending) return pending

@@ -1,4 +1,4 @@
-import type { FastifyInstance, FastifySchema } from 'fastify'
+import type { FastifyInstance, FastifyReply, FastifyRequest, FastifySchema } from 'fastify'
 import fp from 'fastify-plugin'
 import type { Command } from 'ioredis'
 import { Counter, collectDefaultMetrics, Registry } from 'prom-client'
@@ -209,43 +209,59 @@ function observe(series: HistogramSeries, seconds: number, exemplar: Record<stri
   else series.observe(seconds)
 }
 
+/** `outer`'s map for `key`, empty the first time. */
+function inner<K, IK, V>(outer: Map<K, Map<IK, V>>, key: K): Map<IK, V> {
+  let found = outer.get(key)
+  if (!found) {
+    found = new Map()
+    outer.set(key, found)
+  }
+  return found
+}
+
+/** A response's two histograms' series, for one route, status, method and scheme. */
+interface ResponseSeries {
+  http: HistogramSeries | undefined
+  server: HistogramSeries | undefined
+}
+
 /** Times every response by its route pattern, never the raw URL: client-chosen paths must not create label values. */
 function timeResponses(app: FastifyInstance, instruments: Instruments): void {
   const { httpDuration, httpServerDuration } = instruments
-  const httpSeries = new Map<string, HistogramSeries>()
-  const serverSeries = new Map<string, HistogramSeries>()
+  // Found by route, status, method and scheme in turn: each is a string Fastify or Node keeps (its
+  // hash already known) or a number, so a response builds no id string and hashes nothing new.
+  const byRoute = new Map<string, Map<number, Map<string, Map<string, ResponseSeries>>>>()
+  const seriesOf = (request: FastifyRequest, reply: FastifyReply, url: string | undefined) => {
+    const route = url ?? 'unmatched'
+    const { statusCode } = reply
+    const { method, protocol: scheme } = request
+    const byStatus = inner(byRoute, route)
+    const byMethod = inner(byStatus, statusCode)
+    const byScheme = inner(byMethod, method)
+    const found = byScheme.get(scheme)
+    if (found) return found
+    const status = String(statusCode)
+    const series: ResponseSeries = {
+      http: httpDuration?.series({ method, route, status }),
+      server: httpServerDuration?.series({
+        http_request_method: method,
+        // A 404 matched no route: the attribute is left off, as the conventions ask.
+        ...(url ? { http_route: route } : {}),
+        http_response_status_code: status,
+        url_scheme: scheme,
+        ...(statusCode >= 500 ? { error_type: status } : {}),
+      }),
+    }
+    byScheme.set(scheme, series)
+    return series
+  }
   app.addHook('onResponse', function metrics(request, reply, done) {
     // Read once: Fastify builds the whole routeOptions object at each read.
-    const url = request.routeOptions.url
-    const route = url ?? 'unmatched'
-    const status = String(reply.statusCode)
-    const id = `${request.method} ${status} ${route}`
+    const { http, server } = seriesOf(request, reply, request.routeOptions.url)
     const seconds = reply.elapsedTime / 1000
     const exemplar = exemplarOf(request)
-    if (httpDuration) {
-      let series = httpSeries.get(id)
-      if (!series) {
-        series = httpDuration.series({ method: request.method, route, status })
-        httpSeries.set(id, series)
-      }
-      observe(series, seconds, exemplar)
-    }
-    if (httpServerDuration) {
-      const scheme = request.protocol
-      let series = serverSeries.get(`${id} ${scheme}`)
-      if (!series) {
-        series = httpServerDuration.series({
-          http_request_method: request.method,
-          // A 404 matched no route: the attribute is left off, as the conventions ask.
-          ...(url ? { http_route: route } : {}),
-          http_response_status_code: status,
-          url_scheme: scheme,
-          ...(reply.statusCode >= 500 ? { error_type: status } : {}),
-        })
-        serverSeries.set(`${id} ${scheme}`, series)
-      }
-      observe(series, seconds, exemplar)
-    }
+    if (http) observe(http, seconds, exemplar)
+    if (server) observe(server, seconds, exemplar)
     done()
   })
 }

@@ -8,7 +8,7 @@ import { BufferedPolicies, type ExactPath, type Taken } from './buffered.ts'
 import type { EngineOptions } from './engine-options.ts'
 import { RateLimitError } from './errors.ts'
 import { FALLBACK_MAX_KEYS, RedisFallback, RedisTroubleNotes, redisUnavailable } from './fallback.ts'
-import { addToGroup, callOf, type Group, groupOfOne, nonceFor } from './groups.ts'
+import { addToGroup, callOf, type Group, GroupsOfOne, nonceFor } from './groups.ts'
 import { IdentityTags } from './keys.ts'
 import { leaseClock } from './leases.ts'
 import { acquireStore, type MemoryStore, memoryStoreId, releaseStore } from './memory.ts'
@@ -49,6 +49,7 @@ export class RateLimitEngine implements ExactPath {
   private readonly now: () => number
   private redisDownUntil = 0
   private readonly tags = new IdentityTags()
+  private readonly groupsOfOne = new GroupsOfOne()
   private readonly notes: RedisTroubleNotes
   private readonly metrics: RateLimitMetrics
   private readonly principal: PrincipalFunction
@@ -134,7 +135,7 @@ export class RateLimitEngine implements ExactPath {
   /** One enforced policy (a route's IP limit, say): no grouping, and no promise when none is needed. */
   private decideOne(asked: Asked, operation: RequestOperation): Outcome | Promise<Outcome> {
     const outcome = emptyOutcome()
-    const group = groupOfOne(asked, this.tags.of(asked.identity), this)
+    const group = this.groupsOfOne.of(asked, this.tags, this)
     const decided = this.decideGroup(group, operation, outcome, null)
     return decided ? decided.then(() => outcome) : outcome
   }

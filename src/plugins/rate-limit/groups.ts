@@ -1,5 +1,6 @@
 import { randomBytes } from 'node:crypto'
 import type { Asked } from './asked.ts'
+import type { IdentityTags } from './keys.ts'
 import { localShareOf, resolve } from './policy.ts'
 import type { Operation, PolicyCall, Quota, ScriptCall } from './protocol.ts'
 import type { Policy, Resolved } from './types.ts'
@@ -52,6 +53,44 @@ export function groupOfOne(asked: Asked, tag: string, names: KeyNames): Group {
     costs: [asked.cost],
     keys,
     resolved: resolved ? [resolved] : null,
+  }
+}
+
+/** Identities longer than this are grouped anew on each request, like their tags (IdentityTags). */
+const MAX_KEPT_IDENTITY = 512
+/** Groups kept at most, over all policies; past it they are all dropped and built again as asked. */
+const MAX_KEPT_GROUPS = 10_000
+
+/**
+ * The groups of one static policy (no per-request limit or window, no override), kept per policy
+ * and identity: a request decided from a lease then builds no key string and hashes none it has
+ * not hashed before. A group is never changed once built, so one object serves every request.
+ */
+export class GroupsOfOne {
+  private readonly kept = new Map<Policy, Map<string, Group>>()
+  private size = 0
+
+  of(asked: Asked, tags: IdentityTags, names: KeyNames): Group {
+    const { policy, identity } = asked
+    if (asked.resolved !== undefined || identity.length > MAX_KEPT_IDENTITY)
+      return groupOfOne(asked, tags.of(identity), names)
+    let byIdentity = this.kept.get(policy)
+    const found = byIdentity?.get(identity)
+    // A cost function may ask another cost on the next request: that group is built for this one only.
+    if (found) return found.costs[0] === asked.cost ? found : groupOfOne(asked, found.tag, names)
+    if (this.size >= MAX_KEPT_GROUPS) {
+      this.kept.clear()
+      this.size = 0
+      byIdentity = undefined
+    }
+    if (!byIdentity) {
+      byIdentity = new Map()
+      this.kept.set(policy, byIdentity)
+    }
+    const group = groupOfOne(asked, tags.of(identity), names)
+    byIdentity.set(identity, group)
+    this.size++
+    return group
   }
 }
 
