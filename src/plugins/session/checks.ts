@@ -5,18 +5,11 @@ import { SessionHandleError, SessionLifetimeError, SessionPrincipalError } from 
 // What the session store checks of what its caller hands it: a session's id or handle, a
 // principal, and the lifetime a login asks for.
 
-/** The characters of base64url, by char code: an id is checked on every request, and a loop over this costs a fraction of a regex. */
-const BASE64URL = new Uint8Array(128)
-for (const c of 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_')
-  BASE64URL[c.charCodeAt(0)] = 1
+const SESSION_ID = /^[A-Za-z0-9_-]{43}$/
 const SESSION_HANDLE = /^[A-Za-z0-9_-]{22}$/
 
 /** True for a string of the ids' form (43 base64url characters: 256 random bits). */
-export function isWellFormedId(id: string): boolean {
-  if (id.length !== 43) return false
-  for (let i = 0; i < 43; i++) if (BASE64URL[id.charCodeAt(i)] !== 1) return false
-  return true
-}
+export const isWellFormedId = (id: string): boolean => SESSION_ID.test(id)
 
 /**
  * A session's non-secret handle: 128 bits of SHA-256 of its id, base64url (22 characters). The id

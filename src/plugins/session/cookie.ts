@@ -1,5 +1,6 @@
 import fastifyCookie from '@fastify/cookie'
 import type { FastifyReply, FastifyRequest } from 'fastify'
+import { isWellFormedId } from './checks.ts'
 import type { ValidOptions } from './options.ts'
 import type { Session } from './session.ts'
 
@@ -71,7 +72,9 @@ export function sessionCookie(options: ValidOptions): SessionCookie {
     const known = verified.get(raw)
     if (known) return known
     const result = signer.unsign(raw)
-    if (!result.valid || !result.value) return false
+    // A signed value not of an id's form is refused like a forged one: every remembered cookie
+    // carries a well-formed id, so a request that finds one checks the form no more.
+    if (!result.valid || !result.value || !isWellFormedId(result.value)) return false
     const entry = { id: result.value, renew: result.renew }
     if (verified.size >= VERIFIED_COOKIES) verified.delete(verified.keys().next().value!)
     verified.set(raw, entry)

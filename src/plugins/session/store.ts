@@ -128,12 +128,15 @@ export class SessionStore implements SessionSaver {
    * by the session's.
    */
   async load(id: string): Promise<Session | null> {
+    if (!isWellFormedId(id)) return null
     return (await this.loadPresented(id)).session
   }
 
-  /** @internal `load`, saying what it found (at once, with no promise, when the L1 answers it). */
+  /**
+   * @internal `load` of an id already known to be of an id's form (a verified cookie's), saying
+   * what it found: at once, with no promise, when the L1 answers it.
+   */
   loadPresented(id: string): LoadResult | Promise<LoadResult> {
-    if (!isWellFormedId(id)) return { decision: 'forged', session: null }
     return (this.l1 && this.#loadCached(this.l1, id)) || this.#loadStored(id)
   }
 

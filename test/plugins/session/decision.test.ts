@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict'
 import { after, before, describe, test } from 'node:test'
+import fastifyCookie from '@fastify/cookie'
 import Fastify, { type FastifyInstance, type LightMyRequestResponse } from 'fastify'
 import metricsPlugin from '../../../src/plugins/metrics/index.ts'
 import { connectRedis, createRedisClient, type RedisClient } from '../../../src/plugins/redis/index.ts'
@@ -95,7 +96,7 @@ describe('request.sessionDecision', () => {
     assert.equal((await decide(everyRequest, cookies)).decision, 'slid')
   })
 
-  test("'forged' for a cookie no secret signed, a tampered one, a malformed one", async () => {
+  test("'forged' for a cookie no secret signed, a tampered one, a malformed one, a signed non-id", async () => {
     const cookies = await login(app, 'ben')
     const [id, signature] = cookies.sid!.split('.') as [string, string]
     const flipped = `${signature[0] === 'A' ? 'B' : 'A'}${signature.slice(1)}`
@@ -105,6 +106,8 @@ describe('request.sessionDecision', () => {
       ['no signature', app, id],
       ['over 256 characters', app, `${cookies.sid}${'x'.repeat(256)}`],
       ['a secret this app does not have', otherSecret, cookies.sid!],
+      // Signed with the app's secret, but not 43 base64url characters: refused before any lookup.
+      ["a signed value not of an id's form", app, fastifyCookie.signerFactory([TEST_SECRET]).sign(`${id}=`)],
     ] as const) {
       assert.deepEqual(
         await decide(app_, { sid }),
