@@ -132,10 +132,7 @@ export class SessionStore implements SessionSaver {
     return (await this.loadPresented(id)).session
   }
 
-  /**
-   * @internal `load` of an id already known to be of an id's form (a verified cookie's), saying
-   * what it found: at once, with no promise, when the L1 answers it.
-   */
+  /** @internal `load` of an id of an id's form (a verified cookie's): what it found, at once when the L1 has it. */
   loadPresented(id: string): LoadResult | Promise<LoadResult> {
     return (this.l1 && this.#loadCached(this.l1, id)) || this.#loadStored(id)
   }
