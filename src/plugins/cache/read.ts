@@ -67,12 +67,14 @@ export class TwoTierRead {
     options: GetOrLoadOptions,
     trace: CacheChannelContext | undefined,
   ): Promise<T | null> {
-    // Only a checked key is ever stored in the L1: a hit checks the options alone.
-    const local = this.fromL1(key)
+    // Only a checked key is ever stored in the L1: a key it holds is not checked again. The hit
+    // is counted once the options passed, so a call that throws counts nothing.
+    const local = this.parts.l1?.get(key)
     if (!local) checkKey(key)
     const tags = checkReadOptions(options)
     if (trace) trace.name = namespaceOf(key)
     if (local) {
+      this.parts.metrics.l1Hits.inc({ name: local.name })
       if (trace) trace.usage = 'l1'
       return Promise.resolve(local.value as T | null)
     }

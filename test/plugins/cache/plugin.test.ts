@@ -280,6 +280,23 @@ describe('L1', () => {
     }
     assert.equal(seen, 'new')
   })
+
+  test('a key the L1 holds still refuses wrong options, and that call counts no hit', async () => {
+    const app = (await cacheApp({ keyPrefix: uniquePrefix('l1o'), l1TtlMs: 60_000 }))!
+    for (let i = 0; i < 100 && (await counter(app, 'cache_l1_hits_total', 'probe')) === 0; i++) {
+      await app.cache.getOrLoad('probe:1', async () => 1)
+      await app.cache.getOrLoad('probe:1', async () => 1)
+      await sleep(10)
+    }
+    const load = loader(() => 'v')
+    assert.equal(await app.cache.getOrLoad('item:1', load), 'v')
+    assert.equal(await app.cache.getOrLoad('item:1', load), 'v')
+    assert.equal(await counter(app, 'cache_l1_hits_total', 'item'), 1)
+    assert.throws(() => app.cache.getOrLoad('item:1', load, { ttlMs: -1 } as never), /getOrLoad options/)
+    assert.equal(await counter(app, 'cache_l1_hits_total', 'item'), 1)
+    assert.throws(() => app.cache.getOrLoad('Item:1', load), { code: 'FRG_CACHE_KEY_INVALID' })
+    assert.equal(load.calls, 1)
+  })
 })
 
 test('one invalidation drops several entries: each value gone, each generation new, one script on one Redis', async () => {
