@@ -4,7 +4,7 @@ import { type RunningDemo, startDemo } from '../openapi/demo.ts'
 import { generateClientTypes } from '../openapi/generate.ts'
 import { typecheckAgainst } from '../openapi/typecheck.ts'
 
-// Issue 17: a client generated from the served document (openapi-typescript + openapi-fetch) walks
+// A client generated from the served document (openapi-typescript + openapi-fetch) walks
 // through the API against a real server, using only what the generated client offers: the walk-through
 // is type-checked against the generated types before it runs.
 

@@ -5,7 +5,7 @@ import { after, before, test } from 'node:test'
 import * as Schema from 'typebox/schema'
 import { type Operation, operations, ROOT, type RunningDemo, startDemo } from '../openapi/demo.ts'
 
-// Issue 17: docs/demo/demo.http stays in step with the OpenAPI document: the same routes (every operation
+// docs/demo/demo.http stays in step with the OpenAPI document: the same routes (every operation
 // has a request, every request is an operation), only declared headers (the required ones present),
 // bodies and query strings the document accepts, and each request answers the status its title names
 // when the file is run top to bottom against a fresh gateway.

@@ -9,7 +9,7 @@ import { buildTestApp, createCustomer, login } from '../helpers/gateway.ts'
 import { cookieHeader, startTcpProxy, TEST_REDIS_URL } from '../helpers/index.ts'
 import { type OpenApiDocument, operations, type RunningDemo, startDemo } from '../openapi/demo.ts'
 
-// Issue 17: what the served document says about each operation, and that real responses (problems
+// What the served document says about each operation, and that real responses (problems
 // included, now typed application/problem+json) are what it says, serialized as before.
 
 let demo: RunningDemo

@@ -3,7 +3,7 @@ import { after, before, test } from 'node:test'
 import { type RunningDemo, startDemo } from '../openapi/demo.ts'
 import { lintDocument } from '../openapi/lint.ts'
 
-// Issue 17: the document a running gateway serves at /docs/json passes Redocly's recommended ruleset
+// The document a running gateway serves at /docs/json passes Redocly's recommended ruleset
 // with no error and no warning (a rule switched off is switched off in redocly.yaml, with its reason).
 
 let demo: RunningDemo

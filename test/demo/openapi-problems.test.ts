@@ -6,7 +6,7 @@ import { FASTIFY_PROBLEMS } from '../../src/errors.ts'
 import { PROBLEM_TYPES, problemTableMarkdown } from '../../src/routes/problem-types.ts'
 import { operations, ROOT, type RunningDemo, startDemo } from '../openapi/demo.ts'
 
-// Issue 17: each problem type the API returns is documented (docs/demo/problems.md), the code answers no
+// Each problem type the API returns is documented (docs/demo/problems.md), the code answers no
 // type that is not, and every `type` URI resolves to its documentation on the running gateway.
 
 let demo: RunningDemo
