@@ -150,6 +150,9 @@ export class RedisCache implements CacheApi {
     this.dropLocal(keys)
     try {
       await this.invalidateInRedis(keys)
+      // A read that began after the first drop but reached Redis before the invalidation (a peek
+      // sent while a script Redis had lost is sent again) may have put the old value in the L1.
+      this.dropLocal(keys)
       return true
     } catch (err) {
       for (const key of keys) this.parts.metrics.invalidationFailures.inc({ name: namespaceOf(key) })
