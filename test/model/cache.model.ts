@@ -12,19 +12,24 @@ import { Advance, type ModelRedis, startModelRedis } from './redis.ts'
 
 // Cache-aside reads on two gateway instances (the cache plugin, each with its own Redis client, L1
 // and pub/sub subscriber) in front of a source of truth the model keeps, committed first and then
-// invalidated, as the docs ask. Every read must answer the committed value, on either instance, and
-// load from the source exactly when nothing fresh is cached for it (in its L1, or in Redis within
-// the entry's lifetime on the Redis clock the model moves). Races: a read on one instance against a
-// commit and its invalidation (by key, by tag, or a `set`) on either, landing anywhere their Redis
-// commands interleave (fc.scheduler) or after the loader read the source and before its fill (the
-// race the fence is for); afterwards no instance may serve what was committed before. Faults:
-// FLUSHALL, a Redis restart, the subscribers killed (alone, or while a write's invalidation is
-// published, which then reaches no L1), the clock moving past entries' lifetimes. After every
-// command the model waits for what was published to reach both subscribers (a PING on each: the
-// delivery bound) before it checks that no L1 holds anything but the committed value.
+// invalidated, as the docs ask. A read is a getOrLoad call or a request to a route that prefetches
+// its key. Every read must answer the committed value, on either instance, and load from the
+// source exactly when nothing fresh is cached for it (in its L1, or in Redis within the entry's
+// lifetime on the Redis clock the model moves). Races: a read on one instance against a commit and
+// its invalidation (by key, by tag, or a `set`) on either, landing anywhere their Redis commands
+// interleave (fc.scheduler), after the loader read the source and before its fill (the race the
+// fence is for), or after the route's prefetch and before its handler; afterwards no instance may
+// serve what was committed before. Faults: one Redis key evicted (an entry, a generation, a lease,
+// a tag's generation), FLUSHALL, a Redis restart, the subscribers killed (alone, or while a
+// write's invalidation is published, which then reaches no L1), the clock moving past entries'
+// lifetimes. After every command the model waits for what was published to reach both subscribers
+// (a PING on each: the delivery bound) before it checks that no L1 holds anything but the
+// committed value.
 
-const TTL = 10_000
-const NEGATIVE_TTL = 2_000
+// The clock moves by multiples of 4 ms and lifetimes are 2 ms off one: no read lands on an entry's
+// last millisecond, where it is served while a refresh runs in the background.
+const TTL = 10_002
+const NEGATIVE_TTL = 2_002
 const KEYS = ['acct:1', 'acct:2', 'acct:3', 'acct:4'] as const
 type Key = (typeof KEYS)[number]
 const TAGS: Record<Key, readonly string[]> = {
@@ -37,7 +42,7 @@ const TAGS: Record<Key, readonly string[]> = {
 /** A key's tags as `getOrLoad` and `set` take them (none for an untagged key). */
 const tagsOf = (key: Key) => (TAGS[key].length > 0 ? { tags: TAGS[key] } : undefined)
 const ALL_TAGS = ['cust:1', 'cust:2'] as const
-const STEPS = [1, 500, 1_999, 2_001, 5_000, 9_999, 10_001, 30_000]
+const STEPS = [4, 500, 1_996, 2_004, 5_000, 9_996, 10_004, 30_000]
 
 /** What a Redis entry of a key is, as far as the model knows: fresh until `expiry`, or not known. */
 type Cached = { expiry: number } | 'unknown'
@@ -130,10 +135,7 @@ function expectedLoads(model: Model, i: 0 | 1, key: Key): number[] {
   let fromRedis: number[]
   if (cached === undefined) fromRedis = [1]
   else if (cached === 'unknown') fromRedis = [0, 1]
-  // Within a millisecond of its expiry either answer is right (which side of it Redis rounds to).
-  else if (model.now < cached.expiry - 1) fromRedis = [0]
-  else if (model.now > cached.expiry + 1) fromRedis = [1]
-  else fromRedis = [0, 1]
+  else fromRedis = model.now < cached.expiry ? [0] : [1]
   return inL1 === 'maybe' ? [...new Set([0, ...fromRedis])] : fromRedis
 }
 
@@ -333,6 +335,29 @@ class Race implements ModelCommand<Model, Real> {
     `race(read on ${this.reader} by ${this.via}, ${this.write} ${this.key} on ${this.writer}, ${this.point})`
 }
 
+/**
+ * One Redis key evicted, as a cache Redis with an eviction policy does: a key's entry (`v`), its
+ * generation (`g`) or its lease (`l`), or a tag's generation. It may cost a load, never a stale value.
+ */
+class Evict implements ModelCommand<Model, Real> {
+  constructor(
+    readonly key: Key,
+    readonly part: 'v' | 'g' | 'l' | 'tag',
+  ) {}
+  check = () => true
+  async run(model: Model, real: Real) {
+    const tag = TAGS[this.key][0]
+    if (this.part !== 'tag') await real.admin.del(`mc:{${this.key}}:${this.part}`)
+    else if (tag) await real.admin.del(`mc:{${tag}}:t`)
+    if (this.part === 'v') model.redis.delete(this.key)
+    // Entries recorded under the tag's old generation no longer match it: reloaded, or not yet.
+    if (this.part === 'tag' && tag)
+      for (const key of KEYS)
+        if (TAGS[key].includes(tag) && model.redis.has(key)) model.redis.set(key, 'unknown')
+  }
+  toString = () => `evict(${this.key}, ${this.part})`
+}
+
 /** FLUSHALL: every entry, generation, tag and lease in Redis is gone; the L1s keep what they hold (still current). */
 class FlushAll implements ModelCommand<Model, Real> {
   check = () => true
@@ -461,6 +486,9 @@ modelTest<Model, Real>({
     race,
     race,
     fc.constantFrom(...STEPS).map((ms) => new Advance<Model, Real>(ms)),
+    fc
+      .tuple(key, fc.constantFrom<'v' | 'g' | 'l' | 'tag'>('v', 'g', 'l', 'tag'))
+      .map(([k, part]) => new Evict(k, part)),
     fc.constant(new FlushAll()),
     fc.constant(new Restart()),
     fc.option(fc.record({ instance, key }), { nil: null }).map((write) => new KillSubscribers(write)),
