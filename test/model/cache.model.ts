@@ -205,38 +205,31 @@ class Read implements ModelCommand<Model, Real> {
   toString = () => `read(${this.instance}, ${this.key}, ${this.via})`
 }
 
-/** A commit, then `invalidate([key])` on one instance. */
+/**
+ * A commit on one instance, then the cache told of it: `invalidate([key])`, or `set(key, value)`
+ * with the key's tags (the entry then holds the new value).
+ */
 class Write implements ModelCommand<Model, Real> {
   constructor(
     readonly instance: 0 | 1,
     readonly key: Key,
     readonly deleted: boolean,
-  ) {}
-  check = () => true
-  async run(model: Model, real: Real) {
-    commit(model, real, this.key, this.deleted)
-    assert.equal(await cacheOf(real, this.instance).invalidate([this.key]), true)
-    model.redis.delete(this.key)
-    for (const l1 of model.l1) l1.delete(this.key)
-  }
-  toString = () => `write(${this.instance}, ${this.key}${this.deleted ? ', deleted' : ''})`
-}
-
-/** A commit, then `set(key, value)` with the key's tags on one instance: the entry holds the new value. */
-class SetValue implements ModelCommand<Model, Real> {
-  constructor(
-    readonly instance: 0 | 1,
-    readonly key: Key,
-    readonly deleted: boolean,
+    readonly how: 'invalidate' | 'set',
   ) {}
   check = () => true
   async run(model: Model, real: Real) {
     const value = commit(model, real, this.key, this.deleted)
-    assert.equal(await cacheOf(real, this.instance).set(this.key, value, tagsOf(this.key)), true)
-    model.redis.set(this.key, { expiry: model.now + (value === null ? NEGATIVE_TTL : TTL) })
+    const cache = cacheOf(real, this.instance)
+    if (this.how === 'invalidate') {
+      assert.equal(await cache.invalidate([this.key]), true)
+      model.redis.delete(this.key)
+    } else {
+      assert.equal(await cache.set(this.key, value, tagsOf(this.key)), true)
+      model.redis.set(this.key, { expiry: model.now + (value === null ? NEGATIVE_TTL : TTL) })
+    }
     for (const l1 of model.l1) l1.delete(this.key)
   }
-  toString = () => `set(${this.instance}, ${this.key}${this.deleted ? ', null' : ''})`
+  toString = () => `${this.how}(${this.instance}, ${this.key}${this.deleted ? ', null' : ''})`
 }
 
 /** A commit of every key of a tag, then `invalidateTags([tag])` on one instance. */
@@ -480,8 +473,8 @@ modelTest<Model, Real>({
     fc.tuple(instance, key, via).map(([i, k, v]) => new Read(i, k, v)),
     fc.tuple(instance, key, via).map(([i, k, v]) => new Read(i, k, v)),
     fc.tuple(instance, key, via).map(([i, k, v]) => new Read(i, k, v)),
-    fc.tuple(instance, key, fc.boolean()).map(([i, k, d]) => new Write(i, k, d)),
-    fc.tuple(instance, key, fc.boolean()).map(([i, k, d]) => new SetValue(i, k, d)),
+    fc.tuple(instance, key, fc.boolean()).map(([i, k, d]) => new Write(i, k, d, 'invalidate')),
+    fc.tuple(instance, key, fc.boolean()).map(([i, k, d]) => new Write(i, k, d, 'set')),
     fc.tuple(instance, fc.constantFrom(...ALL_TAGS)).map(([i, t]) => new WriteTag(i, t)),
     race,
     race,
