@@ -19,7 +19,7 @@ import { Advance, type ModelRedis, startModelRedis } from './redis.ts'
 // its invalidation (by key, by tag, or a `set`) on either, landing anywhere their Redis commands
 // interleave (fc.scheduler), after the loader read the source and before its fill (the race the
 // fence is for), or after the route's prefetch and before its handler; afterwards no instance may
-// serve what was committed before. Faults: one Redis key evicted (an entry, a generation, a lease,
+// serve what was committed before. Faults: an instance redeployed with its L1 off or on, one Redis key evicted (an entry, a generation, a lease,
 // a tag's generation), FLUSHALL, a Redis restart, the subscribers killed (alone, or while a
 // write's invalidation is published, which then reaches no L1), the clock moving past entries'
 // lifetimes. After every command the model waits for what was published to reach both subscribers
@@ -57,13 +57,16 @@ interface Model {
   redis: Map<Key, Cached>
   /** Per instance: the keys its L1 holds for certain ('yes') or may hold ('maybe'); always the committed value. */
   l1: [Map<Key, 'yes' | 'maybe'>, Map<Key, 'yes' | 'maybe'>]
+  /** Per instance: whether it runs with an L1 (a redeploy may turn it off or on). */
+  l1On: [boolean, boolean]
 }
 
 interface Instance {
   app: FastifyInstance
   client: Redis
-  subscriber: Redis
-  l1: L1Cache
+  /** The L1's subscriber and the L1 itself; none for an instance without an L1. */
+  subscriber?: Redis
+  l1?: L1Cache
   /** Loader calls. */
   loads: number
   /** For the next request to GET /read/:key: run between its prefetch and its handler, and after its load. */
@@ -145,7 +148,12 @@ function afterRead(model: Model, i: 0 | 1, key: Key, loaded: boolean): void {
     const ttl = model.source.get(key) === null ? NEGATIVE_TTL : TTL
     model.redis.set(key, { expiry: model.now + ttl })
   }
-  model.l1[i].set(key, 'yes')
+  keeps(model, i, key, 'yes')
+}
+
+/** What instance `i`'s L1 now holds of `key`, if it has an L1. */
+function keeps(model: Model, i: 0 | 1, key: Key, held: 'yes' | 'maybe'): void {
+  if (model.l1On[i]) model.l1[i].set(key, held)
 }
 
 /** A commit of a new value (or a deletion) to the source, in the model and the real source. */
@@ -156,9 +164,9 @@ function commit(model: Model, real: Real, key: Key, deleted: boolean): number | 
   return value
 }
 
-/** Waits until both subscribers have received everything published so far (a PING on each). */
+/** Waits until every subscriber has received everything published so far (a PING on each). */
 async function settle(real: Real): Promise<void> {
-  await Promise.all(real.instances.map((instance) => instance.subscriber.ping()))
+  await Promise.all(real.instances.map((instance) => instance.subscriber?.ping()))
 }
 
 /**
@@ -167,7 +175,7 @@ async function settle(real: Real): Promise<void> {
  */
 async function dropSubscribers(real: Real, fault: () => Promise<void>): Promise<void> {
   const dropped = real.instances.map(
-    ({ subscriber }) => new Promise((resolve) => subscriber.once('close', resolve)),
+    ({ subscriber }) => subscriber && new Promise((resolve) => subscriber.once('close', resolve)),
   )
   await fault()
   await Promise.all(dropped)
@@ -314,7 +322,7 @@ class Race implements ModelCommand<Model, Real> {
       for (const l1 of model.l1) l1.delete(key)
     }
     // The reader's L1 may hold the committed value now (a read that began after the drop keeps what it read).
-    model.l1[this.reader].set(this.key, 'maybe')
+    keeps(model, this.reader, this.key, 'maybe')
     // The writer's own L1 has dropped the old value before its call resolved: a read there now,
     // before any message arrives, answers the committed value.
     assert.equal(
@@ -322,10 +330,29 @@ class Race implements ModelCommand<Model, Real> {
       after,
       `a read on the writer ${this.writer} right after`,
     )
-    model.l1[this.writer].set(this.key, 'maybe')
+    keeps(model, this.writer, this.key, 'maybe')
   }
   toString = () =>
     `race(read on ${this.reader} by ${this.via}, ${this.write} ${this.key} on ${this.writer}, ${this.point})`
+}
+
+/**
+ * One instance redeployed with its L1 turned off or on (a rolling deploy, a fleet with mixed
+ * settings): its L1 starts empty; every other instance's L1 must still hear of its writes.
+ */
+class Redeploy implements ModelCommand<Model, Real> {
+  constructor(readonly instance: 0 | 1) {}
+  check = () => true
+  async run(model: Model, real: Real) {
+    const old = real.instances[this.instance]
+    await old.app.close()
+    old.client.disconnect()
+    const l1On = !model.l1On[this.instance]
+    real.instances[this.instance] = await startInstance(real.server, real.scheduler, real.source, l1On, true)
+    model.l1On[this.instance] = l1On
+    model.l1[this.instance].clear()
+  }
+  toString = () => `redeploy(${this.instance})`
 }
 
 /**
@@ -402,6 +429,8 @@ async function startInstance(
   server: ModelRedis,
   scheduler: fc.Scheduler | null,
   source: Map<Key, number | null>,
+  l1On: boolean,
+  inCommand = false,
 ): Promise<Instance> {
   const client = await server.client()
   // The plugin's subscriber is a duplicate of the client: kept, to PING it and to see it drop.
@@ -421,7 +450,7 @@ async function startInstance(
       ttlMs: TTL,
       jitter: 0,
       negativeTtlMs: NEGATIVE_TTL,
-      l1TtlMs: 600_000,
+      l1TtlMs: l1On ? 600_000 : 0,
     })
     // The demo's balance route, in small: the key read in onRequest, then by the handler.
     app.get<{ Params: { key: Key } }>(
@@ -434,9 +463,16 @@ async function startInstance(
     )
     await app.ready()
   })()
-  await (scheduler ? scheduler.waitFor(booting) : booting)
-  const l1 = (app.cache as unknown as { parts: { l1: L1Cache } }).parts.l1
-  return Object.assign(reader, { client, subscriber: subscriber!, l1 })
+  // Within a command (a redeploy) the command's own wait releases the scheduled steps.
+  await (scheduler && !inCommand ? scheduler.waitFor(booting) : booting)
+  const l1 = (app.cache as unknown as { parts: { l1?: L1Cache } }).parts.l1
+  const instance: Instance = Object.assign(reader, { client, subscriber, l1 })
+  // An L1 serves once its SUBSCRIBE is confirmed (and is cleared then).
+  for (let waited = 0; !serves(instance); waited += 5) {
+    if (waited > 10_000) throw new Error('the L1 subscriber did not subscribe within 10 s')
+    await sleep(5)
+  }
+  return instance
 }
 
 const instance = fc.constantFrom<0 | 1>(0, 1)
@@ -482,6 +518,7 @@ modelTest<Model, Real>({
     fc
       .tuple(key, fc.constantFrom<'v' | 'g' | 'l' | 'tag'>('v', 'g', 'l', 'tag'))
       .map(([k, part]) => new Evict(k, part)),
+    instance.map((i) => new Redeploy(i)),
     fc.constant(new FlushAll()),
     fc.constant(new Restart()),
     fc.option(fc.record({ instance, key }), { nil: null }).map((write) => new KillSubscribers(write)),
@@ -494,14 +531,9 @@ modelTest<Model, Real>({
     const admin = await server.client()
     const source = new Map<Key, number | null>(KEYS.map((k, n) => [k, n === 2 ? null : n + 1]))
     const instances: Real['instances'] = [
-      await startInstance(server, scheduler, source),
-      await startInstance(server, scheduler, source),
+      await startInstance(server, scheduler, source, true),
+      await startInstance(server, scheduler, source, true),
     ]
-    // Each L1 serves once its SUBSCRIBE is confirmed (and is cleared then).
-    for (let waited = 0; !instances.every(serves); waited += 5) {
-      if (waited > 10_000) throw new Error('the L1 subscribers did not subscribe within 10 s')
-      await sleep(5)
-    }
     return {
       model: {
         now: server.clock.now(),
@@ -509,6 +541,7 @@ modelTest<Model, Real>({
         written: KEYS.length,
         redis: new Map(),
         l1: [new Map(), new Map()],
+        l1On: [true, true],
       },
       real: { server, admin, instances, source, scheduler },
     }
@@ -526,7 +559,7 @@ modelTest<Model, Real>({
     // Nothing an L1 holds is older than the committed value.
     for (const [i, instance] of real.instances.entries()) {
       for (const key of KEYS) {
-        const held = instance.l1.get(key)
+        const held = instance.l1?.get(key)
         if (held !== undefined)
           assert.equal(held.value, model.source.get(key), `L1 ${i} holds ${key} at the committed value`)
       }
@@ -536,5 +569,5 @@ modelTest<Model, Real>({
 
 /** Whether the instance's L1 serves (subscribed, connection ready). */
 function serves(instance: Instance): boolean {
-  return (instance.l1 as unknown as { coherent: () => boolean }).coherent()
+  return !instance.l1 || (instance.l1 as unknown as { coherent: () => boolean }).coherent()
 }

@@ -202,7 +202,9 @@ async function redisCache(app: FastifyInstance, context: CacheContext, settings:
     log: context.log,
     l1,
     // Keys as a JSON array, tags as {"tags": [...]}.
-    broadcast: subscriber ? (message) => redis.publish(channel, JSON.stringify(message)) : undefined,
+    // Published with or without an L1 of its own: another instance may have one (a fleet with mixed
+    // settings, or a rolling deploy that turns the L1 on), and it hears of writes only this way.
+    broadcast: (message) => redis.publish(channel, JSON.stringify(message)),
     broadcastInOrder: !isCluster(redis),
   })
   if (subscriber && l1) {
