@@ -9,6 +9,7 @@ import type {
 } from 'fastify'
 import fp from 'fastify-plugin'
 import { isCluster, type RedisClient } from '../../redis/client.ts'
+import { withTimeout } from '../../redis/timeout.ts'
 import { pluginContext, type RedisPluginContext, redisPluginContext } from '../common/context.ts'
 import { pluginRegistered, routeCovered } from '../common/route-coverage.ts'
 import { addRouteHook } from '../common/route-hooks.ts'
@@ -149,10 +150,17 @@ async function subscribeToInvalidations(
   state: { subscribed: boolean },
   l1: L1Cache,
   cache: RedisCache,
+  connectTimeoutMs: number,
 ): Promise<void> {
+  // Settled by the first SUBSCRIBE's answer, or by the connection's first close.
+  let firstOutcome!: () => void
+  const subscribedOrDown = new Promise<void>((resolve) => {
+    firstOutcome = resolve
+  })
   subscriber.on('error', () => {})
   subscriber.on('close', () => {
     state.subscribed = false
+    firstOutcome()
   })
   subscriber.on('ready', () => {
     subscriber
@@ -160,6 +168,7 @@ async function subscribeToInvalidations(
       .then(() => {
         l1.clear()
         state.subscribed = true
+        firstOutcome()
       })
       .catch((err: unknown) => context.log.warn({ err }, 'cache L1 subscribe failed'))
   })
@@ -176,6 +185,9 @@ async function subscribeToInvalidations(
     }
   })
   await subscriber.connect().catch(() => {})
+  // Once the app is ready, its L1 serves: registration waits for the subscription (bounded like the
+  // wait for Redis itself; until subscribed, the L1 is bypassed, never stale).
+  await withTimeout(subscribedOrDown, connectTimeoutMs, () => {})
 }
 
 type CacheContext = RedisPluginContext<CacheMetrics>
@@ -209,7 +221,7 @@ async function redisCache(app: FastifyInstance, context: CacheContext, settings:
   })
   if (subscriber && l1) {
     app.addHook('onClose', async () => subscriber.disconnect())
-    await subscribeToInvalidations(context, subscriber, channel, state, l1, cache)
+    await subscribeToInvalidations(context, subscriber, channel, state, l1, cache, settings.connectTimeoutMs)
   }
   app.addHook('onClose', async () => cache.close())
   return cache

@@ -1,6 +1,7 @@
 import fastifyCookie from '@fastify/cookie'
 import type { FastifyInstance } from 'fastify'
 import fp from 'fastify-plugin'
+import { withTimeout } from '../../redis/timeout.ts'
 import { redisPluginContext } from '../common/context.ts'
 import '../common/principal.ts'
 import { contextCovered, pluginRegistered } from '../common/route-coverage.ts'
@@ -124,6 +125,10 @@ async function sessionPlugin(app: FastifyInstance, rawOptions: SessionPluginOpti
     loading: new WeakMap(),
   })
 
+  // Once the app is ready, its L1 serves: registration waits for the subscription while Redis answers
+  // (bounded like the wait for Redis itself; until subscribed, the L1 is bypassed, never stale).
+  if (ctx.store.l1 && common.redis.status === 'ready')
+    await withTimeout(ctx.store.l1.whenSubscribed(), options.connectTimeoutMs, () => {})
   if (!app.hasRequestDecorator('cookies')) await app.register(fastifyCookie)
   app.decorate('sessions', ctx.store)
   // The L1's subscriber connection is the plugin's own: closed with the app (the client never is).

@@ -7,7 +7,7 @@ import cachePlugin, { type CachePluginOptions } from '../../../src/plugins/cache
 import metrics from '../../../src/plugins/metrics/index.ts'
 import { createRedisClient, type RedisClient } from '../../../src/plugins/redis/index.ts'
 import { uniquePrefix } from '../../helpers/index.ts'
-import { counter, l1Subscribed } from './fixtures.ts'
+import { counter } from './fixtures.ts'
 
 // Three masters: the cache's keys land in many slots.
 let cluster: RedisClusterProcess
@@ -33,7 +33,6 @@ async function clusterCache(options: CachePluginOptions): Promise<FastifyInstanc
   await app.register(cachePlugin, { redis, ...options })
   await app.ready()
   apps.push(app)
-  if (options.l1TtlMs) await l1Subscribed(app)
   return app
 }
 

@@ -7,7 +7,7 @@ import metrics from '../../../src/plugins/metrics/index.ts'
 import { connectRedis, createRedisClient, type RedisClient } from '../../../src/plugins/redis/index.ts'
 import { scriptSources } from '../../../src/redis/scripts.ts'
 import { scanKeys, testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
-import { counter, l1Subscribed, signal } from './fixtures.ts'
+import { counter, signal } from './fixtures.ts'
 
 // Runs on the Redis the suites use: a single node, or the Redis Cluster under `npm run test:cluster`
 // (tags live in other slots than the entries that carry them).
@@ -36,7 +36,6 @@ async function cacheApp(options: CachePluginOptions = {}, client?: RedisClient):
 async function twoInstances(options: CachePluginOptions = {}) {
   const keyPrefix = uniquePrefix('tg')
   const apps = [await cacheApp({ keyPrefix, ...options }), await cacheApp({ keyPrefix, ...options })] as const
-  if (options.l1TtlMs) for (const app of apps) await l1Subscribed(app)
   return apps
 }
 

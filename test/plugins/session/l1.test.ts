@@ -77,7 +77,6 @@ async function startInstance(): Promise<Instance> {
     decision: request.sessionDecision,
   }))
   await app.ready()
-  await app.sessions.l1!.whenSubscribed()
   return instance
 }
 
@@ -144,6 +143,11 @@ async function until(condition: () => boolean, what: string): Promise<void> {
 describe('the L1', () => {
   test('a session loaded on an instance is answered from its L1 without any Redis command', async () => {
     const [a, b] = instances as [Instance, Instance]
+    // Registration waited for each L1's subscription: ready means it serves.
+    assert.deepEqual(
+      instances.map(({ app }) => app.sessions.l1!.subscribed),
+      [true, true, true],
+    )
     const cookie = await login(a)
     // B has never seen it: it reads the hash and slides the idle expiry, and keeps it.
     const first = await commandsOf(b, () => me(b, cookie))
