@@ -62,6 +62,11 @@ const HEADLINES: Record<string, (data: never) => Row[]> = {
     return [
       ...fromSummary('ours', named('gateway chain'), 'gateway chain (every plugin; IP limit buffered, L1s)'),
       ...fromSummary('ours', named('gateway chain, exact'), 'gateway chain, every decision on Redis'),
+      ...fromSummary(
+        'ours',
+        named('plugin chain, bare route'),
+        'session, buffered IP limit and cache plugins on the bare route',
+      ),
       ...fromSummary('peer', named('peer stack')),
       ...fromSummary('baseline', named('bare route')),
       ...fromSummary('baseline', named('bare route + one Redis GET')),
