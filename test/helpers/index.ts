@@ -117,6 +117,10 @@ export interface TcpProxy {
   restore(): void
   /** Adds this much latency to each chunk in both directions (0 to remove). */
   delay(ms: number): void
+  /** Holds every chunk in both directions, connections left open: a network gone silent (no FIN). */
+  freeze(): void
+  /** Delivers what was held, in order, and relays again. */
+  thaw(): void
   close(): Promise<void>
 }
 
@@ -125,9 +129,11 @@ export async function startTcpProxy(targetPort: number, targetHost = '127.0.0.1'
   const sockets = new Set<Socket>()
   let down = false
   let latency = 0
+  let held: Array<() => void> | null = null
   const relay = (from: Socket, to: Socket) =>
     from.on('data', (chunk) => {
-      if (latency === 0) to.write(chunk)
+      if (held) held.push(() => to.write(chunk))
+      else if (latency === 0) to.write(chunk)
       else {
         from.pause()
         setTimeout(() => {
@@ -165,6 +171,14 @@ export async function startTcpProxy(targetPort: number, targetHost = '127.0.0.1'
     },
     delay(ms) {
       latency = ms
+    },
+    freeze() {
+      held ??= []
+    },
+    thaw() {
+      const writes = held ?? []
+      held = null
+      for (const write of writes) write()
     },
     close() {
       down = true

@@ -137,29 +137,77 @@ function disabledCache(defaultHardTimeoutMs: number, log: FastifyBaseLogger): Ca
 const SHARED_FIX =
   '. With `sharedWithDurableData` this Redis also holds sessions, idempotency records and rate limits, which that policy may evict: give the cache a Redis of its own (its `redis` option)'
 
+/** The longest interval between two heartbeat PINGs on the L1's subscriber (at most the L1's TTL). */
+const HEARTBEAT_MS = 1000
+
+/** Whether the L1 hears of other instances' invalidations now: only then does it serve. */
+interface Subscription {
+  /** Subscribed on the current connection. */
+  subscribed: boolean
+  /** The last heartbeat PING went unanswered for a whole interval: messages may be that late too. */
+  late: boolean
+}
+
 /**
  * Keeps the L1 coherent: every instance drops the keys and tags another one invalidated. The L1
  * is bypassed while the subscriber is away (invalidations published then are lost) and starts
  * empty once subscribed again: emptied when the SUBSCRIBE is confirmed, not at connect, so a read
  * that filled the L1 while the subscription was pending is dropped too, and so is any read in flight.
+ * A channel that answers late delivers late: the L1 serves only while a PING on the subscriber is
+ * answered within an interval, which also finds a connection that died without a word (a host or
+ * a network gone: no FIN, and the socket would look open for minutes).
  */
 async function subscribeToInvalidations(
   context: CacheContext,
   subscriber: RedisClient,
   channel: string,
-  state: { subscribed: boolean },
+  state: Subscription,
   l1: L1Cache,
   cache: RedisCache,
-  connectTimeoutMs: number,
+  settings: CachePluginSettings,
 ): Promise<void> {
   // Settled by the first SUBSCRIBE's answer, or by the connection's first close.
   let firstOutcome!: () => void
   const subscribedOrDown = new Promise<void>((resolve) => {
     firstOutcome = resolve
   })
+  /** Bumped at every drop of the connection: a PING answered on an older one says nothing now. */
+  let connection = 0
+  let pinging = false
+  const beat = () => {
+    if (!state.subscribed) return
+    if (pinging) {
+      if (!state.late) {
+        state.late = true
+        l1.clear()
+      }
+      return
+    }
+    pinging = true
+    const sentOn = connection
+    subscriber.ping().then(
+      () => {
+        if (sentOn !== connection) return
+        pinging = false
+        // What was delivered late came before this answer and was applied; what was read meanwhile
+        // may predate it: emptied.
+        if (state.late) {
+          state.late = false
+          l1.clear()
+        }
+      },
+      () => {}, // The connection dropped: its 'close' takes the L1 down.
+    )
+  }
+  const heartbeat = setInterval(beat, Math.min(HEARTBEAT_MS, settings.l1TtlMs))
+  heartbeat.unref()
+  subscriber.on('end', () => clearInterval(heartbeat))
   subscriber.on('error', () => {})
   subscriber.on('close', () => {
+    connection++
+    pinging = false
     state.subscribed = false
+    state.late = false
     firstOutcome()
   })
   subscriber.on('ready', () => {
@@ -187,7 +235,7 @@ async function subscribeToInvalidations(
   await subscriber.connect().catch(() => {})
   // Once the app is ready, its L1 serves: registration waits for the subscription (bounded like the
   // wait for Redis itself; until subscribed, the L1 is bypassed, never stale).
-  await withTimeout(subscribedOrDown, connectTimeoutMs, () => {})
+  await withTimeout(subscribedOrDown, settings.connectTimeoutMs, () => {})
 }
 
 type CacheContext = RedisPluginContext<CacheMetrics>
@@ -197,12 +245,12 @@ async function redisCache(app: FastifyInstance, context: CacheContext, settings:
   const { redis } = context
   // ioredis types `duplicate` per client class; both return a client of the same kind.
   const subscriber = settings.l1TtlMs > 0 ? (redis.duplicate as () => RedisClient)() : undefined
-  const state = { subscribed: false }
+  const state: Subscription = { subscribed: false, late: false }
   const l1 = subscriber
     ? new L1Cache(
         settings.l1TtlMs,
         settings.l1MaxEntries,
-        () => state.subscribed && subscriber.status === 'ready',
+        () => state.subscribed && !state.late && subscriber.status === 'ready',
       )
     : undefined
   const channel = `${settings.keyPrefix}invalidations`
@@ -221,7 +269,7 @@ async function redisCache(app: FastifyInstance, context: CacheContext, settings:
   })
   if (subscriber && l1) {
     app.addHook('onClose', async () => subscriber.disconnect())
-    await subscribeToInvalidations(context, subscriber, channel, state, l1, cache, settings.connectTimeoutMs)
+    await subscribeToInvalidations(context, subscriber, channel, state, l1, cache, settings)
   }
   app.addHook('onClose', async () => cache.close())
   return cache
