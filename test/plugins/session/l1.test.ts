@@ -4,7 +4,14 @@ import Fastify, { type FastifyInstance, type LightMyRequestResponse } from 'fast
 import metricsPlugin from '../../../src/plugins/metrics/index.ts'
 import { connectRedis, createRedisClient, type RedisClient } from '../../../src/plugins/redis/index.ts'
 import sessionPlugin, { type SessionValue, sessionHandle } from '../../../src/plugins/session/index.ts'
-import { scanKeys, TEST_SECRET, testRedisConnection, uniquePrefix } from '../../helpers/index.ts'
+import {
+  scanKeys,
+  startTcpProxy,
+  TEST_REDIS_URL,
+  TEST_SECRET,
+  testRedisConnection,
+  uniquePrefix,
+} from '../../helpers/index.ts'
 import { delta, scrape } from '../../helpers/metrics-scrape.ts'
 
 // Three instances of a gateway (three apps in this process, each with its own client and its own
@@ -27,8 +34,11 @@ interface Instance {
 
 let instances: Instance[] = []
 
-async function startInstance(): Promise<Instance> {
-  const client = createRedisClient(testRedisConnection())
+async function startInstance(
+  connection: { url?: string } = testRedisConnection(),
+  l1: { ttlMs: number } | true = true,
+): Promise<Instance> {
+  const client = createRedisClient(connection)
   await connectRedis(client)
   const instance: Instance = { app: Fastify(), client, sent: [], counting: false }
   const original = client.sendCommand.bind(client) as (
@@ -40,7 +50,7 @@ async function startInstance(): Promise<Instance> {
     return original(command, ...rest)
   }
   const { app } = instance
-  await app.register(sessionPlugin, { redis: client, secrets: [TEST_SECRET], keyPrefix })
+  await app.register(sessionPlugin, { redis: client, secrets: [TEST_SECRET], keyPrefix, l1 })
   await app.register(metricsPlugin, { processMetrics: false })
   app.post<{ Body: { user: string; data?: Record<string, SessionValue> } }>(
     '/login',
@@ -280,6 +290,38 @@ describe('while the invalidation channel is down', () => {
     const again = await login(a)
     await warm(b, again)
     assert.deepEqual(await commandsOf(b, () => me(b, again)), [], 'the L1 serves again')
+  })
+
+  test('a subscriber gone silent (no FIN): within two heartbeats the session is read from Redis, never served stale', async (t) => {
+    // An instance whose connections pass through a proxy the test freezes: they stay open and
+    // nothing passes, as when a network or a host goes away without closing anything. Its L1 keeps
+    // a session for a minute by its TTL: only the heartbeat can take it out of service sooner.
+    const url = new URL(TEST_REDIS_URL)
+    const proxy = await startTcpProxy(Number(url.port || 6379), url.hostname)
+    const silent = await startInstance({ url: `redis://127.0.0.1:${proxy.port}` }, { ttlMs: 60_000 })
+    t.after(async () => {
+      proxy.thaw()
+      await silent.app.close()
+      silent.client.disconnect()
+      await proxy.close()
+    })
+    const [a] = instances as [Instance]
+    const cookie = await login(a)
+    await warm(silent, cookie)
+    proxy.freeze()
+    await a.app.inject({ method: 'POST', url: '/logout', headers: { cookie } })
+    // Its heartbeat PING goes unanswered for an interval (1 s): the L1 is bypassed, the load waits
+    // on Redis and gives up (503). Waited for well within the L1's TTL.
+    let status = 200
+    for (const deadline = Date.now() + 20_000; status === 200 && Date.now() < deadline; ) {
+      status = (await me(silent, cookie)).statusCode
+      if (status === 200) await new Promise((resolve) => setTimeout(resolve, 100))
+    }
+    assert.equal(status, 503, 'the revoked session was served from the L1 of a silent subscriber')
+    // The network comes back: the revoked session is refused.
+    proxy.thaw()
+    await until(() => silent.app.sessions.l1!.subscribed, 'the heartbeat to be answered')
+    assert.equal((await me(silent, cookie)).statusCode, 401)
   })
 
   test('a disconnected subscriber: every load reads Redis until it is subscribed again', async () => {
