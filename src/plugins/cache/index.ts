@@ -11,6 +11,7 @@ import fp from 'fastify-plugin'
 import { isCluster, type RedisClient } from '../../redis/client.ts'
 import { withTimeout } from '../../redis/timeout.ts'
 import { pluginContext, type RedisPluginContext, redisPluginContext } from '../common/context.ts'
+import { SubscriberHeartbeat } from '../common/heartbeat.ts'
 import { pluginRegistered, routeCovered } from '../common/route-coverage.ts'
 import { addRouteHook } from '../common/route-hooks.ts'
 import {
@@ -137,31 +138,20 @@ function disabledCache(defaultHardTimeoutMs: number, log: FastifyBaseLogger): Ca
 const SHARED_FIX =
   '. With `sharedWithDurableData` this Redis also holds sessions, idempotency records and rate limits, which that policy may evict: give the cache a Redis of its own (its `redis` option)'
 
-/** The longest interval between two heartbeat PINGs on the L1's subscriber (at most the L1's TTL). */
-const HEARTBEAT_MS = 1000
-
-/** Whether the L1 hears of other instances' invalidations now: only then does it serve. */
-interface Subscription {
-  /** Subscribed on the current connection. */
-  subscribed: boolean
-  /** The last heartbeat PING went unanswered for a whole interval: messages may be that late too. */
-  late: boolean
-}
-
 /**
  * Keeps the L1 coherent: every instance drops the keys and tags another one invalidated. The L1
  * is bypassed while the subscriber is away (invalidations published then are lost) and starts
  * empty once subscribed again: emptied when the SUBSCRIBE is confirmed, not at connect, so a read
  * that filled the L1 while the subscription was pending is dropped too, and so is any read in flight.
- * A channel that answers late delivers late: the L1 serves only while a PING on the subscriber is
- * answered within an interval, which also finds a connection that died without a word (a host or
- * a network gone: no FIN, and the socket would look open for minutes).
+ * A channel that answers late delivers late: the L1 serves only while the subscriber's heartbeat
+ * PING is answered within an interval, which also finds a connection that died without closing.
  */
 async function subscribeToInvalidations(
   context: CacheContext,
   subscriber: RedisClient,
   channel: string,
-  state: Subscription,
+  state: { subscribed: boolean },
+  heartbeat: SubscriberHeartbeat,
   l1: L1Cache,
   cache: RedisCache,
   settings: CachePluginSettings,
@@ -171,43 +161,11 @@ async function subscribeToInvalidations(
   const subscribedOrDown = new Promise<void>((resolve) => {
     firstOutcome = resolve
   })
-  /** Bumped at every drop of the connection: a PING answered on an older one says nothing now. */
-  let connection = 0
-  let pinging = false
-  const beat = () => {
-    if (!state.subscribed) return
-    if (pinging) {
-      if (!state.late) {
-        state.late = true
-        l1.clear()
-      }
-      return
-    }
-    pinging = true
-    const sentOn = connection
-    subscriber.ping().then(
-      () => {
-        if (sentOn !== connection) return
-        pinging = false
-        // What was delivered late came before this answer and was applied; what was read meanwhile
-        // may predate it: emptied.
-        if (state.late) {
-          state.late = false
-          l1.clear()
-        }
-      },
-      () => {}, // The connection dropped: its 'close' takes the L1 down.
-    )
-  }
-  const heartbeat = setInterval(beat, Math.min(HEARTBEAT_MS, settings.l1TtlMs))
-  heartbeat.unref()
-  subscriber.on('end', () => clearInterval(heartbeat))
+  subscriber.on('end', () => heartbeat.stop())
   subscriber.on('error', () => {})
   subscriber.on('close', () => {
-    connection++
-    pinging = false
+    heartbeat.dropped()
     state.subscribed = false
-    state.late = false
     firstOutcome()
   })
   subscriber.on('ready', () => {
@@ -245,14 +203,25 @@ async function redisCache(app: FastifyInstance, context: CacheContext, settings:
   const { redis } = context
   // ioredis types `duplicate` per client class; both return a client of the same kind.
   const subscriber = settings.l1TtlMs > 0 ? (redis.duplicate as () => RedisClient)() : undefined
-  const state: Subscription = { subscribed: false, late: false }
-  const l1 = subscriber
-    ? new L1Cache(
-        settings.l1TtlMs,
-        settings.l1MaxEntries,
-        () => state.subscribed && !state.late && subscriber.status === 'ready',
-      )
-    : undefined
+  const state = { subscribed: false }
+  // Cleared when a PING comes late and when it is answered: what was read meanwhile may predate a
+  // message that was late.
+  const heartbeat =
+    subscriber &&
+    new SubscriberHeartbeat(settings.l1TtlMs, {
+      live: () => state.subscribed,
+      ping: () => subscriber.ping(),
+      late: () => l1?.clear(),
+      onTime: () => l1?.clear(),
+    })
+  const l1 =
+    subscriber && heartbeat
+      ? new L1Cache(
+          settings.l1TtlMs,
+          settings.l1MaxEntries,
+          () => state.subscribed && !heartbeat.late && subscriber.status === 'ready',
+        )
+      : undefined
   const channel = `${settings.keyPrefix}invalidations`
   const cache = new RedisCache({
     redis,
@@ -267,9 +236,9 @@ async function redisCache(app: FastifyInstance, context: CacheContext, settings:
     broadcast: (message) => redis.publish(channel, JSON.stringify(message)),
     broadcastInOrder: !isCluster(redis),
   })
-  if (subscriber && l1) {
+  if (subscriber && heartbeat && l1) {
     app.addHook('onClose', async () => subscriber.disconnect())
-    await subscribeToInvalidations(context, subscriber, channel, state, l1, cache, settings)
+    await subscribeToInvalidations(context, subscriber, channel, state, heartbeat, l1, cache, settings)
   }
   app.addHook('onClose', async () => cache.close())
   return cache

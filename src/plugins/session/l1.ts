@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto'
 import type { Redis } from 'ioredis'
 import { isCluster, type RedisClient, rawClient } from '../../redis/client.ts'
+import { SubscriberHeartbeat } from '../common/heartbeat.ts'
 import type { Touch } from './touches.ts'
 
 // The per-instance L1 of loaded sessions, and the Pub/Sub channel that keeps it honest. Every store
@@ -44,9 +45,6 @@ export interface PendingLoad {
 /** The channel every store of a key prefix publishes invalidations on. */
 export const invalidationChannel = (keyPrefix: string) => `${keyPrefix}invalidate`
 
-/** The longest interval between two heartbeat PINGs on the subscriber (at most the L1's ttlMs). */
-const HEARTBEAT_MS = 1000
-
 const NO_COUNTERS: L1Counters = { hit() {}, miss() {}, invalidated() {} }
 
 export class SessionL1 {
@@ -61,10 +59,7 @@ export class SessionL1 {
   readonly origin: string
   /** Subscribed on the current connection. */
   #live = false
-  /** The last heartbeat PING went unanswered for a whole interval: messages may be that late too. */
-  #late = false
-  #pinging = false
-  readonly #heartbeat: NodeJS.Timeout
+  readonly #heartbeat: SubscriberHeartbeat
   /** Bumped at every drop of the connection: a SUBSCRIBE answered on an older one says nothing now. */
   #connection = 0
   #closed = false
@@ -76,9 +71,16 @@ export class SessionL1 {
     this.#counters = counters
     this.origin = newOrigin()
     // A channel that answers late delivers late: the L1 serves only while a PING on it is answered
-    // within an interval (at most its ttlMs), which also finds a connection that died in silence.
-    this.#heartbeat = setInterval(() => this.#beat(), Math.min(HEARTBEAT_MS, settings.ttlMs))
-    this.#heartbeat.unref()
+    // within an interval, which also finds a connection that died in silence.
+    this.#heartbeat = new SubscriberHeartbeat(settings.ttlMs, {
+      live: () => this.#subscriber !== null && this.#live,
+      ping: () => this.#subscriber!.ping(),
+      late: () => this.clear(),
+      onTime: () => {
+        this.clear()
+        this.#wake()
+      },
+    })
     const source = rawClient(redis)
     if (!isCluster(source)) this.#attach(source, keyPrefix)
     else {
@@ -135,37 +137,8 @@ export class SessionL1 {
   #down(): void {
     this.#connection++
     this.#live = false
-    this.#late = false
-    this.#pinging = false
+    this.#heartbeat.dropped()
     this.clear()
-  }
-
-  /** Every interval: a PING on the subscriber; one still unanswered at the next beat makes the L1 late (bypassed). */
-  #beat(): void {
-    const sub = this.#subscriber
-    if (!sub || !this.#live) return
-    if (this.#pinging) {
-      if (!this.#late) {
-        this.#late = true
-        this.clear()
-      }
-      return
-    }
-    this.#pinging = true
-    const connection = this.#connection
-    sub.ping().then(
-      () => {
-        if (connection !== this.#connection) return
-        this.#pinging = false
-        // Whatever was delivered late came before this answer, and was applied.
-        if (this.#late) {
-          this.#late = false
-          this.clear()
-          this.#wake()
-        }
-      },
-      () => {}, // The connection dropped: its 'close' takes the L1 down.
-    )
   }
 
   #receive(message: string): void {
@@ -177,7 +150,7 @@ export class SessionL1 {
 
   /** True while invalidations reach this L1: only then does it serve or keep anything. */
   get subscribed(): boolean {
-    return this.#live && !this.#late
+    return this.#live && !this.#heartbeat.late
   }
 
   get size(): number {
@@ -272,7 +245,7 @@ export class SessionL1 {
   /** Closes the subscriber; the L1 serves nothing after. */
   close(): void {
     this.#closed = true
-    clearInterval(this.#heartbeat)
+    this.#heartbeat.stop()
     this.#down()
     this.#subscriber?.disconnect()
     for (const wake of this.#waiters.splice(0)) wake()
