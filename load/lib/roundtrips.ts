@@ -125,11 +125,17 @@ async function roundTripsPerRequest(url: string, spec: LoadSpec): Promise<number
 }
 
 async function sentPerRequest(stats: Redis, url: string, spec: LoadSpec): Promise<number> {
-  // monitor() opens a connection of its own.
-  const monitor = await stats.monitor()
-  // Lines still arriving while the connection closes make ioredis emit 'error' (no command queued
-  // for them); they come after the count is read, so they are dropped, not allowed to crash the run.
+  // A connection of its own in monitor mode, as stats.monitor() opens, but with its 'error'
+  // listener on before it connects. ioredis switches to monitor mode a microtask after MONITOR's
+  // reply: lines that arrive in the same read (a script's TIME on a busy Redis) and lines still
+  // arriving while the connection closes find no command queued, and ioredis emits 'error' for
+  // each. monitor() listens for one such error only, so a second one crashed the run. They come
+  // before the count starts or after it is read: dropped.
+  const monitor = stats.duplicate({ monitor: true, lazyConnect: true })
   monitor.on('error', () => {})
+  const monitoring = new Promise((resolve) => monitor.once('monitoring', resolve))
+  await monitor.connect()
+  await monitoring
   let sent = 0
   monitor.on('monitor', (_time: string, args: string[], source: string) => {
     if (source !== 'lua' && args[0]?.toLowerCase() !== 'info') sent++
