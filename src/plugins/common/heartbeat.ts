@@ -54,7 +54,16 @@ export class SubscriberHeartbeat {
           this.handlers.onTime()
         }
       },
-      () => {}, // The connection dropped: its 'close' takes the L1 down and calls dropped().
+      () => {
+        // Timed out (a client's commandTimeout): no answer within its bound is late too. Or the
+        // connection dropped: its 'close' takes the L1 down and calls dropped().
+        if (connection !== this.#connection) return
+        this.#pinging = false
+        if (!this.late) {
+          this.late = true
+          this.handlers.late()
+        }
+      },
     )
   }
 

@@ -85,60 +85,64 @@ test('refuses to share a Redis that evicts any key with sessions and idempotency
   await dedicated.close()
 })
 
-test('an L1 whose subscriber goes silent (no FIN) stops serving within two heartbeats, and serves again once its PING is answered', async (t) => {
-  const server = await startRedisServer()
-  // Instance B reaches Redis through a proxy the test freezes: its connections stay open and nothing
-  // passes, as when a network or a host goes away without closing anything.
-  const proxy = await startTcpProxy(server.port)
-  const clients = [
-    createRedisClient({ url: server.url }),
-    createRedisClient({ url: `redis://127.0.0.1:${proxy.port}` }),
-  ]
-  const keyPrefix = uniquePrefix('hb')
-  const apps: FastifyInstance[] = []
-  t.after(async () => {
+for (const commandTimeout of [undefined, 100])
+  test(`an L1 whose subscriber goes silent (no FIN) stops serving within two heartbeats, and serves again once its PING is answered${commandTimeout ? ' (a client with commandTimeout: its PINGs time out)' : ''}`, async (t) => {
+    const server = await startRedisServer()
+    // Instance B reaches Redis through a proxy the test freezes: its connections stay open and nothing
+    // passes, as when a network or a host goes away without closing anything.
+    const proxy = await startTcpProxy(server.port)
+    const clients = [
+      createRedisClient({ url: server.url }),
+      commandTimeout
+        ? new Redis(`redis://127.0.0.1:${proxy.port}`, { commandTimeout, lazyConnect: true })
+        : createRedisClient({ url: `redis://127.0.0.1:${proxy.port}` }),
+    ]
+    for (const client of clients) client.on('error', () => {})
+    const keyPrefix = uniquePrefix('hb')
+    const apps: FastifyInstance[] = []
+    t.after(async () => {
+      proxy.thaw()
+      for (const app of apps) await app.close()
+      for (const client of clients) client.disconnect()
+      await proxy.close()
+      await server.stop()
+    })
+    for (const redis of clients) {
+      const app = Fastify()
+      await app.register(metrics, { processMetrics: false, path: false })
+      await app.register(cachePlugin, { redis, keyPrefix, l1TtlMs: 60_000 })
+      await app.ready()
+      apps.push(app)
+    }
+    const [a, b] = apps as [FastifyInstance, FastifyInstance]
+    let source = 'old'
+    const load = async () => source
+    assert.equal(await b.cache.getOrLoad('account:1', load), 'old')
+    assert.equal(await b.cache.getOrLoad('account:1', load), 'old')
+    assert.equal(await counter(b, 'cache_l1_hits_total', 'account'), 1)
+
+    proxy.freeze()
+    source = 'new'
+    // Published to a subscriber that will not hear it: B's L1 still holds 'old', for a minute by its TTL.
+    await a.cache.invalidate(['account:1'])
+    // B's heartbeat PING goes unanswered for an interval (1 s): the L1 is bypassed, B's read goes to
+    // Redis, gives up on it and asks the source. Waited for well within the L1's TTL.
+    let seen = 'old'
+    for (const deadline = Date.now() + 20_000; seen === 'old' && Date.now() < deadline; ) {
+      seen = (await b.cache.getOrLoad('account:1', load)) as string
+      if (seen === 'old') await sleep(100)
+    }
+    assert.equal(seen, 'new', 'the L1 kept serving what another instance invalidated')
+
+    // The network comes back: the PING's answer arrives after the invalidation it was queued behind,
+    // and the L1 serves again (emptied, then filled by the next read).
     proxy.thaw()
-    for (const app of apps) await app.close()
-    for (const client of clients) client.disconnect()
-    await proxy.close()
-    await server.stop()
+    const hitsBefore = await counter(b, 'cache_l1_hits_total', 'account')
+    let hits = hitsBefore
+    for (const deadline = Date.now() + 20_000; hits === hitsBefore && Date.now() < deadline; ) {
+      assert.equal(await b.cache.getOrLoad('account:1', load), 'new')
+      hits = await counter(b, 'cache_l1_hits_total', 'account')
+      if (hits === hitsBefore) await sleep(100)
+    }
+    assert.ok(hits > hitsBefore, 'the L1 serves again once its PING is answered')
   })
-  for (const redis of clients) {
-    const app = Fastify()
-    await app.register(metrics, { processMetrics: false, path: false })
-    await app.register(cachePlugin, { redis, keyPrefix, l1TtlMs: 60_000 })
-    await app.ready()
-    apps.push(app)
-  }
-  const [a, b] = apps as [FastifyInstance, FastifyInstance]
-  let source = 'old'
-  const load = async () => source
-  assert.equal(await b.cache.getOrLoad('account:1', load), 'old')
-  assert.equal(await b.cache.getOrLoad('account:1', load), 'old')
-  assert.equal(await counter(b, 'cache_l1_hits_total', 'account'), 1)
-
-  proxy.freeze()
-  source = 'new'
-  // Published to a subscriber that will not hear it: B's L1 still holds 'old', for a minute by its TTL.
-  await a.cache.invalidate(['account:1'])
-  // B's heartbeat PING goes unanswered for an interval (1 s): the L1 is bypassed, B's read goes to
-  // Redis, gives up on it and asks the source. Waited for well within the L1's TTL.
-  let seen = 'old'
-  for (const deadline = Date.now() + 20_000; seen === 'old' && Date.now() < deadline; ) {
-    seen = (await b.cache.getOrLoad('account:1', load)) as string
-    if (seen === 'old') await sleep(100)
-  }
-  assert.equal(seen, 'new', 'the L1 kept serving what another instance invalidated')
-
-  // The network comes back: the PING's answer arrives after the invalidation it was queued behind,
-  // and the L1 serves again (emptied, then filled by the next read).
-  proxy.thaw()
-  const hitsBefore = await counter(b, 'cache_l1_hits_total', 'account')
-  let hits = hitsBefore
-  for (const deadline = Date.now() + 20_000; hits === hitsBefore && Date.now() < deadline; ) {
-    assert.equal(await b.cache.getOrLoad('account:1', load), 'new')
-    hits = await counter(b, 'cache_l1_hits_total', 'account')
-    if (hits === hitsBefore) await sleep(100)
-  }
-  assert.ok(hits > hitsBefore, 'the L1 serves again once its PING is answered')
-})
