@@ -27,12 +27,18 @@ interface BoundCommand {
  * read through every plugin that is about 5 % of the server's CPU. Replies come in the order
  * commands were sent, so the oldest unanswered command is the next to expire: the client keeps its
  * commands in flight in a queue and a single timer is set for the oldest one's deadline.
+ *
+ * The verdict waits for the socket: Node runs due timers before it reads sockets, so after the
+ * process was starved or its event loop blocked (a loaded machine, a long synchronous task), a
+ * reply that came in time would lose to its own timeout. The timer only schedules the sweep
+ * (`setImmediate`, which runs after the pending reads), and only what is still unanswered then fails.
  */
 export function boundCommands(client: Redis, ms: number): void {
   const commands: BoundCommand[] = []
   const deadlines: number[] = []
   let head = 0
-  let timer: NodeJS.Timeout | null = null
+  // The timer for the oldest command's deadline, or the sweep it scheduled; null: none pending.
+  let timer: NodeJS.Timeout | NodeJS.Immediate | null = null
   const settled = (command: BoundCommand) => command.isResolved === true || command.isSettled === true
   /** Drops answered commands from the front (and fails expired ones); compacts the arrays now and then. */
   const sweep = (now: number) => {
@@ -56,6 +62,9 @@ export function boundCommands(client: Redis, ms: number): void {
     }
   }
   const onTimer = () => {
+    timer = setImmediate(afterReads)
+  }
+  const afterReads = () => {
     timer = null
     const now = performance.now()
     sweep(now)

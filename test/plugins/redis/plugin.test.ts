@@ -113,6 +113,27 @@ test("createRedisClient's command timeout costs one timer per client, not one pe
   assert.ok((await timersCreatedBy(thousandGets(perCommand))) >= 1000)
 })
 
+test('a reply that came in time is not failed by a timeout that fired while the process was blocked', async (t) => {
+  const client = createRedisClient({ url: TEST_REDIS_URL, commandTimeoutMs: 50 }) as Redis
+  t.after(() => client.disconnect())
+  await client.connect()
+  await client.set('bound:blocked', 'a')
+  for (let round = 0; round < 5; round++) {
+    const reply = client.get('bound:blocked')
+    // A starved or busy process: the command leaves (the client sends a turn's commands from a
+    // setImmediate queued before this one) and its reply reaches the socket within the bound, but
+    // the event loop gets back to the socket only after the command's deadline has passed.
+    await new Promise<void>((resolve) =>
+      setImmediate(() => {
+        const until = performance.now() + 200
+        while (performance.now() < until);
+        resolve()
+      }),
+    )
+    assert.equal(await reply, 'a')
+  }
+})
+
 test('a command unanswered for commandTimeoutMs fails; answered ones do not, and its late reply goes to nobody else', async (t) => {
   const server = await startRedisServer()
   const client = createRedisClient({ url: server.url, commandTimeoutMs: 200 }) as Redis
