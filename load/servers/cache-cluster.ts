@@ -53,6 +53,8 @@ export interface StampedeResult {
   statuses: Record<string, number>
   balances: number[]
   p99Ms: number
+  /** The problem titles of the failed reads, counted: what a failure was. */
+  problems: Record<string, number>
   /** Loader calls for account entries across all processes: Postgres reads of balances. */
   loads: number
 }
@@ -74,16 +76,19 @@ export async function stampede(
   const latencies: number[] = []
   const statuses: Record<string, number> = {}
   const balances = new Set<number>()
+  const problems: Record<string, number> = {}
   // Interleaved (one request per process in turn), so no process gets its share late.
   const reads = rounds.flat().map(async (url) => {
     const started = performance.now()
     try {
       const res = await fetch(`${url}/accounts/${accountId}/balance`, { headers: { cookie } })
-      const body = (await res.json()) as { balance?: number }
+      const body = (await res.json()) as { balance?: number; title?: string; detail?: string }
       statuses[res.status] = (statuses[res.status] ?? 0) + 1
       if (body.balance !== undefined) balances.add(body.balance)
-    } catch {
+      if (res.status !== 200) count(problems, `${body.title}: ${body.detail}`)
+    } catch (err) {
       statuses.error = (statuses.error ?? 0) + 1
+      count(problems, String(err))
     }
     latencies.push(performance.now() - started)
   })
@@ -96,7 +101,12 @@ export async function stampede(
     failed: requests - (statuses[200] ?? 0),
     statuses,
     balances: [...balances],
+    problems,
     p99Ms: Math.round(latencies[Math.min(requests - 1, Math.floor(requests * 0.99))]! * 10) / 10,
     loads: (await sumMetric(urls, 'cache_loads_total{name="account"}')) - loadsBefore,
   }
+}
+
+function count(tally: Record<string, number>, what: string): void {
+  tally[what] = (tally[what] ?? 0) + 1
 }

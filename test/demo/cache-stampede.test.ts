@@ -25,6 +25,7 @@ before(async () => {
     REDIS_URL: redis.url,
     DATABASE_URL: database.url!,
     CACHE_LEASE_WAIT: '10s',
+    REDIS_COMMAND_TIMEOUT_MS: '5000',
   })
 })
 after(async () => {
