@@ -53,6 +53,15 @@ describe('optionChecker', () => {
     )
   })
 
+  test('a name without its unit suggests the name with it, however short', () => {
+    const err = thrown(() => check.known({ l1Ttl: 1 }, ['l1TtlMs', 'ttlMs']), UnknownOptionError)
+    assert.match(err.message, /unknown option `l1Ttl`\. Did you mean `l1TtlMs`\?/)
+    assert.match(
+      thrown(() => check.known({ ttl: 1 }, ['l1TtlMs', 'ttlMs']), UnknownOptionError).message,
+      /Did you mean `ttlMs`\?/,
+    )
+  })
+
   test('an unknown option is also an InvalidOptionError, so one catch covers both', () => {
     assert.ok(thrown(() => check.known({ windowMS: 1 }, known), InvalidOptionError))
   })

@@ -416,9 +416,14 @@ export function optionChecker(owner: string, hints: OptionHints = {}): OptionChe
   }
 }
 
-/** The known name closest to `key` (case ignored) within a third of its length, if any. */
+/**
+ * The known name closest to `key` (case ignored) within a third of its length, if any. A name that
+ * is `key` with its unit (`l1Ttl` for `l1TtlMs`) is the answer however short `key` is.
+ */
 export function closest(key: string, known: readonly string[]): string | undefined {
   const wanted = key.toLowerCase()
+  const withUnit = known.find((name) => name.toLowerCase() === `${wanted}ms`)
+  if (withUnit) return withUnit
   let best: string | undefined
   let bestDistance = Math.max(1, Math.floor(key.length / 3)) + 1
   for (const name of known) {
