@@ -7,7 +7,7 @@ import rateLimit, { type RateLimitPolicy, type RateLimitResult } from '../../src
 import { identityTag } from '../../src/plugins/rate-limit/keys.ts'
 import { hashSlot } from '../../src/redis/keys.ts'
 import { type ModelCommand, modelTest } from './harness.ts'
-import { Advance, dataLosses, type ModelRedis, startModelRedis } from './redis.ts'
+import { Advance, dataLosses, type ModelRedis, stallAfterNextCommand, startModelRedis } from './redis.ts'
 
 /**
  * Every rate-limit algorithm against an exact reference on a controlled clock. Three plugin
@@ -19,7 +19,9 @@ import { Advance, dataLosses, type ModelRedis, startModelRedis } from './redis.t
  * limit and window on one instance while the other still runs the old settings. Each instance also
  * has a shadow twin of every policy (same settings, its own keys) on a route: through it a request is
  * always answered 200, with the twin's headers as the reference says, and logged as a would-be
- * refusal exactly when the reference refuses it.
+ * refusal exactly when the reference refuses it. And a stalled process: `a` bounds its Redis calls
+ * by `timeoutMs`, and a request whose process blocks past that bound after its call left (its
+ * reply in the socket meanwhile) is still answered by Redis, as the reference says.
  */
 
 type Algorithm = 'fixed-window' | 'sliding-log' | 'sliding-counter' | 'token-bucket' | 'gcra'
@@ -278,6 +280,7 @@ interface Model {
 interface Real {
   server: ModelRedis
   client: Redis
+  stall: ReturnType<typeof stallAfterNextCommand>
   apps: Record<InstanceName, FastifyInstance>
   skew: { ms: number }
   prefix: string
@@ -294,6 +297,10 @@ function stateKey(algorithm: Algorithm, identity: string, setting: Setting): str
     ? `${algorithm}|${identity}|${setting.windowMs}`
     : `${algorithm}|${identity}`
 }
+
+/** Instance a's bound on a Redis call, and how long a stalled request blocks its process: longer. */
+const A_TIMEOUT_MS = 1000
+const STALL_MS = 1100
 
 async function buildInstance(
   real: Pick<Real, 'client' | 'skew' | 'server' | 'prefix' | 'wouldReject'>,
@@ -323,7 +330,8 @@ async function buildInstance(
           namedPolicies: policiesOf(settings),
           now,
           // The private server never stalls: a slow answer on a loaded machine is not an outage.
-          timeoutMs: 60_000,
+          // Instance a's bound is what a stalled request outlasts (long enough for a loaded machine).
+          timeoutMs: name === 'a' ? A_TIMEOUT_MS : 60_000,
         },
   )
   await app.register(async (scope) => {
@@ -402,6 +410,8 @@ class Request implements ModelCommand<Model, Real> {
     readonly cost: number,
     /** The same instance, algorithm and identity as the previous request: histories long enough to reach the edges. */
     readonly again: boolean,
+    /** On instance a, the process stalls past its bound once its script call has left. */
+    readonly stalled = false,
   ) {}
   check() {
     return true
@@ -411,7 +421,10 @@ class Request implements ModelCommand<Model, Real> {
     const { instance, algorithm, identity } = this.again && model.last ? model.last : this
     model.last = { instance, algorithm, identity }
     const expected = expectedAnswer(model, instance, algorithm, identity, cost)
-    const result = await real.apps[instance].rateLimiter.consume(policyName(algorithm), identity, cost)
+    if (this.stalled && instance === 'a') await real.stall.arm(STALL_MS)
+    const result = await real.apps[instance].rateLimiter
+      .consume(policyName(algorithm), identity, cost)
+      .finally(() => real.stall.disarm())
     assert.equal(result.degraded, false, 'decided without Redis')
     const { allowed, remaining, retryAfterMs, limit, resetMs } = result
     console.log(
@@ -422,8 +435,9 @@ class Request implements ModelCommand<Model, Real> {
     assert.deepEqual({ allowed, remaining, retryAfterMs, limit, resetMs }, expected)
   }
   toString() {
-    if (this.again) return `request(again, cost ${this.cost})`
-    return `request(${this.instance}, ${this.algorithm}, ${this.identity}, cost ${this.cost})`
+    const stalled = this.stalled ? ', stalled' : ''
+    if (this.again) return `request(again, cost ${this.cost}${stalled})`
+    return `request(${this.instance}, ${this.algorithm}, ${this.identity}, cost ${this.cost}${stalled})`
   }
 }
 
@@ -608,9 +622,12 @@ const requests = fc
     fc.constantFrom('x', 'x', 'x', 'y'),
     fc.integer({ min: 0, max: 3 }),
     fc.constantFrom(true, true, false),
+    // About one request in 25 stalls (each stall costs STALL_MS of the run's time).
+    fc.integer({ min: 0, max: 24 }).map((n) => n === 0),
   )
   .map(
-    ([instance, algorithm, identity, cost, again]) => new Request(instance, algorithm, identity, cost, again),
+    ([instance, algorithm, identity, cost, again, stalled]) =>
+      new Request(instance, algorithm, identity, cost, again, stalled),
   )
 
 // Costs from 1: a cost of 0 skips a route's policy (no decision, no header).
@@ -647,7 +664,14 @@ modelTest<Model, Real>({
       'token-bucket': 0,
       gcra: 0,
     } as const
-    const partial = { server, client, skew: { ms: 0 }, prefix: 'rl:', wouldReject: { a: [], b: [], m: [] } }
+    const partial = {
+      server,
+      client,
+      stall: stallAfterNextCommand(client),
+      skew: { ms: 0 },
+      prefix: 'rl:',
+      wouldReject: { a: [], b: [], m: [] },
+    }
     const apps = {
       a: await buildInstance(partial, 'a', zero),
       b: await buildInstance(partial, 'b', zero),

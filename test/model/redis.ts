@@ -6,7 +6,9 @@ import { join } from 'node:path'
 import fc from 'fast-check'
 import { Redis, type RedisOptions } from 'ioredis'
 import { freePort, redisAnswers } from '../../src/embedded/redis-server.ts'
+import { beforeEachCommand } from '../../src/redis/command-bounds.ts'
 import { hashSlot } from '../../src/redis/keys.ts'
+import { scriptSources } from '../../src/redis/scripts.ts'
 import type { ModelCommand } from './harness.ts'
 
 /**
@@ -226,5 +228,35 @@ export class Advance<Model extends { now: number }, Real extends { server: Model
   }
   toString() {
     return `advance(${this.ms})`
+  }
+}
+
+/**
+ * A stalled process as a fault: once armed, the event loop blocks for `ms` right after the client's
+ * next command has left (a starved host, a long synchronous task), so its reply is in the socket
+ * before the process can read it. A bound on that command that expires meanwhile must not fail it:
+ * its reply came in time. Arming loads every library script first (a restart loses them): a call
+ * answered NOSCRIPT would need a second round trip after the stall, and that one really is late.
+ */
+export function stallAfterNextCommand(client: Redis): { arm(ms: number): Promise<void>; disarm(): void } {
+  let stallMs = 0
+  beforeEachCommand(client, () => {
+    if (stallMs === 0) return
+    const ms = stallMs
+    stallMs = 0
+    // Queued after the setImmediate that sends a turn's corked commands: the command has left.
+    setImmediate(() => {
+      const until = performance.now() + ms
+      while (performance.now() < until);
+    })
+  })
+  return {
+    async arm(ms) {
+      for (const { lua } of scriptSources.values()) await client.script('LOAD', lua)
+      stallMs = ms
+    },
+    disarm() {
+      stallMs = 0
+    },
   }
 }
