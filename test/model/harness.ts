@@ -177,7 +177,9 @@ export function modelTest<Model extends object, Real>(spec: ModelSpec<Model, Rea
       [
         `model "${spec.name}" failed after ${details.numRuns} run(s), shrunk ${details.numShrinks} time(s)`,
         `seed ${details.seed}, path '${details.counterexamplePath}'${replayPath ? `, replay path '${replayPath}'` : ''}`,
-        `commands: ${fc.stringify(details.counterexample)}`,
+        // The counterexample is [scheduler, commands]; the scheduler is null in an unscheduled model.
+        ...(details.counterexample?.[0] ? [`scheduler: ${fc.stringify(details.counterexample[0])}`] : []),
+        `commands: ${fc.stringify(details.counterexample?.[1])}`,
         `error: ${error?.stack ?? String(error)}`,
         `replay: ${replay}`,
       ].join('\n'),
