@@ -301,7 +301,8 @@ test('lock options are strict: an unknown key or a wrong value is refused', asyn
     lock.withLock('x', async () => 1, { ttlMs: 1000, wait: 500 } as never),
     {
       code: 'FRG_UNKNOWN_OPTION',
-      message: /withLock: unknown option `wait`\. Did you mean `waitMs`\? Valid options: ttlMs, renewEveryMs, waitMs\./,
+      message:
+        /withLock: unknown option `wait`\. Did you mean `waitMs`\? Valid options: ttlMs, renewEveryMs, waitMs\./,
     },
   )
   await assert.rejects(
