@@ -6,7 +6,8 @@ import { Redis } from 'ioredis'
 import { freePort, startRedisServer } from '../../../src/embedded/redis-server.ts'
 import { cache, idempotency, metrics, rateLimit, redis as redisPlugin, session } from '../../../src/index.ts'
 import { InvalidOptionError, UnknownOptionError } from '../../../src/plugins/common/errors.ts'
-import { closest, optionChecker } from '../../../src/plugins/common/options.ts'
+import { optionChecker } from '../../../src/plugins/common/options.ts'
+import { closest } from '../../../src/plugins/common/spelling.ts'
 import { TEST_REDIS_URL, TEST_SECRET, uniquePrefix } from '../../helpers/index.ts'
 
 // The library's boot-time checks that no single plugin owns: the option checker, the Redis client
